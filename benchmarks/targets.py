@@ -1,0 +1,117 @@
+"""The two ways a request reaches a server: the OpenAI protocol (shim or peer) and Conduit's gRPC.
+
+Each target streams one chat completion per `send` and records when text arrived; they share
+one system message so every server renders the same prompt.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+from openai import AsyncOpenAI
+
+from conduit.v1 import engine_pb2, engine_pb2_grpc
+
+from benchmarks.stats import RequestResult
+
+SYSTEM_PROMPT = "You are a helpful assistant."
+
+
+class OpenAITarget:
+    """Streams chat completions through an OpenAI-compatible server, usage chunk included."""
+
+    def __init__(self, name: str, base_url: str, max_tokens: int, api_key: str = "bench") -> None:
+        self.name = name
+        self.max_tokens = max_tokens
+        # One pooled client for all workers; no retries, so errors show up as errors.
+        self.client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600)
+        self.model = ""
+
+    async def open(self) -> None:
+        models = await self.client.models.list()
+        self.model = models.data[0].id
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def send(self, prompt: str, max_tokens: int | None = None) -> RequestResult:
+        start = time.perf_counter()
+        result = RequestResult(ok=False)
+        text_chunks = 0
+        usage_tokens: int | None = None
+        try:
+            stream = await self.client.chat.completions.create(
+                model=self.model,
+                messages=[
+                    {"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": prompt},
+                ],
+                max_tokens=max_tokens or self.max_tokens,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    result.text_times.append(time.perf_counter() - start)
+                    text_chunks += 1
+                if chunk.usage is not None:
+                    usage_tokens = chunk.usage.completion_tokens
+        except Exception as exc:  # noqa: BLE001 - any failure is a failed request, recorded
+            result.error = f"{type(exc).__name__}: {exc}"[:200]
+            return result
+        result.ok = True
+        result.latency = time.perf_counter() - start
+        # A server that sends no usage gets one token per text chunk (llama-server streams per token).
+        result.completion_tokens = usage_tokens if usage_tokens is not None else text_chunks
+        return result
+
+
+class GrpcTarget:
+    """Calls conduit.v1.Engine/Generate directly, so the shim's own cost can be seen."""
+
+    def __init__(self, name: str, address: str, max_tokens: int) -> None:
+        self.name = name
+        self.address = address
+        self.max_tokens = max_tokens
+        self.channel: grpc.aio.Channel | None = None
+        self.stub: engine_pb2_grpc.EngineStub | None = None
+
+    async def open(self) -> None:
+        # Created here because a grpc.aio channel binds to the running event loop.
+        self.channel = grpc.aio.insecure_channel(self.address)
+        self.stub = engine_pb2_grpc.EngineStub(self.channel)
+        await self.channel.channel_ready()
+
+    async def close(self) -> None:
+        if self.channel is not None:
+            await self.channel.close()
+
+    async def send(self, prompt: str, max_tokens: int | None = None) -> RequestResult:
+        assert self.stub is not None, "open() first"
+        request = engine_pb2.GenerateRequest(
+            chat=engine_pb2.ChatInput(
+                messages=[
+                    engine_pb2.ChatMessage(role="system", content=SYSTEM_PROMPT),
+                    engine_pb2.ChatMessage(role="user", content=prompt),
+                ]
+            ),
+            sampling=engine_pb2.SamplingParams(temperature=0.0),
+            stopping=engine_pb2.StoppingParams(max_tokens=max_tokens or self.max_tokens),
+        )
+        start = time.perf_counter()
+        result = RequestResult(ok=False)
+        try:
+            async for response in self.stub.Generate(request):
+                kind = response.WhichOneof("kind")
+                if kind == "chunk" and response.chunk.text:
+                    result.text_times.append(time.perf_counter() - start)
+                elif kind == "final":
+                    result.completion_tokens = response.final.completion_tokens
+        except grpc.aio.AioRpcError as exc:
+            result.error = f"{exc.code().name}: {exc.details()}"[:200]
+            return result
+        result.ok = True
+        result.latency = time.perf_counter() - start
+        return result

@@ -1,0 +1,242 @@
+"""Typed clients for the Conduit engine: `EngineClient` (blocking) and `AsyncEngineClient` (asyncio).
+
+Both wrap the generated `conduit.v1.Engine` stub and the standard health service,
+apply a default deadline and metadata to every call, and raise `ConduitError`
+subclasses instead of `grpc.RpcError`. A Generate stream that is closed early
+(or garbage collected) cancels its call, which stops generation in the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from clients.errors import from_rpc_error
+from clients.requests import Message, build_request, tokenize_request
+from clients.results import Completion, CompletionBuilder
+from conduit.v1 import engine_pb2 as pb
+from conduit.v1 import engine_pb2_grpc
+
+ENGINE_SERVICE = "conduit.v1.Engine"
+Metadata = Sequence[tuple[str, str]]
+
+
+class _Options:
+    """Defaults shared by both clients: deadline, metadata and request building."""
+
+    def __init__(self, timeout: float | None, metadata: Metadata) -> None:
+        self.timeout = timeout
+        self.metadata = tuple(metadata)
+
+    def call_options(self, timeout: float | None, metadata: Metadata | None) -> dict[str, Any]:
+        return {"timeout": self.timeout if timeout is None else timeout,
+                "metadata": self.metadata + tuple(metadata or ())}
+
+    @staticmethod
+    def generate_request(request: pb.GenerateRequest | None, params: dict[str, Any]) -> pb.GenerateRequest:
+        if request is None:
+            return build_request(**params)
+        if params:
+            raise TypeError("pass either a GenerateRequest or keyword arguments, not both")
+        return request
+
+
+class GenerateStream:
+    """The responses of one Generate call, in order; `close()` cancels the call."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def __iter__(self) -> GenerateStream:
+        return self
+
+    def __next__(self) -> pb.GenerateResponse:
+        try:
+            return next(self._call)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from error
+
+    def close(self) -> None:
+        """Cancel the call if it is still running (a no-op once it has ended)."""
+        self._call.cancel()
+
+    def __enter__(self) -> GenerateStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class EngineClient:
+    """Blocking client. Use as a context manager, or call `close()`."""
+
+    def __init__(self, target: str = "127.0.0.1:50051", *,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 options: Sequence[tuple[str, Any]] = (),
+                 timeout: float | None = None, metadata: Metadata = ()) -> None:
+        """`timeout` (seconds) and `metadata` apply to every call unless a call overrides them."""
+        self._channel = (grpc.secure_channel(target, credentials, options) if credentials
+                         else grpc.insecure_channel(target, options))
+        self._stub = engine_pb2_grpc.EngineStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._options = _Options(timeout, metadata)
+
+    def generate(self, request: pb.GenerateRequest | None = None, /, *, timeout: float | None = None,
+                 metadata: Metadata | None = None, **params: Any) -> GenerateStream:
+        """Stream GenerateResponse messages; `params` go to `build_request` when no request is given."""
+        call = self._stub.Generate(self._options.generate_request(request, params),
+                                   **self._options.call_options(timeout, metadata))
+        return GenerateStream(call)
+
+    def complete(self, request: pb.GenerateRequest | None = None, /, *, timeout: float | None = None,
+                 metadata: Metadata | None = None, **params: Any) -> Completion:
+        """Run a generation to the end and return text, finish reason and usage per choice."""
+        builder = CompletionBuilder()
+        with self.generate(request, timeout=timeout, metadata=metadata, **params) as stream:
+            for response in stream:
+                builder.add(response)
+        return builder.build()
+
+    def list_models(self, *, timeout: float | None = None, metadata: Metadata | None = None) -> list[pb.ModelInfo]:
+        return list(self._unary(self._stub.ListModels, pb.ListModelsRequest(), timeout, metadata).models)
+
+    def model_info(self, model: str = "", *, timeout: float | None = None,
+                   metadata: Metadata | None = None) -> pb.ModelInfo:
+        """Details of `model` (empty: the served model); NotFound when unknown."""
+        return self._unary(self._stub.GetModelInfo, pb.GetModelInfoRequest(model=model), timeout, metadata)
+
+    def tokenize(self, text: str | None = None, *, messages: Iterable[Message] | None = None, model: str = "",
+                 timeout: float | None = None, metadata: Metadata | None = None) -> pb.TokenizeResponse:
+        """Token ids of a text, or of a chat rendered exactly as Generate renders it."""
+        request = tokenize_request(text=text, messages=messages, model=model)
+        return self._unary(self._stub.Tokenize, request, timeout, metadata)
+
+    def detokenize(self, token_ids: Sequence[int], *, model: str = "", timeout: float | None = None,
+                   metadata: Metadata | None = None) -> str:
+        request = pb.DetokenizeRequest(model=model, token_ids=token_ids)
+        return self._unary(self._stub.Detokenize, request, timeout, metadata).text
+
+    def health(self, service: str = ENGINE_SERVICE, *, timeout: float | None = None,
+               metadata: Metadata | None = None) -> str:
+        """The grpc.health.v1 status name: "SERVING" once the model is loaded, else "NOT_SERVING"."""
+        response = self._unary(self._health.Check, health_pb2.HealthCheckRequest(service=service),
+                               timeout, metadata)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _unary(self, method: Any, request: Any, timeout: float | None, metadata: Metadata | None) -> Any:
+        try:
+            return method(request, **self._options.call_options(timeout, metadata))
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from error
+
+
+class AsyncGenerateStream:
+    """The responses of one Generate call, for `async for`; `close()` cancels the call."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+        self._call = call
+
+    def __aiter__(self) -> AsyncGenerateStream:
+        return self
+
+    async def __anext__(self) -> pb.GenerateResponse:
+        try:
+            response = await self._call.read()
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from error
+        if response is grpc.aio.EOF:
+            raise StopAsyncIteration
+        return response
+
+    def close(self) -> None:
+        """Cancel the call if it is still running (a no-op once it has ended)."""
+        self._call.cancel()
+
+    async def __aenter__(self) -> AsyncGenerateStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AsyncEngineClient:
+    """asyncio client over grpc.aio; create it inside the running event loop."""
+
+    def __init__(self, target: str = "127.0.0.1:50051", *,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 options: Sequence[tuple[str, Any]] = (),
+                 timeout: float | None = None, metadata: Metadata = ()) -> None:
+        self._channel = (grpc.aio.secure_channel(target, credentials, options) if credentials
+                         else grpc.aio.insecure_channel(target, options))
+        self._stub = engine_pb2_grpc.EngineStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._options = _Options(timeout, metadata)
+
+    def generate(self, request: pb.GenerateRequest | None = None, /, *, timeout: float | None = None,
+                 metadata: Metadata | None = None, **params: Any) -> AsyncGenerateStream:
+        """Stream GenerateResponse messages; `params` go to `build_request` when no request is given."""
+        call = self._stub.Generate(self._options.generate_request(request, params),
+                                   **self._options.call_options(timeout, metadata))
+        return AsyncGenerateStream(call)
+
+    async def complete(self, request: pb.GenerateRequest | None = None, /, *, timeout: float | None = None,
+                       metadata: Metadata | None = None, **params: Any) -> Completion:
+        """Run a generation to the end and return text, finish reason and usage per choice."""
+        builder = CompletionBuilder()
+        async with self.generate(request, timeout=timeout, metadata=metadata, **params) as stream:
+            async for response in stream:
+                builder.add(response)
+        return builder.build()
+
+    async def list_models(self, *, timeout: float | None = None,
+                          metadata: Metadata | None = None) -> list[pb.ModelInfo]:
+        response = await self._unary(self._stub.ListModels, pb.ListModelsRequest(), timeout, metadata)
+        return list(response.models)
+
+    async def model_info(self, model: str = "", *, timeout: float | None = None,
+                         metadata: Metadata | None = None) -> pb.ModelInfo:
+        return await self._unary(self._stub.GetModelInfo, pb.GetModelInfoRequest(model=model), timeout, metadata)
+
+    async def tokenize(self, text: str | None = None, *, messages: Iterable[Message] | None = None,
+                       model: str = "", timeout: float | None = None,
+                       metadata: Metadata | None = None) -> pb.TokenizeResponse:
+        request = tokenize_request(text=text, messages=messages, model=model)
+        return await self._unary(self._stub.Tokenize, request, timeout, metadata)
+
+    async def detokenize(self, token_ids: Sequence[int], *, model: str = "", timeout: float | None = None,
+                         metadata: Metadata | None = None) -> str:
+        request = pb.DetokenizeRequest(model=model, token_ids=token_ids)
+        return (await self._unary(self._stub.Detokenize, request, timeout, metadata)).text
+
+    async def health(self, service: str = ENGINE_SERVICE, *, timeout: float | None = None,
+                     metadata: Metadata | None = None) -> str:
+        response = await self._unary(self._health.Check, health_pb2.HealthCheckRequest(service=service),
+                                     timeout, metadata)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncEngineClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _unary(self, method: Any, request: Any, timeout: float | None, metadata: Metadata | None) -> Any:
+        try:
+            return await method(request, **self._options.call_options(timeout, metadata))
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from error

@@ -1,0 +1,59 @@
+"""Exceptions of the Conduit client, one per gRPC status the engine documents.
+
+Callers catch `NotFound` or `ResourceExhausted` instead of inspecting
+`grpc.RpcError.code()`; the original error stays reachable as `__cause__`.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class ConduitError(Exception):
+    """A failed engine call: the gRPC status code and the server's message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+class InvalidArgument(ConduitError):
+    """Bad input: empty messages, a prompt over the context, a value out of range."""
+
+
+class NotFound(ConduitError):
+    """Unknown model (or unknown health service name)."""
+
+
+class ResourceExhausted(ConduitError):
+    """The engine's waiting queue is full; retry later."""
+
+
+class Unavailable(ConduitError):
+    """The engine is starting, shutting down or unreachable."""
+
+
+class DeadlineExceeded(ConduitError):
+    """The call's deadline passed; the engine stopped generating."""
+
+
+class Cancelled(ConduitError):
+    """The call was cancelled; the engine stopped generating."""
+
+
+_BY_CODE: dict[grpc.StatusCode, type[ConduitError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.CANCELLED: Cancelled,
+}
+
+
+def from_rpc_error(error: grpc.RpcError) -> ConduitError:
+    """The ConduitError subclass for a failed call's status code."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = error.details() if hasattr(error, "details") else str(error)
+    return _BY_CODE.get(code, ConduitError)(code, details or "")

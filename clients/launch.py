@@ -1,0 +1,237 @@
+"""Start the engine and the HTTP shim as local processes, wait until both serve, stop both.
+
+Used by `make run-stack` (`python -m clients.launch`), by the end-to-end tests and
+by the benchmarks. Each process writes stdout and stderr to a log file; when one
+fails to come up, the error carries the tail of its log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from clients.engine_client import EngineClient
+from clients.errors import ConduitError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LOG_TAIL_LINES = 40
+
+
+class StackError(RuntimeError):
+    """A process of the stack died or did not become ready in time."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS reports free right now (another process may still take it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: Linux sends it SIGTERM when the launcher dies, so no orphans."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+class Stack:
+    """The engine (`python -m engine_service`) and the shim (`python -m http_shim`) on loopback.
+
+    Ports of 0 are replaced by free ports. Use as a context manager, or call
+    `start()` and `stop()`.
+    """
+
+    def __init__(self, *, model: str | None = None, host: str = "127.0.0.1", engine_port: int = 0,
+                 shim_port: int = 0, engine_args: Sequence[str] = (), shim_args: Sequence[str] = (),
+                 log_dir: Path | str | None = None, startup_timeout: float = 300.0) -> None:
+        self.model = model
+        self.host = host
+        self.engine_port = engine_port or free_port(host)
+        self.shim_port = shim_port or free_port(host)
+        self.engine_args = list(engine_args)
+        self.shim_args = list(shim_args)
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="conduit-stack-"))
+        self.startup_timeout = startup_timeout
+        self.engine: subprocess.Popen[bytes] | None = None
+        self.shim: subprocess.Popen[bytes] | None = None
+
+    @property
+    def engine_address(self) -> str:
+        """host:port of the engine's gRPC server."""
+        return f"{self.host}:{self.engine_port}"
+
+    @property
+    def shim_url(self) -> str:
+        return f"http://{self.host}:{self.shim_port}"
+
+    @property
+    def base_url(self) -> str:
+        """What the openai SDK takes as base_url."""
+        return f"{self.shim_url}/v1"
+
+    @property
+    def engine_log(self) -> Path:
+        return self.log_dir / "engine.log"
+
+    @property
+    def shim_log(self) -> Path:
+        return self.log_dir / "shim.log"
+
+    def start(self) -> Stack:
+        """Start both processes and block until both are ready; StackError (both stopped) if not."""
+        engine_cmd = [sys.executable, "-m", "engine_service", "--host", self.host,
+                      "--port", str(self.engine_port), *self.engine_args]
+        if self.model:
+            engine_cmd += ["--model", self.model]
+        shim_cmd = [sys.executable, "-m", "http_shim", "--engine", self.engine_address,
+                    "--host", self.host, "--port", str(self.shim_port), *self.shim_args]
+        try:
+            self.engine = self._spawn(engine_cmd, self.engine_log)
+            self.shim = self._spawn(shim_cmd, self.shim_log)
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop the shim, then the engine: SIGINT, then SIGTERM, then SIGKILL, `grace` seconds apart."""
+        for proc in (self.shim, self.engine):
+            if proc is not None:
+                _stop_process(proc, grace)
+
+    def check_alive(self) -> None:
+        """Raise StackError with the log tail if either process has exited."""
+        for name, proc, log in (("engine", self.engine, self.engine_log), ("shim", self.shim, self.shim_log)):
+            if proc is None or proc.poll() is not None:
+                code = None if proc is None else proc.returncode
+                raise StackError(f"{name} exited (code {code}); last lines of {log}:\n{log_tail(log)}")
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _spawn(self, cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "wb") as log:
+            return subprocess.Popen(cmd, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                    start_new_session=True, preexec_fn=_die_with_parent)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        engine_ready = shim_ready = False
+        with EngineClient(self.engine_address, timeout=2.0) as client:
+            while not (engine_ready and shim_ready):
+                self.check_alive()
+                if time.monotonic() > deadline:
+                    waiting = [name for name, ready in (("engine", engine_ready), ("shim", shim_ready))
+                               if not ready]
+                    raise StackError(f"{' and '.join(waiting)} not ready after {self.startup_timeout:.0f}s; "
+                                     f"logs: {self.engine_log}, {self.shim_log}\nengine:\n"
+                                     f"{log_tail(self.engine_log)}\nshim:\n{log_tail(self.shim_log)}")
+                engine_ready = engine_ready or _engine_serving(client)
+                shim_ready = shim_ready or _http_ok(f"{self.shim_url}/health")
+                if not (engine_ready and shim_ready):
+                    time.sleep(0.25)
+
+
+def _engine_serving(client: EngineClient) -> bool:
+    try:
+        return client.health() == "SERVING"
+    except ConduitError:  # not listening yet, or the health service not registered yet
+        return False
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _stop_process(proc: subprocess.Popen[bytes], grace: float) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clients.launch",
+                                     description="Run the Conduit engine and OpenAI-compatible shim locally.")
+    parser.add_argument("--model", default=os.environ.get("MODEL") or None,
+                        help="model path or id (env MODEL; default: the engine's default model)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--engine-port", type=int, default=int(os.environ.get("ENGINE_PORT") or 50051),
+                        help="engine gRPC port (env ENGINE_PORT; default 50051)")
+    parser.add_argument("--shim-port", type=int, default=int(os.environ.get("SHIM_PORT") or 8000),
+                        help="HTTP port (env SHIM_PORT; default 8000)")
+    parser.add_argument("--log-dir", help="where engine.log and shim.log go (default: a new temp folder)")
+    parser.add_argument("engine_args", nargs=argparse.REMAINDER,
+                        help="after `--`: extra engine flags, e.g. -- --max-batch-size 8")
+    args = parser.parse_args(argv)
+    engine_args = args.engine_args[1:] if args.engine_args[:1] == ["--"] else args.engine_args
+
+    stack = Stack(model=args.model, host=args.host, engine_port=args.engine_port,
+                  shim_port=args.shim_port, engine_args=engine_args, log_dir=args.log_dir)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` stops the stack as Ctrl-C does
+    print(f"Starting the engine on {stack.engine_address} and the shim on {stack.shim_url} "
+          f"(logs in {stack.log_dir})...", flush=True)
+    try:
+        stack.start()
+        with EngineClient(stack.engine_address, timeout=10) as client:
+            model_id = client.list_models()[0].id
+        print(_ready_banner(stack, model_id), flush=True)
+        while True:
+            stack.check_alive()
+            time.sleep(1.0)
+    except StackError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nStopping...", flush=True)
+        return 0
+    finally:
+        stack.stop()
+
+
+def _ready_banner(stack: Stack, model_id: str) -> str:
+    body = ('{"model": "%s", "messages": [{"role": "user", "content": "What is the capital of France?"}]}'
+            % model_id)
+    return (f"Conduit is up, serving {model_id}.\n"
+            f"  OpenAI base URL: {stack.base_url}\n"
+            f"  engine gRPC:     {stack.engine_address}\n"
+            f"Try:\n"
+            f"  curl {stack.base_url}/chat/completions -H 'Content-Type: application/json' \\\n"
+            f"    -d '{body}'\n"
+            f"Ctrl-C stops both.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Conduit's inference engine: a continuous-batching loop on PyTorch behind a gRPC service."""

@@ -1,0 +1,281 @@
+"""The engine loop: step() = scheduler.schedule() -> runner.run() -> postprocess().
+
+It runs on its own thread. Other threads submit requests and aborts through a small
+inbox; each step's new text goes back through the request's sink callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine_service.detokenizer import TokenTable
+from engine_service.kv_cache import BlockAllocator, KVCache
+from engine_service.model_loader import LoadedModel
+from engine_service.model_runner import ModelRunner, StepLogits
+from engine_service.params import InvalidRequest, RequestParams
+from engine_service.sampler import sample, token_logprob
+from engine_service.scheduler import QueueFull, ScheduledBatch, Scheduler
+from engine_service.sequence import (ChunkEvent, Event, FinalEvent, FinishReason, PromptEvent, Request,
+                                     Sequence, TokenLogprob)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineConfig:
+    max_batch_size: int = 32
+    max_waiting: int = 256
+    max_step_tokens: int = 256  # decode tokens + prompt-chunk tokens per step
+    block_size: int = 16
+    kv_cache_tokens: int = 0  # 0: sized from kv_cache_gb
+    kv_cache_gb: float = 2.0
+    max_model_len: int = 0  # 0: the model's context length
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        self.loaded = loaded
+        self.config = config
+        self.tokenizer = loaded.tokenizer
+        self.token_table = TokenTable(loaded.tokenizer)
+        self.vocab_size = int(loaded.model.config.vocab_size)
+        self.max_model_len = min(config.max_model_len or loaded.max_context_length, loaded.max_context_length)
+        num_blocks = self._num_blocks()
+        self.kv_capacity_tokens = num_blocks * config.block_size
+        self.runner = ModelRunner(loaded.model, loaded.device, loaded.dtype, config.block_size, num_blocks)
+        self.scheduler = Scheduler(BlockAllocator(num_blocks), config.block_size, config.max_batch_size,
+                                   config.max_step_tokens, config.max_waiting)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._inbox: list[Request] = []
+        self._aborts: list[str] = []
+        self._requests: dict[str, Request] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+        log.info("KV cache: %d blocks of %d tokens (%d tokens), max batch %d, max model len %d",
+                 num_blocks, config.block_size, self.kv_capacity_tokens, config.max_batch_size, self.max_model_len)
+
+    def _num_blocks(self) -> int:
+        cfg, model_cfg = self.config, self.loaded.model.config
+        tokens = cfg.kv_cache_tokens
+        if not tokens:
+            head_dim = getattr(model_cfg, "head_dim", None) or model_cfg.hidden_size // model_cfg.num_attention_heads
+            per_token = KVCache.bytes_per_token(model_cfg.num_hidden_layers, model_cfg.num_key_value_heads,
+                                                head_dim, self.loaded.dtype)
+            tokens = int(cfg.kv_cache_gb * (1 << 30)) // per_token
+        # Always room for at least one full-length sequence.
+        tokens = max(tokens, self.max_model_len + cfg.block_size)
+        return -(-tokens // cfg.block_size)
+
+    # ------------------------------------------------------------ threads
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def submit(self, request: Request) -> None:
+        """Queue a request (any thread). Raises InvalidRequest or QueueFull at once."""
+        prompt_len = len(request.prompt_ids)
+        if prompt_len == 0:
+            raise InvalidRequest("the prompt is empty")
+        limit = min(self.max_model_len, self.kv_capacity_tokens)
+        if prompt_len >= limit:
+            raise InvalidRequest(
+                f"the prompt has {prompt_len} tokens but this model's context length is {limit} "
+                f"(prompt plus at least one generated token must fit)")
+        if any(t >= self.vocab_size for t in request.prompt_ids):
+            raise InvalidRequest(f"prompt token ids must be below the vocabulary size {self.vocab_size}")
+        request.params.validate(self.vocab_size)
+        wanted = request.params.stopping.max_tokens
+        request.max_tokens = min(wanted or limit, limit - prompt_len)
+        with self._lock:
+            if len(self.scheduler.waiting) + len(self._inbox) >= self.config.max_waiting:
+                raise QueueFull(f"the engine's queue is full ({self.config.max_waiting} waiting); retry later")
+            if request.request_id in self._requests:
+                raise InvalidRequest(f"request_id {request.request_id!r} is already running")
+            self._requests[request.request_id] = request
+            self._inbox.append(request)
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (any thread); its blocks are freed at the next step."""
+        with self._lock:
+            self._aborts.append(request_id)
+        self._wake.set()
+
+    def stop_ids_for(self, params: RequestParams) -> set[int]:
+        ids = set(params.stopping.stop_token_ids)
+        if not params.stopping.ignore_eos:
+            ids.update(self.loaded.eos_token_ids)
+        return ids
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            self._drain_inbox()
+            if not self.scheduler.has_work():
+                self._wake.wait(timeout=1.0)
+                self._wake.clear()
+                continue
+            try:
+                self.step()
+            except Exception:  # a bug must not kill the engine: fail the step's requests instead
+                log.exception("engine step failed; aborting running requests")
+                for seq in list(self.scheduler.running):
+                    self._finish_request(seq.request, FinishReason.CANCELLED)
+
+    def _drain_inbox(self) -> None:
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+        for request in inbox:
+            stop_ids = self.stop_ids_for(request.params)
+            seqs = [Sequence(request, i, self.tokenizer, stop_ids) for i in range(request.params.n)]
+            request.sequences = seqs
+            seqs[0].forks = seqs[1:]  # siblings join once the shared prompt is prefilled
+            self.scheduler.waiting.append(seqs[0])
+        for request_id in aborts:
+            request = self._requests.get(request_id)
+            if request is not None:
+                self._finish_request(request, FinishReason.CANCELLED)
+
+    # --------------------------------------------------------------- step
+
+    def step(self) -> None:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return
+        wants_prompt = {seq.seq_id for seq, _ in batch.prefill
+                        if seq.params.echo and seq.params.logprobs and seq.index == 0 and seq.num_output == 0}
+        logits = self.runner.run(batch, wants_prompt)
+        for seq in batch.decode:
+            seq.num_cached += 1
+        for seq, length in batch.prefill:
+            seq.num_cached += length
+        self._collect_prompt_logprobs(logits, batch)
+        self._postprocess(logits, {seq.seq_id: seq for seq in batch.decode} |
+                          {seq.seq_id: seq for seq, _ in batch.prefill})
+
+    def _collect_prompt_logprobs(self, logits: StepLogits, batch: ScheduledBatch) -> None:
+        """Echo with logprobs: the logprob of each prompt token given the ones before it."""
+        for seq, _ in batch.prefill:
+            if seq.seq_id not in logits.prompt:
+                continue
+            first, rows = logits.prompt[seq.seq_id]
+            if len(seq.prompt_logprobs) != first + 1:  # already collected before a preemption
+                continue
+            targets = seq.token_ids[first + 1:min(first + 1 + rows.shape[0], seq.prompt_len)]
+            if not targets:
+                continue
+            logp = torch.log_softmax(rows[:len(targets)], dim=-1)
+            for i, target in enumerate(targets):
+                seq.prompt_logprobs.append(token_logprob(logp[i], target, seq.params.top_logprobs))
+
+    def _postprocess(self, logits: StepLogits, scheduled: dict[int, Sequence]) -> None:
+        rows: list[torch.Tensor] = []
+        seqs: list[Sequence] = []
+        touched: dict[str, Request] = {}
+        events: dict[str, list[Event]] = {}
+        for seq_id, row in logits.next_token.items():
+            seq = scheduled[seq_id]
+            if seq.num_output == 0 and seq.index == 0:
+                events.setdefault(seq.request.request_id, []).append(self._prompt_event(seq))
+                for fork in seq.forks:
+                    self._fork(seq, fork)
+                    rows.append(row)
+                    seqs.append(fork)
+                seq.forks = []
+            rows.append(row)
+            seqs.append(seq)
+        if not seqs:
+            return
+        tokens, logprobs = sample(torch.stack(rows), seqs)
+        for seq, token, logprob in zip(seqs, tokens, logprobs):
+            self._append_token(seq, token, logprob)
+            touched[seq.request.request_id] = seq.request
+        for request_id, request in touched.items():
+            out = events.setdefault(request_id, [])
+            for seq in request.sequences:
+                out.extend(self._drain(seq))
+            if request.finished:
+                self._requests.pop(request_id, None)
+            request.sink(out)
+
+    @staticmethod
+    def _prompt_event(seq: Sequence) -> PromptEvent:
+        wants = seq.params.echo and seq.params.logprobs
+        return PromptEvent(prompt_ids=list(seq.request.prompt_ids),
+                           prompt_logprobs=seq.prompt_logprobs if wants else None)
+
+    def _fork(self, leader: Sequence, fork: Sequence) -> None:
+        """A sibling choice shares the leader's full prompt blocks and copies the partial last one."""
+        allocator = self.scheduler.allocator
+        bs = self.config.block_size
+        full = leader.num_cached // bs
+        for block in leader.block_table[:full]:
+            allocator.share(block)
+        fork.block_table = list(leader.block_table[:full])
+        fork.num_cached = leader.num_cached
+        if leader.num_cached % bs:
+            if allocator.num_free:
+                block = allocator.allocate()
+                self.runner.cache.copy_block(leader.block_table[full], block)
+                fork.block_table.append(block)
+            else:
+                fork.num_cached = full * bs  # recompute the tail into a block found later
+        self.scheduler.running.append(fork)
+
+    def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
+        seq.token_ids.append(token)
+        seq.pending_ids.append(token)
+        if logprob is not None:
+            seq.pending_logprobs.append(logprob)
+        if token in seq.stop_ids and seq.num_output > seq.params.stopping.min_tokens - 1:
+            seq.matched_stop = "" if token in self.loaded.eos_token_ids else self.tokenizer.decode([token])
+            self._finish(seq, FinishReason.STOP)
+            return
+        text, matched = seq.stop_matcher.feed(seq.detokenizer.add(token))
+        seq.pending_text += text
+        if matched is not None:
+            seq.matched_stop = matched
+            self._finish(seq, FinishReason.STOP, flush=False)
+        elif seq.num_output >= seq.request.max_tokens:
+            self._finish(seq, FinishReason.LENGTH)
+
+    def _finish(self, seq: Sequence, reason: FinishReason, flush: bool = True) -> None:
+        if flush:
+            tail, matched = seq.stop_matcher.feed(seq.detokenizer.flush())
+            seq.pending_text += tail if matched else tail + seq.stop_matcher.flush()
+        seq.finish_reason = reason
+        self.scheduler.release(seq)
+
+    def _finish_request(self, request: Request, reason: FinishReason) -> None:
+        request.cancelled = reason is FinishReason.CANCELLED
+        for seq in request.sequences:
+            for fork in seq.forks:
+                fork.finish_reason = reason
+            seq.forks = []
+            if not seq.finished:
+                seq.finish_reason = reason
+                self.scheduler.release(seq)
+        self._requests.pop(request.request_id, None)
+        request.sink([FinalEvent(s.index, reason, s.prompt_len, s.num_output) for s in request.sequences])
+
+    def _drain(self, seq: Sequence) -> list[Event]:
+        out: list[Event] = []
+        if seq.pending_ids:
+            out.append(ChunkEvent(seq.index, seq.pending_text, seq.pending_ids, seq.pending_logprobs,
+                                  seq.prompt_len, seq.num_output))
+            seq.pending_text, seq.pending_ids, seq.pending_logprobs = "", [], []
+        if seq.finished and seq.finish_reason is not FinishReason.CANCELLED and not seq.final_sent:
+            seq.final_sent = True
+            out.append(FinalEvent(seq.index, seq.finish_reason, seq.prompt_len, seq.num_output, seq.matched_stop))
+        return out

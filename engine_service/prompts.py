@@ -1,0 +1,66 @@
+"""Turns a request's input (chat messages, text or token ids) into prompt token ids."""
+
+from __future__ import annotations
+
+import json
+
+from jinja2 import TemplateError
+from transformers import PreTrainedTokenizerBase
+
+from conduit.v1 import engine_pb2 as pb
+from engine_service.params import InvalidRequest
+
+CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+def chat_messages(chat: pb.ChatInput) -> list[dict]:
+    """Proto messages -> the dicts chat templates expect (developer folds into system)."""
+    if not chat.messages:
+        raise InvalidRequest("messages must not be empty")
+    out: list[dict] = []
+    for i, msg in enumerate(chat.messages):
+        if msg.role not in CHAT_ROLES:
+            raise InvalidRequest(f"messages[{i}].role {msg.role!r} is not one of {sorted(CHAT_ROLES)}")
+        item: dict = {"role": "system" if msg.role == "developer" else msg.role, "content": msg.content}
+        if msg.name:
+            item["name"] = msg.name
+        if msg.tool_calls:
+            item["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _json_or_text(c.arguments)}}
+                for c in msg.tool_calls
+            ]
+        if msg.tool_call_id:
+            item["tool_call_id"] = msg.tool_call_id
+        out.append(item)
+    return out
+
+
+def _json_or_text(arguments: str) -> object:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+def render_chat(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput) -> str:
+    if tokenizer.chat_template is None:
+        raise InvalidRequest("this model has no chat template; send text or token ids instead")
+    try:
+        return tokenizer.apply_chat_template(chat_messages(chat), tokenize=False, add_generation_prompt=True)
+    except TemplateError as exc:
+        raise InvalidRequest(f"the chat template rejected these messages: {exc}") from exc
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, request: pb.GenerateRequest | pb.TokenizeRequest) -> list[int]:
+    kind = request.WhichOneof("input")
+    if kind == "chat":
+        text = render_chat(tokenizer, request.chat)
+        # The template already wrote any special tokens the model expects.
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    if kind == "text":
+        if not request.text:
+            raise InvalidRequest("the prompt text is empty")
+        return tokenizer(request.text, add_special_tokens=True)["input_ids"]
+    if kind == "token_ids":
+        return list(request.token_ids.ids)
+    raise InvalidRequest("the request has no input: set chat, text or token_ids")

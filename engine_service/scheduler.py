@@ -1,0 +1,111 @@
+"""Decides what each engine step computes: continuous batching with budgeted prefill.
+
+Every step, all decoding sequences advance one token; the rest of the step's token
+budget goes to prompt chunks (in-progress prefills first, then newly admitted
+requests), so a long prompt is spread over several steps instead of stalling
+everyone's decoding. When the KV cache runs out of blocks, the newest running
+sequence is preempted: its blocks are freed and it is recomputed later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine_service.kv_cache import BlockAllocator
+from engine_service.sequence import Sequence
+
+
+class QueueFull(Exception):
+    """The waiting queue is at its limit: mapped to RESOURCE_EXHAUSTED."""
+
+
+@dataclass
+class ScheduledBatch:
+    decode: list[Sequence] = field(default_factory=list)
+    prefill: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, chunk length)
+
+    def __bool__(self) -> bool:
+        return bool(self.decode or self.prefill)
+
+
+class Scheduler:
+    def __init__(self, allocator: BlockAllocator, block_size: int, max_batch_size: int,
+                 max_step_tokens: int, max_waiting: int) -> None:
+        self.allocator = allocator
+        self.block_size = block_size
+        self.max_batch_size = max_batch_size
+        self.max_step_tokens = max_step_tokens
+        self.max_waiting = max_waiting
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last is preempted first
+
+    def add(self, seq: Sequence) -> None:
+        if len(self.waiting) >= self.max_waiting:
+            raise QueueFull(f"the engine's queue is full ({self.max_waiting} waiting requests); retry later")
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        for seq in list(self.running):
+            if seq.is_decoding and self._make_room(seq):
+                batch.decode.append(seq)
+        budget = self.max_step_tokens - len(batch.decode)
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if not seq.is_decoding:
+                chunk = min(seq.num_uncomputed, budget)
+                batch.prefill.append((seq, chunk))
+                budget -= chunk
+        while self.waiting and budget > 0 and self._batch_slots_used() + self._slots(self.waiting[0]) <= self.max_batch_size:
+            seq = self.waiting[0]
+            if not self._reserve(seq, len(seq.token_ids)):
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            chunk = min(seq.num_uncomputed, budget)
+            batch.prefill.append((seq, chunk))
+            budget -= chunk
+        return batch
+
+    def _batch_slots_used(self) -> int:
+        return sum(self._slots(seq) for seq in self.running)
+
+    @staticmethod
+    def _slots(seq: Sequence) -> int:
+        return 1 + len(seq.forks)  # choices that will join once the prompt is prefilled
+
+    def _make_room(self, seq: Sequence) -> bool:
+        """Ensure seq has a block for its next token, preempting newer sequences if needed."""
+        while not self._reserve(seq, seq.num_cached + 1):
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _reserve(self, seq: Sequence, num_tokens: int) -> bool:
+        needed = -(-num_tokens // self.block_size) - len(seq.block_table)
+        if needed > self.allocator.num_free:
+            return False
+        for _ in range(max(needed, 0)):
+            seq.block_table.append(self.allocator.allocate())
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free seq's cache and put it first in line; it recomputes its tokens when readmitted."""
+        self.release(seq)
+        seq.num_cached = 0
+        self.waiting.appendleft(seq)
+
+    def release(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.allocator.free(seq.block_table)
+        seq.block_table = []

@@ -1,0 +1,125 @@
+"""One generated choice (Sequence) and the request that owns its n choices (Request)."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from engine_service.detokenizer import IncrementalDetokenizer
+from engine_service.params import RequestParams
+from engine_service.stop_strings import StopStringMatcher
+
+_seq_ids = itertools.count()
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class PromptEvent:
+    prompt_ids: list[int]
+    prompt_logprobs: list[TokenLogprob | None] | None
+
+
+@dataclass
+class ChunkEvent:
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob]
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class FinalEvent:
+    index: int
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    matched_stop: str = ""
+
+
+Event = PromptEvent | ChunkEvent | FinalEvent
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: RequestParams
+    max_tokens: int  # already clipped to the context
+    sink: Callable[[list[Event]], None]  # called from the engine thread with each step's events
+    sequences: list["Sequence"] = field(default_factory=list)
+    cancelled: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return all(seq.finished for seq in self.sequences)
+
+
+class Sequence:
+    """A choice being generated: its tokens, cache blocks and text state."""
+
+    def __init__(self, request: Request, index: int, tokenizer, stop_ids: set[int]) -> None:
+        self.seq_id = next(_seq_ids)
+        self.request = request
+        self.index = index
+        self.params = request.params
+        self.token_ids: list[int] = list(request.prompt_ids)
+        self.prompt_len = len(request.prompt_ids)
+        self.num_cached = 0
+        self.block_table: list[int] = []
+        self.stop_ids = stop_ids
+        self.finish_reason: FinishReason | None = None
+        self.matched_stop = ""
+        self.detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_ids)
+        self.stop_matcher = StopStringMatcher(request.params.stopping.stop)
+        seed = request.params.sampling.seed
+        self.generator: torch.Generator | None = None
+        if seed is not None:
+            self.generator = torch.Generator().manual_seed((seed + index) % (1 << 63))
+        # Filled during a step, drained into a ChunkEvent at its end.
+        self.pending_text = ""
+        self.pending_ids: list[int] = []
+        self.pending_logprobs: list[TokenLogprob] = []
+        # Sibling choices (n > 1) waiting for this one's prompt to be prefilled.
+        self.forks: list[Sequence] = []
+        self.final_sent = False
+        # Echo with logprobs: one entry per prompt token (None for the first).
+        self.prompt_logprobs: list[TokenLogprob | None] = [None]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len:]
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_cached
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_uncomputed == 1 and self.num_output > 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,127 @@
+"""The gRPC face of the engine: conduit.v1.Engine, grpc.health.v1 and reflection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from conduit.v1 import engine_pb2 as pb
+from conduit.v1 import engine_pb2_grpc as pb_grpc
+from engine_service import prompts
+from engine_service.convert import EventEncoder, request_params
+from engine_service.engine import Engine
+from engine_service.params import InvalidRequest
+from engine_service.scheduler import QueueFull
+from engine_service.sequence import FinalEvent, FinishReason, Request
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Engine"].full_name
+
+
+class EngineServicer(pb_grpc.EngineServicer):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.loaded = engine.loaded
+        self.created = int(time.time())
+
+    async def _check_model(self, model: str, context: grpc.aio.ServicerContext) -> None:
+        if model and model != self.loaded.model_id:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"model {model!r} is not served here; this engine serves {self.loaded.model_id!r}")
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+        await self._check_model(request.model, context)
+        request_id = request.request_id or f"gen-{uuid.uuid4().hex}"
+        queue: asyncio.Queue[list] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        try:
+            ids = prompts.prompt_ids(self.engine.tokenizer, request)
+            params = request_params(request)
+            job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
+                          max_tokens=0, sink=lambda events: loop.call_soon_threadsafe(queue.put_nowait, events))
+            self.engine.submit(job)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except QueueFull as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        encoder = EventEncoder(request_id, self.engine.token_table, echo=params.echo)
+        remaining = params.n
+        try:
+            while remaining:
+                for event in await queue.get():
+                    if isinstance(event, FinalEvent):
+                        if event.finish_reason is FinishReason.CANCELLED:
+                            await context.abort(grpc.StatusCode.INTERNAL, "the engine failed while generating")
+                        remaining -= 1
+                    message = encoder.encode(event)
+                    if message is not None:
+                        yield message
+        finally:
+            # Client gone, deadline passed or stream done: the engine frees the slot next step.
+            if not job.finished:
+                self.engine.abort(job.request_id)
+
+    def _model_info(self) -> pb.ModelInfo:
+        return pb.ModelInfo(
+            id=self.loaded.model_id, source=self.loaded.source, max_context_length=self.engine.max_model_len,
+            vocab_size=self.engine.vocab_size, dtype=str(self.loaded.dtype).removeprefix("torch."),
+            device=str(self.loaded.device), created=self.created, eos_token_ids=self.loaded.eos_token_ids)
+
+    async def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
+        return pb.ListModelsResponse(models=[self._model_info()])
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:
+        await self._check_model(request.model, context)
+        return self._model_info()
+
+    async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
+        await self._check_model(request.model, context)
+        try:
+            ids = prompts.prompt_ids(self.engine.tokenizer, request)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.TokenizeResponse(token_ids=ids, tokens=self.engine.tokenizer.convert_ids_to_tokens(ids),
+                                   max_context_length=self.engine.max_model_len)
+
+    async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:
+        await self._check_model(request.model, context)
+        bad = [t for t in request.token_ids if t >= self.engine.vocab_size]
+        if bad:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"token ids {bad[:5]} are outside the vocabulary (size {self.engine.vocab_size})")
+        return pb.DetokenizeResponse(text=self.engine.tokenizer.decode(list(request.token_ids)))
+
+
+async def serve(engine: Engine, host: str, port: int) -> None:
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", 64 << 20),
+        ("grpc.so_reuseport", 0),
+    ])
+    pb_grpc.add_EngineServicer_to_server(EngineServicer(engine), server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
+    address = f"{host}:{port}"
+    if server.add_insecure_port(address) == 0:
+        raise RuntimeError(f"cannot listen on {address}")
+    await server.start()
+    engine.start()
+    for name in ("", SERVICE_NAME):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("engine serving %s on %s", engine.loaded.model_id, address)
+    try:
+        await server.wait_for_termination()
+    finally:
+        for name in ("", SERVICE_NAME):
+            await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await server.stop(grace=2)
+        engine.stop()

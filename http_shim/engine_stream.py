@@ -1,0 +1,70 @@
+"""Runs the Generate calls of one HTTP request together and yields their responses as they arrive.
+
+A /v1/completions prompt list becomes one call per prompt; each is drained by its own greenlet
+into one queue, so the request handler can wait with a timeout (to send heartbeats or notice a
+departed client) and cancel every call at once.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import gevent
+import grpc
+from gevent.queue import Empty, Queue
+
+from conduit.v1 import engine_pb2 as pb
+
+from .engine_client import EngineClient
+from .errors import from_grpc
+
+_END = object()
+Item = tuple[int, pb.GenerateResponse]
+
+
+class Idle:
+    """Returned by `next` when nothing arrived within the timeout."""
+
+
+IDLE = Idle()
+
+
+class EngineStream:
+    def __init__(self, client: EngineClient, requests: list[pb.GenerateRequest], timeout_s: float | None) -> None:
+        self._queue: Queue = Queue()
+        self._calls = [client.generate(r, timeout_s) for r in requests]
+        self._open = len(self._calls)
+        self._greenlets = [gevent.spawn(self._drain, i, call) for i, call in enumerate(self._calls)]
+
+    def _drain(self, prompt_index: int, call: grpc.Call) -> None:
+        try:
+            for response in call:
+                self._queue.put((prompt_index, response))
+            self._queue.put((prompt_index, _END))
+        except grpc.RpcError as error:
+            self._queue.put((prompt_index, error))
+
+    def next(self, timeout_s: float) -> Union[Item, Idle, None]:
+        """The next (prompt_index, response); IDLE after timeout_s of silence; None once all calls ended.
+
+        Raises APIError when any call fails (the others are cancelled).
+        """
+        while self._open:
+            try:
+                prompt_index, item = self._queue.get(timeout=timeout_s)
+            except Empty:
+                return IDLE
+            if item is _END:
+                self._open -= 1
+            elif isinstance(item, grpc.RpcError):
+                self.cancel()
+                raise from_grpc(item)
+            else:
+                return prompt_index, item
+        return None
+
+    def cancel(self) -> None:
+        """Cancels calls still running; the engine stops generating for them within one step."""
+        for call in self._calls:
+            call.cancel()
+        gevent.killall(self._greenlets, block=False)

@@ -1,0 +1,82 @@
+"""OpenAI-shaped errors and the mapping from gRPC status codes to HTTP statuses.
+
+Every failure the shim reports, before or during a stream, goes through `APIError` so clients
+(the openai SDK in particular) always see `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+# Retry-After (seconds) sent with 429 when the engine does not suggest one.
+DEFAULT_RETRY_AFTER_S = 1
+
+
+@dataclass
+class APIError(Exception):
+    """An error to return to the HTTP client, with its status and OpenAI error fields."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    """A 400 for bad input, naming the offending parameter the way OpenAI does."""
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(
+        404, f"The model '{model}' does not exist.", "invalid_request_error", "model", "model_not_found"
+    )
+
+
+def _retry_after(error: grpc.RpcError) -> str:
+    """The engine may suggest a delay in trailing metadata `retry-after`; otherwise a default."""
+    trailing = getattr(error, "trailing_metadata", None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key.lower() == "retry-after" and str(value).isdigit():
+            return str(value)
+    return str(DEFAULT_RETRY_AFTER_S)
+
+
+# gRPC code -> (HTTP status, OpenAI error type, OpenAI error code).
+_GRPC_TO_HTTP: dict[grpc.StatusCode, tuple[int, str, str | None]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error", None),
+    grpc.StatusCode.FAILED_PRECONDITION: (400, "invalid_request_error", None),
+    grpc.StatusCode.OUT_OF_RANGE: (400, "invalid_request_error", None),
+    grpc.StatusCode.NOT_FOUND: (404, "invalid_request_error", "model_not_found"),
+    grpc.StatusCode.UNAUTHENTICATED: (401, "invalid_request_error", "invalid_api_key"),
+    grpc.StatusCode.PERMISSION_DENIED: (403, "invalid_request_error", None),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error", "rate_limit_exceeded"),
+    # nginx's "client closed request": the call was cancelled, normally because the client left.
+    grpc.StatusCode.CANCELLED: (499, "invalid_request_error", "request_cancelled"),
+    grpc.StatusCode.UNIMPLEMENTED: (501, "server_error", "not_implemented"),
+    grpc.StatusCode.UNAVAILABLE: (503, "server_error", "engine_unavailable"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "server_error", "timeout"),
+}
+
+
+def from_grpc(error: grpc.RpcError) -> APIError:
+    """Translate a failed engine call; codes not listed (INTERNAL, UNKNOWN, ...) are engine bugs: 500."""
+    code = error.code() if callable(getattr(error, "code", None)) else grpc.StatusCode.UNKNOWN
+    details = (error.details() if callable(getattr(error, "details", None)) else None) or str(code.name)
+    status, kind, err_code = _GRPC_TO_HTTP.get(code, (500, "server_error", "engine_error"))
+    if code == grpc.StatusCode.UNAVAILABLE:
+        details = f"The engine is unavailable: {details}"
+    headers = {"Retry-After": _retry_after(error)} if status in (429, 503) else {}
+    param = "model" if code == grpc.StatusCode.NOT_FOUND else None
+    return APIError(status, details, kind, param, err_code, headers)

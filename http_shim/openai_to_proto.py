@@ -1,0 +1,496 @@
+"""Validate OpenAI request JSON and translate it into engine `GenerateRequest`s.
+
+Every field is type- and range-checked here so bad input becomes a 400 naming the parameter,
+never a 500 and never a surprise inside the engine.
+
+Accepted and ignored (the openai SDK and frameworks send them; they have no engine meaning):
+`user`, `metadata`, `store`, `service_tier`, `modalities`, `audio`, `prediction`,
+`reasoning_effort`, `web_search_options`, `verbosity`, `prompt_cache_key`, `safety_identifier`,
+and any other unknown top-level field. `stream_options` is read only when `stream` is true.
+
+Vendor fields (sent through the SDK's `extra_body`): `top_k` (-1 or 0 = off), `min_p`,
+`repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`, and `structured_outputs`
+({"regex": str} | {"grammar": str} | {"json": schema}) for constraints OpenAI has no field for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from conduit.v1 import engine_pb2 as pb
+
+from .errors import APIError, invalid
+
+MAX_N = 16  # the engine's range for `n` (and so for `best_of`)
+MAX_STOP = 16
+MAX_PROMPTS = 64  # prompts in one /v1/completions request; each becomes one Generate call
+MAX_CHAT_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+_UINT32_MAX = 2**32 - 1
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass
+class GenerationPlan:
+    """What one HTTP request asks of the engine: one GenerateRequest per prompt, plus how to answer."""
+
+    model: str
+    requests: list[pb.GenerateRequest]
+    n: int  # choices returned per prompt
+    best_of: int  # choices generated per prompt (>= n); the best n by cumulative logprob are returned
+    stream: bool
+    include_usage: bool
+    logprobs: bool  # whether the client asked for logprobs
+    top_logprobs: int
+    echo: bool
+
+
+# ------------------------------------------------------------------ scalar readers
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _int(body: dict, key: str, lo: int, hi: int, param: str | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    param = param or key
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not _is_int(value):
+        raise invalid(f"'{param}' must be an integer, got {json.dumps(value)}.", param)
+    if not lo <= value <= hi:
+        raise invalid(f"'{param}' must be between {lo} and {hi}, got {value}.", param)
+    return value
+
+
+def _number(body: dict, key: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not _is_number(value):
+        raise invalid(f"'{key}' must be a number, got {json.dumps(value)}.", key)
+    if value < lo or value > hi or (lo_open and value == lo):
+        low = f"greater than {lo}" if lo_open else f"at least {lo}"
+        raise invalid(f"'{key}' must be {low} and at most {hi}, got {value}.", key)
+    return float(value)
+
+
+def _bool(body: dict, key: str) -> bool | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise invalid(f"'{key}' must be a boolean, got {json.dumps(value)}.", key)
+    return value
+
+
+def _str(value: Any, param: str, allow_empty: bool = True) -> str:
+    if not isinstance(value, str):
+        raise invalid(f"'{param}' must be a string.", param)
+    if not allow_empty and not value:
+        raise invalid(f"'{param}' must not be empty.", param)
+    return value
+
+
+def _dict(value: Any, param: str) -> dict:
+    if not isinstance(value, dict):
+        raise invalid(f"'{param}' must be an object.", param)
+    return value
+
+
+def _list(value: Any, param: str, allow_empty: bool = False) -> list:
+    if not isinstance(value, list):
+        raise invalid(f"'{param}' must be an array.", param)
+    if not allow_empty and not value:
+        raise invalid(f"'{param}' must not be empty.", param)
+    return value
+
+
+def _token_id(value: Any, param: str) -> int:
+    if not _is_int(value) or not 0 <= value <= _UINT32_MAX:
+        raise invalid(f"'{param}' must be a non-negative integer token id, got {json.dumps(value)}.", param)
+    return value
+
+
+# ------------------------------------------------------------------ shared fields
+
+
+def _model(body: dict) -> str:
+    if body.get("model") is None:
+        raise invalid("you must provide a model parameter.", "model")
+    return _str(body["model"], "model", allow_empty=False)
+
+
+def _stream(body: dict) -> tuple[bool, bool]:
+    """(stream, include_usage)."""
+    stream = bool(_bool(body, "stream"))
+    options = body.get("stream_options")
+    if options is None or not stream:
+        return stream, False
+    include_usage = _bool(_dict(options, "stream_options"), "include_usage")
+    return stream, bool(include_usage)
+
+
+def _seed(body: dict) -> int | None:
+    """OpenAI seeds are signed 64-bit; the engine's are unsigned, so negatives wrap (deterministically)."""
+    seed = _int(body, "seed", -(2**63), 2**64 - 1)
+    return None if seed is None else seed % 2**64
+
+
+def _logit_bias(body: dict) -> dict[int, float]:
+    value = body.get("logit_bias")
+    if value is None:
+        return {}
+    bias: dict[int, float] = {}
+    for key, weight in _dict(value, "logit_bias").items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) <= _UINT32_MAX):
+            raise invalid(f"'logit_bias' keys must be token ids as strings, got {json.dumps(key)}.", "logit_bias")
+        if not _is_number(weight) or not -100 <= weight <= 100:
+            raise invalid(f"'logit_bias' values must be numbers in [-100, 100], got {json.dumps(weight)}.", "logit_bias")
+        bias[int(key)] = float(weight)
+    return bias
+
+
+def _sampling(body: dict) -> pb.SamplingParams:
+    params = pb.SamplingParams(logit_bias=_logit_bias(body))
+    checked = {
+        "temperature": _number(body, "temperature", 0.0, 2.0),
+        "top_p": _number(body, "top_p", 0.0, 1.0, lo_open=True),
+        "min_p": _number(body, "min_p", 0.0, 1.0),
+        "repetition_penalty": _number(body, "repetition_penalty", 0.0, 2.0, lo_open=True),
+        "presence_penalty": _number(body, "presence_penalty", -2.0, 2.0),
+        "frequency_penalty": _number(body, "frequency_penalty", -2.0, 2.0),
+    }
+    for name, value in checked.items():
+        if value is not None:
+            setattr(params, name, value)
+    top_k = _int(body, "top_k", -1, 2**31 - 1)
+    if top_k is not None:
+        params.top_k = max(top_k, 0)  # vLLM spells "off" as -1
+    seed = _seed(body)
+    if seed is not None:
+        params.seed = seed
+    return params
+
+
+def _stop(body: dict) -> list[str]:
+    value = body.get("stop")
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else _list(value, "stop", allow_empty=True)
+    if len(stops) > MAX_STOP:
+        raise invalid(f"'stop' may hold at most {MAX_STOP} strings, got {len(stops)}.", "stop")
+    for stop in stops:
+        _str(stop, "stop", allow_empty=False)
+    return stops
+
+
+def _stopping(body: dict, max_tokens: int | None) -> pb.StoppingParams:
+    params = pb.StoppingParams(stop=_stop(body))
+    if max_tokens is not None:
+        params.max_tokens = max_tokens
+    params.min_tokens = _int(body, "min_tokens", 0, _UINT32_MAX) or 0
+    params.ignore_eos = bool(_bool(body, "ignore_eos"))
+    ids = body.get("stop_token_ids")
+    if ids is not None:
+        params.stop_token_ids.extend(
+            _token_id(t, "stop_token_ids") for t in _list(ids, "stop_token_ids", allow_empty=True)
+        )
+    return params
+
+
+def _schema_text(schema: Any, param: str) -> str:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            raise invalid(f"'{param}' is not valid JSON.", param) from None
+    if not isinstance(schema, (dict, bool)):
+        raise invalid(f"'{param}' must be a JSON Schema object.", param)
+    return json.dumps(schema)
+
+
+def _response_format(value: Any) -> pb.Constraint | None:
+    fmt = _dict(value, "response_format")
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return pb.Constraint(json_object=True)
+    if kind == "json_schema":
+        spec = _dict(fmt.get("json_schema"), "response_format.json_schema")
+        if spec.get("name") is not None:
+            _str(spec["name"], "response_format.json_schema.name")
+        if spec.get("schema") is None:
+            return pb.Constraint(json_object=True)
+        return pb.Constraint(json_schema=_schema_text(spec["schema"], "response_format.json_schema.schema"))
+    raise invalid(
+        f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {json.dumps(kind)}.",
+        "response_format.type",
+    )
+
+
+def _structured_outputs(value: Any) -> pb.Constraint:
+    spec = _dict(value, "structured_outputs")
+    kinds = [k for k in ("regex", "grammar", "json") if spec.get(k) is not None]
+    if len(kinds) != 1:
+        raise invalid("'structured_outputs' must set exactly one of 'regex', 'grammar' or 'json'.", "structured_outputs")
+    kind = kinds[0]
+    if kind == "json":
+        return pb.Constraint(json_schema=_schema_text(spec["json"], "structured_outputs.json"))
+    text = _str(spec[kind], f"structured_outputs.{kind}", allow_empty=False)
+    return pb.Constraint(regex=text) if kind == "regex" else pb.Constraint(grammar=text)
+
+
+def _constraint(body: dict) -> pb.Constraint | None:
+    from_format = None if body.get("response_format") is None else _response_format(body["response_format"])
+    from_vendor = None if body.get("structured_outputs") is None else _structured_outputs(body["structured_outputs"])
+    if from_format is not None and from_vendor is not None:
+        raise invalid("Use either 'response_format' or 'structured_outputs', not both.", "structured_outputs")
+    return from_format or from_vendor
+
+
+# ------------------------------------------------------------------ chat
+
+
+def _content_text(content: Any, param: str) -> str:
+    """String content, or an array of text parts joined by newlines (as vLLM does). Text only."""
+    if isinstance(content, str):
+        return content
+    parts = _list(content, param)
+    texts = []
+    for j, part in enumerate(parts):
+        part = _dict(part, f"{param}[{j}]")
+        kind = part.get("type")
+        if kind in ("text", "refusal"):
+            texts.append(_str(part.get(kind), f"{param}[{j}].{kind}"))
+        else:
+            raise invalid(
+                f"Content parts of type {json.dumps(kind)} are not supported; this model accepts text only.",
+                f"{param}[{j}].type",
+            )
+    return "\n".join(texts)
+
+
+def _tool_call(value: Any, param: str) -> pb.ToolCall:
+    call = _dict(value, param)
+    if call.get("type", "function") != "function":
+        raise invalid(f"'{param}.type' must be 'function'.", f"{param}.type")
+    function = _dict(call.get("function"), f"{param}.function")
+    arguments = function.get("arguments", "{}")
+    if isinstance(arguments, dict):  # some clients send the object itself
+        arguments = json.dumps(arguments)
+    return pb.ToolCall(
+        id=_str(call.get("id", ""), f"{param}.id"),
+        name=_str(function.get("name"), f"{param}.function.name", allow_empty=False),
+        arguments=_str(arguments, f"{param}.function.arguments"),
+    )
+
+
+def _message(value: Any, i: int) -> pb.ChatMessage:
+    param = f"messages[{i}]"
+    msg = _dict(value, param)
+    role = msg.get("role")
+    if role not in _ROLES:
+        raise invalid(
+            f"'{param}.role' must be one of {', '.join(_ROLES)}; got {json.dumps(role)}.", f"{param}.role"
+        )
+    out = pb.ChatMessage(role=role)
+    if msg.get("name") is not None:
+        out.name = _str(msg["name"], f"{param}.name")
+    if role == "assistant" and msg.get("tool_calls") is not None:
+        calls = _list(msg["tool_calls"], f"{param}.tool_calls", allow_empty=True)
+        out.tool_calls.extend(_tool_call(c, f"{param}.tool_calls[{k}]") for k, c in enumerate(calls))
+    if role == "tool":
+        out.tool_call_id = _str(msg.get("tool_call_id"), f"{param}.tool_call_id", allow_empty=False)
+    content = msg.get("content")
+    if content is None:
+        if role != "assistant":
+            raise invalid(f"'{param}.content' is required for role '{role}'.", f"{param}.content")
+    else:
+        out.content = _content_text(content, f"{param}.content")
+    return out
+
+
+def _tools(body: dict) -> list[pb.Tool]:
+    value = body.get("tools")
+    if value is None:
+        return []
+    tools = []
+    for k, item in enumerate(_list(value, "tools", allow_empty=True)):
+        param = f"tools[{k}]"
+        tool = _dict(item, param)
+        if tool.get("type") != "function":
+            raise invalid(f"'{param}.type' must be 'function'.", f"{param}.type")
+        function = _dict(tool.get("function"), f"{param}.function")
+        name = _str(function.get("name"), f"{param}.function.name")
+        if not _TOOL_NAME.match(name):
+            raise invalid(
+                f"'{param}.function.name' must match ^[a-zA-Z0-9_-]{{1,64}}$, got {json.dumps(name)}.",
+                f"{param}.function.name",
+            )
+        params = function.get("parameters")
+        tools.append(
+            pb.Tool(
+                name=name,
+                description=_str(function.get("description") or "", f"{param}.function.description"),
+                parameters_json="" if params is None else _schema_text(params, f"{param}.function.parameters"),
+            )
+        )
+    return tools
+
+
+def _tool_choice(body: dict, tools: list[pb.Tool]) -> pb.ToolChoice:
+    value = body.get("tool_choice")
+    modes = {"auto": pb.ToolChoice.MODE_AUTO, "none": pb.ToolChoice.MODE_NONE, "required": pb.ToolChoice.MODE_REQUIRED}
+    if value is None:
+        return pb.ToolChoice(mode=pb.ToolChoice.MODE_AUTO)
+    if isinstance(value, str):
+        if value not in modes:
+            raise invalid(
+                f"'tool_choice' must be 'none', 'auto', 'required' or an object, got {json.dumps(value)}.",
+                "tool_choice",
+            )
+        if value == "required" and not tools:
+            raise invalid("'tool_choice' is 'required' but no 'tools' were given.", "tool_choice")
+        return pb.ToolChoice(mode=modes[value])
+    choice = _dict(value, "tool_choice")
+    if choice.get("type") != "function":
+        raise invalid("'tool_choice.type' must be 'function'.", "tool_choice.type")
+    name = _str(_dict(choice.get("function"), "tool_choice.function").get("name"), "tool_choice.function.name")
+    if name not in {t.name for t in tools}:
+        raise invalid(f"'tool_choice' names the function '{name}', which is not in 'tools'.", "tool_choice")
+    return pb.ToolChoice(mode=pb.ToolChoice.MODE_FUNCTION, function_name=name)
+
+
+def _reject_legacy_functions(body: dict) -> None:
+    for key in ("functions", "function_call"):
+        if body.get(key) is not None:
+            raise invalid(f"'{key}' is deprecated and not supported; use 'tools' and 'tool_choice'.", key)
+
+
+def parse_chat(body: dict, request_id: str) -> GenerationPlan:
+    """Validate a /v1/chat/completions body and build its single GenerateRequest."""
+    model = _model(body)
+    _reject_legacy_functions(body)
+    messages = [_message(m, i) for i, m in enumerate(_list(body.get("messages"), "messages"))]
+    tools = _tools(body)
+    chat = pb.ChatInput(messages=messages, tools=tools, tool_choice=_tool_choice(body, tools))
+    parallel = _bool(body, "parallel_tool_calls")
+    if parallel is not None:
+        chat.parallel_tool_calls = parallel
+    stream, include_usage = _stream(body)
+    n = _int(body, "n", 1, MAX_N) or 1
+    logprobs = bool(_bool(body, "logprobs"))
+    top_logprobs = _int(body, "top_logprobs", 0, MAX_CHAT_TOP_LOGPROBS) or 0
+    if top_logprobs and not logprobs:
+        raise invalid("'logprobs' must be true when 'top_logprobs' is set.", "logprobs")
+    max_tokens = _int(body, "max_completion_tokens", 1, _UINT32_MAX)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", 1, _UINT32_MAX)
+    request = pb.GenerateRequest(
+        request_id=request_id,
+        model=model,
+        chat=chat,
+        sampling=_sampling(body),
+        stopping=_stopping(body, max_tokens),
+        n=n,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+    )
+    constraint = _constraint(body)
+    if constraint is not None:
+        request.constraint.CopyFrom(constraint)
+    return GenerationPlan(model, [request], n, n, stream, include_usage, logprobs, top_logprobs, echo=False)
+
+
+# ------------------------------------------------------------------ completions
+
+
+def _prompts(value: Any) -> list[str | list[int]]:
+    """A string, strings, token ids, or lists of token ids -> one entry per prompt."""
+    if value is None:
+        raise invalid("you must provide a prompt parameter.", "prompt")
+    if isinstance(value, str):
+        return [value]
+    items = _list(value, "prompt")
+    if all(isinstance(p, str) for p in items):
+        prompts: list[str | list[int]] = list(items)
+    elif all(_is_int(p) for p in items):
+        prompts = [[_token_id(t, "prompt") for t in items]]
+    elif all(isinstance(p, list) for p in items):
+        prompts = [[_token_id(t, f"prompt[{i}]") for t in _list(p, f"prompt[{i}]")] for i, p in enumerate(items)]
+    else:
+        raise invalid(
+            "'prompt' must be a string, an array of strings, an array of token ids or an array of token-id arrays.",
+            "prompt",
+        )
+    if len(prompts) > MAX_PROMPTS:
+        raise invalid(f"'prompt' may hold at most {MAX_PROMPTS} prompts, got {len(prompts)}.", "prompt")
+    return prompts
+
+
+def parse_completion(body: dict, request_id: str) -> GenerationPlan:
+    """Validate a /v1/completions body and build one GenerateRequest per prompt."""
+    model = _model(body)
+    prompts = _prompts(body.get("prompt"))
+    suffix = body.get("suffix")
+    if suffix is not None and _str(suffix, "suffix"):
+        raise invalid("'suffix' is not supported: the model has no fill-in-the-middle support.", "suffix")
+    stream, include_usage = _stream(body)
+    n = _int(body, "n", 1, MAX_N) or 1
+    best_of = _int(body, "best_of", 1, MAX_N)
+    if best_of is None:
+        best_of = n
+    if best_of < n:
+        raise invalid(f"'best_of' ({best_of}) must be greater than or equal to 'n' ({n}).", "best_of")
+    if stream and best_of > n:
+        raise invalid("'best_of' greater than 'n' cannot be used with 'stream'.", "best_of")
+    top = _int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
+    echo = bool(_bool(body, "echo"))
+    max_tokens = _int(body, "max_tokens", 0, _UINT32_MAX)
+    sampling, stopping = _sampling(body), _stopping(
+        body, DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens
+    )
+    constraint = _constraint(body)
+    requests = []
+    for i, prompt in enumerate(prompts):
+        request = pb.GenerateRequest(
+            request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}",
+            model=model,
+            sampling=sampling,
+            stopping=stopping,
+            n=best_of,
+            # Ranking best_of candidates needs each token's logprob even when the client did not ask.
+            logprobs=top is not None or best_of > n,
+            top_logprobs=top or 0,
+            echo=echo,
+        )
+        if isinstance(prompt, str):
+            request.text = prompt
+        else:
+            request.token_ids.ids.extend(prompt)
+        if constraint is not None:
+            request.constraint.CopyFrom(constraint)
+        requests.append(request)
+    return GenerationPlan(model, requests, n, best_of, stream, include_usage, top is not None, top or 0, echo)
+
+
+def require_object(body: Any) -> dict:
+    """The request body must be a JSON object."""
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.", "invalid_request_error", None, "invalid_json")
+    return body

@@ -1,0 +1,17 @@
+"""Server-sent events framing for OpenAI streams."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# Proxies (nginx in particular) buffer responses unless told not to; clients must not cache a stream.
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+CONTENT_TYPE = "text/event-stream"
+DONE = b"data: [DONE]\n\n"
+# An SSE comment: clients ignore it, but writing it is how WSGI learns that the client has gone.
+HEARTBEAT = b": keep-alive\n\n"
+
+
+def event(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"

@@ -1,0 +1,63 @@
+"""Fixtures for the end-to-end tests: the real engine (default model) and shim on free loopback ports."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from clients import AsyncEngineClient, EngineClient
+from clients.launch import Stack
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    """The default stack; its `base_url` is for the openai SDK, `engine_address` for gRPC."""
+    with Stack() as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def single_slot_stack() -> Iterator[Stack]:
+    """A stack whose engine runs one sequence at a time, so a leaked generation blocks the next one."""
+    with Stack(engine_args=["--max-batch-size", "1"]) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """One event loop for every async test, so async clients can be shared across tests."""
+    event_loop = asyncio.new_event_loop()
+    yield event_loop
+    event_loop.close()
+
+
+@pytest.fixture(scope="session")
+def openai_client(stack: Stack) -> Iterator[openai.OpenAI]:
+    # No retries: a 429 or 5xx must show up in the test, not be hidden by the SDK.
+    with openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def async_openai_client(stack: Stack, loop: asyncio.AbstractEventLoop) -> Iterator[openai.AsyncOpenAI]:
+    client = openai.AsyncOpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120)
+    yield client
+    loop.run_until_complete(client.close())
+
+
+@pytest.fixture(scope="session")
+def engine_client(stack: Stack) -> Iterator[EngineClient]:
+    with EngineClient(stack.engine_address, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def async_engine_client(stack: Stack, loop: asyncio.AbstractEventLoop) -> Iterator[AsyncEngineClient]:
+    async def connect() -> AsyncEngineClient:  # grpc.aio binds a channel to the loop it is made in
+        return AsyncEngineClient(stack.engine_address, timeout=120)
+
+    client = loop.run_until_complete(connect())
+    yield client
+    loop.run_until_complete(client.close())

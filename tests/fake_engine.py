@@ -1,0 +1,240 @@
+"""A scripted Engine servicer on a real gRPC server, for tests of the HTTP shim alone.
+
+The script is chosen by the input's last text (the last chat message, or the prompt):
+  "echo-request"        the output text is the received GenerateRequest as JSON
+  "error:CODE:message"  the call fails with grpc.StatusCode.CODE before any response
+  "midstream-error"     PromptInfo and one chunk, then INTERNAL
+  "hang"                PromptInfo, then nothing until the caller cancels
+  "slow:SECONDS"        PromptInfo, a pause, then the default answer
+  "long:N"              N tokens, 20 ms apart (for disconnects mid-stream)
+  "tools"               a streamed get_weather tool call, finish TOOL_CALLS
+  "unicode"             multi-byte text
+  anything else         "Hello from choice {i}." in five tokens, honouring max_tokens
+It records every request and which ones were cancelled, and its health status can be flipped.
+`start_shim` runs the real shim as a process against any engine address.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from conduit.v1 import engine_pb2 as pb
+from conduit.v1 import engine_pb2_grpc
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MODEL_ID = "fake-model"
+MODEL_CREATED = 1_700_000_000
+
+
+def _script_text(request: pb.GenerateRequest) -> str:
+    kind = request.WhichOneof("input")
+    if kind == "chat":
+        return request.chat.messages[-1].content if request.chat.messages else ""
+    if kind == "text":
+        return request.text
+    return "tokens"
+
+
+def _logprob(token_id: int, token: str, value: float, top: int) -> pb.TokenLogprob:
+    alternatives = [
+        pb.TopLogprob(token_id=token_id + k, token=f"{token}#{k}" if k else token, logprob=value - k, bytes=token.encode())
+        for k in range(top)
+    ]
+    return pb.TokenLogprob(token_id=token_id, token=token, logprob=value, bytes=token.encode(), top_logprobs=alternatives)
+
+
+class FakeEngine(engine_pb2_grpc.EngineServicer):
+    def __init__(self) -> None:
+        self.requests: list[pb.GenerateRequest] = []
+        self.cancelled: set[str] = set()
+        self._changed = threading.Condition()
+
+    # -------------------------------------------------------------- observation
+
+    def wait_cancelled(self, request_id_prefix: str, timeout_s: float = 10.0) -> bool:
+        """True once a request whose id starts with the prefix has been seen cancelled."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: any(r.startswith(request_id_prefix) for r in self.cancelled), timeout_s
+            )
+
+    def _record_cancel(self, request_id: str) -> None:
+        with self._changed:
+            self.cancelled.add(request_id)
+            self._changed.notify_all()
+
+    def _alive(self, context: grpc.ServicerContext, request_id: str) -> bool:
+        if context.is_active():
+            return True
+        self._record_cancel(request_id)
+        return False
+
+    def _wait(self, context: grpc.ServicerContext, request_id: str, seconds: float) -> bool:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if not self._alive(context, request_id):
+                return False
+            time.sleep(0.01)
+        return True
+
+    # -------------------------------------------------------------- RPCs
+
+    def ListModels(self, request, context):
+        return pb.ListModelsResponse(models=[self._info()])
+
+    def GetModelInfo(self, request, context):
+        if request.model != MODEL_ID:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"model '{request.model}' is not served")
+        return self._info()
+
+    def _info(self) -> pb.ModelInfo:
+        return pb.ModelInfo(id=MODEL_ID, source="fake", max_context_length=2048, vocab_size=1000, created=MODEL_CREATED)
+
+    def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
+        with self._changed:
+            self.requests.append(request)
+        rid = request.request_id
+        script = _script_text(request)
+        if script.startswith("error:"):
+            _, code, message = script.split(":", 2)
+            context.abort(grpc.StatusCode[code], message)
+        n = request.n if request.HasField("n") else 1
+        prompt_tokens = len(script.split()) or 1
+        yield pb.GenerateResponse(request_id=rid, prompt=self._prompt_info(request, script, prompt_tokens))
+        if script == "hang":
+            while self._alive(context, rid):
+                time.sleep(0.01)
+            return
+        if script.startswith("slow:") and not self._wait(context, rid, float(script.split(":")[1])):
+            return
+        if script == "midstream-error":
+            yield pb.GenerateResponse(request_id=rid, chunk=pb.Chunk(index=0, text="partial", prompt_tokens=prompt_tokens, completion_tokens=1))
+            context.abort(grpc.StatusCode.INTERNAL, "the fake engine broke mid-stream")
+        if script == "tools":
+            yield from self._tool_call(rid, prompt_tokens)
+            return
+        for i in range(n):
+            tokens = self._tokens(request, script, i)
+            limit = request.stopping.max_tokens if request.stopping.HasField("max_tokens") else len(tokens)
+            emitted = tokens[:limit]
+            for k, token in enumerate(emitted):
+                if script.startswith("long:") and not self._wait(context, rid, 0.02):
+                    return
+                chunk = pb.Chunk(index=i, text=token, token_ids=[100 + k], prompt_tokens=prompt_tokens, completion_tokens=k + 1)
+                if request.logprobs:
+                    chunk.logprobs.append(_logprob(100 + k, token, -0.5 * (k + 1) - 0.25 * i, request.top_logprobs))
+                yield pb.GenerateResponse(request_id=rid, chunk=chunk)
+            reason = pb.FINISH_REASON_LENGTH if len(emitted) < len(tokens) else pb.FINISH_REASON_STOP
+            yield pb.GenerateResponse(
+                request_id=rid,
+                final=pb.Final(index=i, finish_reason=reason, prompt_tokens=prompt_tokens, completion_tokens=len(emitted)),
+            )
+
+    # -------------------------------------------------------------- scripts
+
+    def _prompt_info(self, request: pb.GenerateRequest, script: str, prompt_tokens: int) -> pb.PromptInfo:
+        info = pb.PromptInfo(prompt_tokens=prompt_tokens)
+        if request.echo:
+            words = script.split(" ")
+            info.prompt_text = script
+            info.prompt_token_ids.extend(range(len(words)))
+            if request.logprobs:
+                for k, word in enumerate(words):
+                    token = word if k == 0 else " " + word
+                    info.prompt_logprobs.append(_logprob(k, token, float("nan") if k == 0 else -1.0, request.top_logprobs))
+        return info
+
+    def _tokens(self, request: pb.GenerateRequest, script: str, choice: int) -> list[str]:
+        if script == "echo-request":
+            return [json.dumps(MessageToDict(request, preserving_proto_field_name=True))]
+        if script == "unicode":
+            return ["héllo", " 世界", " 🚀"]
+        if script.startswith("long:"):
+            return [f" t{k}" for k in range(int(script.split(":")[1]))]
+        return ["Hello", " from", " choice", f" {choice}", "."]
+
+    def _tool_call(self, rid: str, prompt_tokens: int) -> Iterator[pb.GenerateResponse]:
+        pieces = [
+            pb.ToolCallDelta(index=0, id="call_fake1", name="get_weather", arguments='{"city": '),
+            pb.ToolCallDelta(index=0, arguments='"Paris"}'),
+        ]
+        for k, piece in enumerate(pieces):
+            yield pb.GenerateResponse(
+                request_id=rid,
+                chunk=pb.Chunk(index=0, tool_calls=[piece], prompt_tokens=prompt_tokens, completion_tokens=k + 1),
+            )
+        call = pb.ToolCall(id="call_fake1", name="get_weather", arguments='{"city": "Paris"}')
+        yield pb.GenerateResponse(
+            request_id=rid,
+            final=pb.Final(index=0, finish_reason=pb.FINISH_REASON_TOOL_CALLS, prompt_tokens=prompt_tokens, completion_tokens=2, tool_calls=[call]),
+        )
+
+
+class FakeEngineServer:
+    """The fake on a real gRPC server on a free loopback port, in this process's threads."""
+
+    def __init__(self) -> None:
+        self.engine = FakeEngine()
+        self.health = health.HealthServicer()
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
+        engine_pb2_grpc.add_EngineServicer_to_server(self.engine, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{self.port}"
+        self.set_serving(True)
+
+    def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", "conduit.v1.Engine"):
+            self.health.set(name, status)
+
+    def start(self) -> "FakeEngineServer":
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.stop(grace=None)
+
+
+def start_shim(engine_address: str, *extra_args: str, timeout_s: float = 60.0) -> tuple[subprocess.Popen, str]:
+    """Starts `python -m http_shim` on a free loopback port; returns the process and its base URL."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "http_shim", "--engine", engine_address, "--host", "127.0.0.1", "--port", "0", *extra_args],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(process.stdout.readline()), daemon=True).start()
+    try:
+        line = lines.get(timeout=timeout_s)
+    except queue.Empty:
+        process.kill()
+        raise RuntimeError("the shim did not report its port") from None
+    match = re.search(r"http://[\d.]+:(\d+)", line)
+    if not match:
+        process.kill()
+        raise RuntimeError(f"unexpected shim output: {line!r}")
+    return process, f"http://127.0.0.1:{match.group(1)}"
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

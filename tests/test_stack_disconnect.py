@@ -1,0 +1,61 @@
+"""A client that leaves mid-stream frees the engine.
+
+The engine under test runs one sequence at a time, and the abandoned request
+would run to the end of the context (EOS is banned), so the follow-up request
+can only finish within its timeout if the shim relayed the disconnect and the
+engine stopped generating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from clients import EngineClient
+from clients.launch import Stack
+
+pytestmark = pytest.mark.model
+
+MODEL = "SmolLM2-135M-Instruct"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+STORY = [{"role": "user", "content": "Tell me a very long story about a lighthouse keeper."}]
+# Well below the minutes the abandoned generation would take to fill the context.
+FOLLOW_UP_TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="module")
+def single_slot_client(single_slot_stack: Stack) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=single_slot_stack.base_url, api_key="unused", max_retries=0,
+                       timeout=FOLLOW_UP_TIMEOUT_S) as client:
+        yield client
+
+
+def endless_params(stack: Stack, messages: list[dict[str, str]]) -> dict:
+    """max_tokens filling the context and a logit_bias banning EOS: a generation that runs for minutes."""
+    with EngineClient(stack.engine_address, timeout=30) as engine:
+        info = engine.model_info()
+        prompt_tokens = len(engine.tokenize(messages=messages).token_ids)
+    return {"max_tokens": info.max_context_length - prompt_tokens - 1,
+            "logit_bias": {str(token): -100 for token in info.eos_token_ids}}
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_disconnect_mid_stream_frees_the_engine(single_slot_stack: Stack, single_slot_client: openai.OpenAI,
+                                                endpoint: str) -> None:
+    params = endless_params(single_slot_stack, STORY)
+    if endpoint == "chat":
+        stream = single_slot_client.chat.completions.create(model=MODEL, messages=STORY, stream=True, **params)
+    else:
+        stream = single_slot_client.completions.create(model=MODEL, prompt="Once upon a time", stream=True,
+                                                       **params)
+    chunks = iter(stream)
+    for _ in range(5):
+        next(chunks)
+    stream.close()  # drops the HTTP connection mid-stream
+
+    follow_up = single_slot_client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                                           max_tokens=30)
+    assert "Paris" in follow_up.choices[0].message.content
+    single_slot_stack.check_alive()
