@@ -46,9 +46,11 @@ class Engine:
         self.vocab_size = int(loaded.model.config.vocab_size)
         self.max_model_len = min(config.max_model_len or loaded.max_context_length, loaded.max_context_length)
         num_blocks = self._num_blocks()
-        self.kv_capacity_tokens = num_blocks * config.block_size
-        self.runner = ModelRunner(loaded.model, loaded.device, loaded.dtype, config.block_size, num_blocks)
-        self.scheduler = Scheduler(BlockAllocator(num_blocks), config.block_size, config.max_batch_size,
+        self.kv_capacity_tokens = (num_blocks - 1) * config.block_size
+        self.runner = ModelRunner(loaded.model, loaded.device, loaded.dtype, config.block_size, num_blocks,
+                                  self.max_model_len)
+        self.scheduler = Scheduler(BlockAllocator(num_blocks - 1),  # the runner keeps one block for padding
+                                   config.block_size, config.max_batch_size,
                                    config.max_step_tokens, config.max_waiting)
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -70,7 +72,7 @@ class Engine:
             tokens = int(cfg.kv_cache_gb * (1 << 30)) // per_token
         # Always room for at least one full-length sequence.
         tokens = max(tokens, self.max_model_len + cfg.block_size)
-        return -(-tokens // cfg.block_size)
+        return -(-tokens // cfg.block_size) + 1  # + the runner's padding block
 
     # ------------------------------------------------------------ threads
 

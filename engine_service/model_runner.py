@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from engine_service import attention
+from engine_service.rotary import install_rotary_table
 from engine_service.kv_cache import CacheShape, KVCache
 from engine_service.scheduler import ScheduledBatch
 from engine_service.sequence import Sequence
@@ -26,8 +27,9 @@ class StepLogits:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
-                 block_size: int, num_blocks: int) -> None:
+                 block_size: int, num_blocks: int, max_positions: int) -> None:
         self.model = model
+        install_rotary_table(model, max_positions, device)
         self.device = device
         config = model.config
         model.config._attn_implementation = attention.register()
@@ -37,6 +39,8 @@ class ModelRunner:
             dtype=dtype, device=device,
         )
         self.block_size = block_size
+        # The last block is never handed out: padding tokens write there.
+        self.scratch_slot = (num_blocks - 1) * block_size
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, wants_prompt_logprobs: set[int]) -> StepLogits:
@@ -59,8 +63,10 @@ class ModelRunner:
         max_ctx = 0
         if batch.decode:
             lens = [seq.num_cached + 1 for seq in batch.decode]
-            max_ctx = max(lens)
-            width = -(-max_ctx // bs)
+            width = -(-max(lens) // bs)
+            # Whole blocks: a sequence's softmax then reduces over the same padded length
+            # whether it runs alone or beside longer ones, so its output is batch-invariant.
+            max_ctx = width * bs
             decode_tables = torch.tensor(
                 [seq.block_table[:width] + [0] * (width - len(seq.block_table[:width])) for seq in batch.decode],
                 dtype=torch.long, device=self.device)
@@ -87,6 +93,15 @@ class ModelRunner:
             elif completes:
                 keep.append(start + length - 1)
                 owners.append((seq, "next"))
+
+        if len(ids) < 2:
+            # One-row matmuls take a different (GEMV) kernel whose rounding differs, so a
+            # sequence running alone would not match itself in a batch. Pad to two rows.
+            chunks.append(attention.PrefillChunk(len(ids), 1, 1, None, None))
+            keep.append(len(ids))
+            ids.append(0)
+            positions.append(0)
+            slots.append(self.scratch_slot)
 
         layout = attention.StepLayout(
             cache=self.cache,

@@ -1,0 +1,200 @@
+"""The serving engine over its real gRPC API on the real default model: batching must not
+change results, and n, logprobs, stop strings, cancellation and the queue limit work."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from clients.launch import Stack
+from conduit.v1 import engine_pb2 as pb
+from conduit.v1 import engine_pb2_grpc as pb_grpc
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Name three colors of the rainbow.",
+    "Write one sentence about dogs.",
+    "Count from 1 to 10.",
+    "What is 12 plus 7?",
+    "Give me a short greeting in Spanish.",
+    "Describe the sun in five words.",
+    "What do bees make?",
+]
+
+
+@pytest.fixture(scope="module")
+def stub(stack: Stack) -> Iterator[pb_grpc.EngineStub]:
+    with grpc.insecure_channel(stack.engine_address) as channel:
+        yield pb_grpc.EngineStub(channel)
+
+
+def chat(prompt: str, max_tokens: int = 32, temperature: float = 0.0, **kw) -> pb.GenerateRequest:
+    sampling = kw.pop("sampling", pb.SamplingParams(temperature=temperature))
+    stopping = kw.pop("stopping", pb.StoppingParams(max_tokens=max_tokens))
+    return pb.GenerateRequest(chat=pb.ChatInput(messages=[pb.ChatMessage(role="user", content=prompt)]),
+                              sampling=sampling, stopping=stopping, **kw)
+
+
+def collect(stub: pb_grpc.EngineStub, request: pb.GenerateRequest) -> dict:
+    """Run one Generate; return per-choice text, token ids, logprobs and finals."""
+    out = {"text": {}, "ids": {}, "logprobs": {}, "final": {}, "prompt": None}
+    for msg in stub.Generate(request, timeout=300):
+        kind = msg.WhichOneof("kind")
+        if kind == "prompt":
+            out["prompt"] = msg.prompt
+        elif kind == "chunk":
+            c = msg.chunk
+            out["text"][c.index] = out["text"].get(c.index, "") + c.text
+            out["ids"].setdefault(c.index, []).extend(c.token_ids)
+            out["logprobs"].setdefault(c.index, []).extend(c.logprobs)
+        else:
+            out["final"][msg.final.index] = msg.final
+    return out
+
+
+def run_concurrently(stub, requests: list[pb.GenerateRequest]) -> list[dict]:
+    with ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(lambda r: collect(stub, r), requests))
+
+
+def test_greedy_output_is_the_same_alone_and_in_a_full_batch(stub):
+    probes = [chat(p, max_tokens=40) for p in PROMPTS[:3]]
+    alone = [collect(stub, r)["ids"][0] for r in probes]
+    fillers = [chat(PROMPTS[i % len(PROMPTS)] + f" (variant {i})", max_tokens=40) for i in range(29)]
+    batched = run_concurrently(stub, probes + fillers)
+    assert [b["ids"][0] for b in batched[:3]] == alone
+
+
+def test_seeded_sampling_is_the_same_alone_and_in_a_batch(stub):
+    seeded = chat(PROMPTS[2], max_tokens=30, sampling=pb.SamplingParams(temperature=1.0, top_p=0.95, seed=1234))
+    alone = collect(stub, seeded)["ids"][0]
+    others = [chat(p, max_tokens=30, sampling=pb.SamplingParams(temperature=1.0)) for p in PROMPTS]
+    batched = run_concurrently(stub, [seeded] + others)
+    assert batched[0]["ids"][0] == alone
+    different_seed = chat(PROMPTS[2], max_tokens=30, sampling=pb.SamplingParams(temperature=1.0, top_p=0.95, seed=99))
+    assert collect(stub, different_seed)["ids"][0] != alone
+
+
+def test_n_choices_share_one_prompt_and_are_multiplexed_by_index(stub):
+    result = collect(stub, chat("Tell me a fun fact.", max_tokens=24, n=4,
+                                sampling=pb.SamplingParams(temperature=1.0, seed=7)))
+    assert sorted(result["final"]) == [0, 1, 2, 3]
+    assert result["prompt"].prompt_tokens == result["final"][0].prompt_tokens
+    for i in range(4):
+        assert result["final"][i].completion_tokens == len(result["ids"][i])
+    assert len({tuple(ids) for ids in result["ids"].values()}) > 1
+
+
+def test_greedy_n_choices_are_identical(stub):
+    result = collect(stub, chat(PROMPTS[0], max_tokens=16, n=3))
+    assert result["ids"][0] == result["ids"][1] == result["ids"][2]
+
+
+def test_logprobs_report_the_chosen_token_and_sorted_alternatives(stub):
+    result = collect(stub, chat(PROMPTS[0], max_tokens=8, logprobs=True, top_logprobs=5))
+    entries = result["logprobs"][0]
+    assert [e.token_id for e in entries] == result["ids"][0]
+    for entry in entries:
+        values = [t.logprob for t in entry.top_logprobs]
+        assert len(values) == 5 and values == sorted(values, reverse=True)
+        assert entry.token_id == entry.top_logprobs[0].token_id  # greedy picks the most likely
+        assert math.isclose(entry.logprob, values[0], abs_tol=1e-5)
+        assert entry.logprob <= 0
+
+
+def test_echo_with_logprobs_scores_the_prompt(stub):
+    request = pb.GenerateRequest(text="The quick brown fox jumps over the lazy dog", echo=True, logprobs=True,
+                                 top_logprobs=1, sampling=pb.SamplingParams(temperature=0),
+                                 stopping=pb.StoppingParams(max_tokens=1))
+    prompt = collect(stub, request)["prompt"]
+    assert len(prompt.prompt_logprobs) == prompt.prompt_tokens == len(prompt.prompt_token_ids)
+    assert math.isnan(prompt.prompt_logprobs[0].logprob)
+    assert all(lp.logprob <= 0 for lp in prompt.prompt_logprobs[1:])
+
+
+def test_stop_string_across_token_boundaries(stub):
+    free = collect(stub, chat("Count from 1 to 10, separated by commas.", max_tokens=40))
+    ids, text = free["ids"][0], free["text"][0]
+    assert len(ids) > 6
+    # A stop string made of the end of one token and the start of the next.
+    stop = text[4:9]
+    stopped = collect(stub, chat("Count from 1 to 10, separated by commas.", max_tokens=40,
+                                 stopping=pb.StoppingParams(max_tokens=40, stop=[stop])))
+    assert stopped["text"][0] == text[:text.index(stop)]
+    assert stopped["final"][0].finish_reason == pb.FINISH_REASON_STOP
+    assert stopped["final"][0].matched_stop == stop
+
+
+def test_max_tokens_ignore_eos_and_min_tokens(stub):
+    result = collect(stub, chat(PROMPTS[0], stopping=pb.StoppingParams(max_tokens=50, ignore_eos=True)))
+    assert result["final"][0].finish_reason == pb.FINISH_REASON_LENGTH
+    assert result["final"][0].completion_tokens == 50
+    result = collect(stub, chat(PROMPTS[0], stopping=pb.StoppingParams(max_tokens=30, min_tokens=20)))
+    assert result["final"][0].completion_tokens >= 20
+
+
+def test_stop_token_ids_end_generation(stub):
+    free = collect(stub, chat(PROMPTS[3], max_tokens=20))
+    stop_id = free["ids"][0][3]
+    result = collect(stub, chat(PROMPTS[3], stopping=pb.StoppingParams(max_tokens=20, stop_token_ids=[stop_id])))
+    assert result["ids"][0] == free["ids"][0][:4]
+    assert result["final"][0].finish_reason == pb.FINISH_REASON_STOP
+
+
+def test_bad_parameters_are_invalid_argument(stub):
+    for request in (chat("hi", sampling=pb.SamplingParams(temperature=5)),
+                    chat("hi", n=0), chat("hi", logprobs=True, top_logprobs=30),
+                    pb.GenerateRequest(token_ids=pb.TokenIds(ids=[10 ** 7])),
+                    pb.GenerateRequest(chat=pb.ChatInput(messages=[pb.ChatMessage(role="wizard", content="x")])),
+                    pb.GenerateRequest()):
+        with pytest.raises(grpc.RpcError) as err:
+            collect(stub, request)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, request
+
+
+def long_running(stub: pb_grpc.EngineStub):
+    return stub.Generate(chat("Write a very long story about a dragon.",
+                              stopping=pb.StoppingParams(max_tokens=4000, ignore_eos=True)))
+
+
+def test_cancelling_a_call_frees_its_slot(single_slot_stack: Stack):
+    """With one slot, a later request can only finish if the cancelled one let go of it."""
+    with grpc.insecure_channel(single_slot_stack.engine_address) as channel:
+        stub = pb_grpc.EngineStub(channel)
+        call = long_running(stub)
+        chunks = 0
+        for msg in call:
+            chunks += msg.WhichOneof("kind") == "chunk"
+            if chunks == 3:
+                break
+        call.cancel()
+        result = collect(stub, chat(PROMPTS[4], max_tokens=8))
+        assert result["final"][0].completion_tokens > 0
+
+
+def test_queue_full_is_resource_exhausted():
+    with Stack(engine_args=["--max-batch-size", "1", "--max-queue", "1"]) as small:
+        with grpc.insecure_channel(small.engine_address) as channel:
+            stub = pb_grpc.EngineStub(channel)
+            running = long_running(stub)
+            next(iter(running))  # admitted: holds the only slot
+            waiting = long_running(stub)  # fills the one-place queue
+            threading.Thread(target=lambda: [m for m in waiting], daemon=True).start()
+            codes = []
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and grpc.StatusCode.RESOURCE_EXHAUSTED not in codes:
+                try:
+                    collect(stub, chat("hi", max_tokens=1))
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as err:
+                    codes.append(err.code())
+                time.sleep(0.2)
+            running.cancel()
+            waiting.cancel()
+            assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes

@@ -1,0 +1,106 @@
+"""Unit tests for the engine's text pieces: stop strings, incremental detokenization, sampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_service.model_loader import DEFAULT_MODEL_ID, resolve_model
+from engine_service.detokenizer import IncrementalDetokenizer, TokenTable
+from engine_service.params import InvalidRequest, RequestParams, SamplingParams, StoppingParams
+from engine_service.sampler import sample
+from engine_service.sequence import Request, Sequence
+from engine_service.stop_strings import StopStringMatcher
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    _, folder = resolve_model(DEFAULT_MODEL_ID)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def feed_all(matcher: StopStringMatcher, pieces: list[str]) -> tuple[str, str | None]:
+    out = ""
+    for piece in pieces:
+        emitted, matched = matcher.feed(piece)
+        out += emitted
+        if matched:
+            return out, matched
+    return out + matcher.flush(), None
+
+
+def test_stop_string_spanning_pieces_is_cut_and_never_emitted():
+    text, matched = feed_all(StopStringMatcher(["END"]), ["abc E", "N", "D tail"])
+    assert (text, matched) == ("abc ", "END")
+
+
+def test_partial_stop_prefix_is_released_when_it_stops_matching():
+    matcher = StopStringMatcher(["END"])
+    assert matcher.feed("abc EN") == ("abc ", None)  # "EN" held back
+    assert matcher.feed("x") == ("ENx", None)
+
+
+def test_earliest_of_several_stop_strings_wins():
+    text, matched = feed_all(StopStringMatcher(["world", "lo w"]), ["hello ", "world"])
+    assert (text, matched) == ("hel", "lo w")
+
+
+@pytest.mark.parametrize("text", ["héllo wörld, naïve café", "日本語のテキスト 世界", "emoji 🎉🚀 mixed ✓ text", "  spaces   kept\n\tand tabs"])
+def test_incremental_detokenizer_matches_full_decode(tokenizer, text):
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    detok = IncrementalDetokenizer(tokenizer, prompt_ids=[1, 2, 3])
+    pieces = [detok.add(i) for i in ids]
+    assert "".join(pieces) + detok.flush() == tokenizer.decode(ids)
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_token_table_gives_raw_bytes_of_partial_characters(tokenizer):
+    ids = tokenizer("🎉", add_special_tokens=False)["input_ids"]
+    table = TokenTable(tokenizer)
+    assert b"".join(table.text_and_bytes(i)[1] for i in ids) == "🎉".encode()
+
+
+def make_seq(tokenizer, **sampling) -> Sequence:
+    params = RequestParams(SamplingParams(**sampling), StoppingParams())
+    request = Request("r", [1, 2, 3], params, max_tokens=10, sink=lambda events: None)
+    return Sequence(request, 0, tokenizer, stop_ids={2})
+
+
+def test_sampler_greedy_top_k_one_and_logit_bias(tokenizer):
+    logits = torch.randn(3, 100)
+    greedy = make_seq(tokenizer, temperature=0.0)
+    top1 = make_seq(tokenizer, temperature=1.0, top_k=1)
+    biased = make_seq(tokenizer, temperature=0.0, logit_bias={7: 100.0})
+    tokens, _ = sample(logits, [greedy, top1, biased])
+    assert tokens[0] == int(logits[0].argmax())
+    assert tokens[1] == int(logits[1].argmax())
+    assert tokens[2] == 7
+
+
+def test_sampler_seed_gives_same_draws_whatever_the_batch(tokenizer):
+    logits = torch.randn(4, 1000)
+    alone = [sample(logits[1:2], [make_seq(tokenizer, temperature=1.0, seed=42)])[0][0] for _ in range(1)]
+    seqs = [make_seq(tokenizer, temperature=1.0) for _ in range(4)]
+    seqs[1] = make_seq(tokenizer, temperature=1.0, seed=42)
+    batched, _ = sample(logits, seqs)
+    assert batched[1] == alone[0]
+
+
+def test_min_tokens_masks_eos(tokenizer):
+    seq = make_seq(tokenizer, temperature=0.0)
+    seq.params.stopping.min_tokens = 5
+    logits = torch.zeros(1, 100)
+    logits[0, 2] = 50.0  # EOS would win
+    tokens, _ = sample(logits, [seq])
+    assert tokens[0] != 2
+
+
+def test_params_validation_rejects_out_of_range():
+    with pytest.raises(InvalidRequest, match="temperature"):
+        RequestParams(SamplingParams(temperature=3.0), StoppingParams()).validate(100)
+    with pytest.raises(InvalidRequest, match="top_logprobs"):
+        RequestParams(SamplingParams(), StoppingParams(), logprobs=True, top_logprobs=21).validate(100)
+    with pytest.raises(InvalidRequest, match="logit_bias"):
+        RequestParams(SamplingParams(logit_bias={500: 1.0}), StoppingParams()).validate(100)
