@@ -8,7 +8,6 @@ fails to come up, the error carries the tail of its log.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
 import socket
@@ -39,17 +38,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def ensure_port_free(host: str, port: int) -> None:
+    """Fail before starting anything when a port is taken, rather than talk to a stranger's server."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as error:
+            raise StackError(f"{host}:{port} is already in use ({error.strerror})") from None
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: Linux sends it SIGTERM when the launcher dies, so no orphans."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 class Stack:
@@ -103,6 +105,8 @@ class Stack:
             engine_cmd += ["--model", self.model]
         shim_cmd = [sys.executable, "-m", "http_shim", "--engine", self.engine_address,
                     "--host", self.host, "--port", str(self.shim_port), *self.shim_args]
+        for port in (self.engine_port, self.shim_port):
+            ensure_port_free(self.host, port)
         try:
             self.engine = self._spawn(engine_cmd, self.engine_log)
             self.shim = self._spawn(shim_cmd, self.shim_log)
@@ -136,7 +140,7 @@ class Stack:
         with open(log_path, "wb") as log:
             return subprocess.Popen(cmd, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                    start_new_session=True, preexec_fn=_die_with_parent)
+                                    start_new_session=True)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
