@@ -46,7 +46,8 @@ class StepLayout:
 def _gather(cache_layer: torch.Tensor, block_tables: torch.Tensor, block_size: int, length: int) -> torch.Tensor:
     """[B, max_blocks] block ids -> [B, kv_heads, length, head_dim] cached tensors."""
     num_slots, heads, dim = cache_layer.shape
-    blocks = cache_layer.view(num_slots // block_size, block_size, heads, dim)[block_tables]
+    # Whole blocks as flat rows: index_select copies each block as one contiguous run.
+    blocks = cache_layer.view(num_slots // block_size, -1).index_select(0, block_tables.flatten())
     batch = block_tables.shape[0]
     return blocks.view(batch, -1, heads, dim)[:, :length].transpose(1, 2)
 

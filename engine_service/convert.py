@@ -49,7 +49,8 @@ def request_params(req: pb.GenerateRequest) -> RequestParams:
 class EventEncoder:
     """Engine events -> GenerateResponse messages for one request."""
 
-    def __init__(self, request_id: str, table: TokenTable, echo: bool) -> None:
+    def __init__(self, request_id: str, table: TokenTable, echo: bool, decode) -> None:
+        self.decode = decode  # token ids -> text
         self.request_id = request_id
         self.table = table
         self.echo = echo
@@ -59,6 +60,7 @@ class EventEncoder:
             info = pb.PromptInfo(prompt_tokens=len(event.prompt_ids))
             if self.echo:
                 info.prompt_token_ids.extend(event.prompt_ids)
+                info.prompt_text = self.decode(event.prompt_ids)
             if event.prompt_logprobs is not None:
                 for token_id, lp in zip(event.prompt_ids, event.prompt_logprobs):
                     info.prompt_logprobs.append(self._logprob(lp) if lp else self._bare(token_id))
@@ -67,6 +69,8 @@ class EventEncoder:
             chunk = pb.Chunk(index=event.index, text=event.text, token_ids=event.token_ids,
                              prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens)
             chunk.logprobs.extend(self._logprob(lp) for lp in event.logprobs)
+            for k, call in enumerate(event.tool_calls):
+                chunk.tool_calls.append(pb.ToolCallDelta(index=k, id=call.id, name=call.name, arguments=call.arguments))
             return pb.GenerateResponse(request_id=self.request_id, chunk=chunk)
         if isinstance(event, FinalEvent):
             if event.finish_reason is FinishReason.CANCELLED:
@@ -74,7 +78,8 @@ class EventEncoder:
             return pb.GenerateResponse(request_id=self.request_id, final=pb.Final(
                 index=event.index, finish_reason=_FINISH[event.finish_reason],
                 prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
-                matched_stop=event.matched_stop))
+                matched_stop=event.matched_stop,
+                tool_calls=[pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in event.tool_calls]))
         raise TypeError(event)
 
     def _logprob(self, lp: TokenLogprob) -> pb.TokenLogprob:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine_service.constraints import GrammarCompiler
 from engine_service.detokenizer import TokenTable
 from engine_service.kv_cache import BlockAllocator, KVCache
 from engine_service.model_loader import LoadedModel
@@ -44,6 +45,7 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.token_table = TokenTable(loaded.tokenizer)
         self.vocab_size = int(loaded.model.config.vocab_size)
+        self.grammars = GrammarCompiler(loaded.tokenizer, self.vocab_size)
         self.max_model_len = min(config.max_model_len or loaded.max_context_length, loaded.max_context_length)
         num_blocks = self._num_blocks()
         self.kv_capacity_tokens = (num_blocks - 1) * config.block_size
@@ -141,6 +143,9 @@ class Engine:
         for request in inbox:
             stop_ids = self.stop_ids_for(request.params)
             seqs = [Sequence(request, i, self.tokenizer, stop_ids) for i in range(request.params.n)]
+            if request.grammar is not None:
+                for seq in seqs:
+                    seq.matcher = self.grammars.matcher(request.grammar)
             request.sequences = seqs
             seqs[0].forks = seqs[1:]  # siblings join once the shared prompt is prefilled
             self.scheduler.waiting.append(seqs[0])
@@ -244,18 +249,36 @@ class Engine:
             seq.matched_stop = "" if token in self.loaded.eos_token_ids else self.tokenizer.decode([token])
             self._finish(seq, FinishReason.STOP)
             return
+        if seq.matcher is not None:
+            seq.matcher.consume(token)
         text, matched = seq.stop_matcher.feed(seq.detokenizer.add(token))
-        seq.pending_text += text
+        self._emit_text(seq, text)
         if matched is not None:
             seq.matched_stop = matched
             self._finish(seq, FinishReason.STOP, flush=False)
+        elif seq.matcher is not None and seq.matcher.done:
+            self._finish(seq, FinishReason.STOP)
         elif seq.num_output >= seq.request.max_tokens:
             self._finish(seq, FinishReason.LENGTH)
+
+    @staticmethod
+    def _emit_text(seq: Sequence, text: str) -> None:
+        if seq.request.tools is not None:
+            seq.held_text += text
+        else:
+            seq.pending_text += text
 
     def _finish(self, seq: Sequence, reason: FinishReason, flush: bool = True) -> None:
         if flush:
             tail, matched = seq.stop_matcher.feed(seq.detokenizer.flush())
-            seq.pending_text += tail if matched else tail + seq.stop_matcher.flush()
+            self._emit_text(seq, tail if matched else tail + seq.stop_matcher.flush())
+        if seq.request.tools is not None:
+            seq.tool_calls = seq.request.tools.parse(seq.held_text)
+            if seq.tool_calls:
+                reason = FinishReason.TOOL_CALLS
+            else:
+                seq.pending_text += seq.held_text
+            seq.held_text = ""
         seq.finish_reason = reason
         self.scheduler.release(seq)
 
@@ -273,11 +296,13 @@ class Engine:
 
     def _drain(self, seq: Sequence) -> list[Event]:
         out: list[Event] = []
+        final = seq.finished and seq.finish_reason is not FinishReason.CANCELLED and not seq.final_sent
         if seq.pending_ids:
             out.append(ChunkEvent(seq.index, seq.pending_text, seq.pending_ids, seq.pending_logprobs,
-                                  seq.prompt_len, seq.num_output))
+                                  seq.prompt_len, seq.num_output, tool_calls=seq.tool_calls if final else []))
             seq.pending_text, seq.pending_ids, seq.pending_logprobs = "", [], []
-        if seq.finished and seq.finish_reason is not FinishReason.CANCELLED and not seq.final_sent:
+        if final:
             seq.final_sent = True
-            out.append(FinalEvent(seq.index, seq.finish_reason, seq.prompt_len, seq.num_output, seq.matched_stop))
+            out.append(FinalEvent(seq.index, seq.finish_reason, seq.prompt_len, seq.num_output, seq.matched_stop,
+                                  tool_calls=seq.tool_calls))
         return out

@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from conduit.v1 import engine_pb2 as pb
 from engine_service.params import InvalidRequest
+from engine_service.tools import ToolSpec
 
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
@@ -45,10 +46,39 @@ def _json_or_text(arguments: str) -> object:
 def render_chat(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput) -> str:
     if tokenizer.chat_template is None:
         raise InvalidRequest("this model has no chat template; send text or token ids instead")
+    messages = chat_messages(chat)
+    spec = ToolSpec.from_chat(chat)
+    kwargs: dict = {}
+    if spec is not None and "tools" in tokenizer.chat_template:
+        kwargs["tools"] = spec.openai_tools()
+    else:
+        messages = _without_tool_fields(messages, spec)
     try:
-        return tokenizer.apply_chat_template(chat_messages(chat), tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
     except TemplateError as exc:
         raise InvalidRequest(f"the chat template rejected these messages: {exc}") from exc
+
+
+def _without_tool_fields(messages: list[dict], spec: ToolSpec | None) -> list[dict]:
+    """For templates that know nothing of tools: describe them in the system prompt and
+    write earlier calls as the <tool_call> text the prompt asks for."""
+    out = []
+    for msg in messages:
+        msg = dict(msg)
+        calls = msg.pop("tool_calls", None)
+        if calls:
+            written = "\n".join(
+                "<tool_call>" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+                + "</tool_call>" for c in calls)
+            msg["content"] = (msg["content"] + "\n" + written).strip()
+        msg.pop("tool_call_id", None)
+        out.append(msg)
+    if spec is not None:
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + spec.system_prompt()}
+        else:
+            out.insert(0, {"role": "system", "content": spec.system_prompt()})
+    return out
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, request: pb.GenerateRequest | pb.TokenizeRequest) -> list[int]:

@@ -54,6 +54,8 @@ def _apply_adjustments(logits: torch.Tensor, seqs: list[Sequence]) -> None:
             _apply_penalties(logits[i], seq)
         if seq.num_output < seq.params.stopping.min_tokens and seq.stop_ids:
             logits[i, list(seq.stop_ids)] = float("-inf")
+        if seq.matcher is not None:
+            seq.matcher.mask_logits(logits[i])
 
 
 def _apply_penalties(row: torch.Tensor, seq: Sequence) -> None:

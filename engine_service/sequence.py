@@ -12,6 +12,7 @@ import torch
 from engine_service.detokenizer import IncrementalDetokenizer
 from engine_service.params import RequestParams
 from engine_service.stop_strings import StopStringMatcher
+from engine_service.tools import ToolCall, ToolSpec
 
 _seq_ids = itertools.count()
 
@@ -44,6 +45,7 @@ class ChunkEvent:
     logprobs: list[TokenLogprob]
     prompt_tokens: int
     completion_tokens: int
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 @dataclass
@@ -53,6 +55,7 @@ class FinalEvent:
     prompt_tokens: int
     completion_tokens: int
     matched_stop: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 Event = PromptEvent | ChunkEvent | FinalEvent
@@ -65,6 +68,8 @@ class Request:
     params: RequestParams
     max_tokens: int  # already clipped to the context
     sink: Callable[[list[Event]], None]  # called from the engine thread with each step's events
+    grammar: str | None = None  # constrained decoding (llguidance grammar)
+    tools: ToolSpec | None = None  # output is parsed for tool calls when set
     sequences: list["Sequence"] = field(default_factory=list)
     cancelled: bool = False
 
@@ -98,6 +103,10 @@ class Sequence:
         self.pending_text = ""
         self.pending_ids: list[int] = []
         self.pending_logprobs: list[TokenLogprob] = []
+        # Tool requests: text is held until the end, when it is either tool calls or text.
+        self.held_text = ""
+        self.tool_calls: list[ToolCall] = []
+        self.matcher = None  # constraints.Matcher when the request is constrained
         # Sibling choices (n > 1) waiting for this one's prompt to be prefilled.
         self.forks: list[Sequence] = []
         self.final_sent = False

@@ -20,6 +20,7 @@ from engine_service.engine import Engine
 from engine_service.params import InvalidRequest
 from engine_service.scheduler import QueueFull
 from engine_service.sequence import FinalEvent, FinishReason, Request
+from engine_service.tools import ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +46,18 @@ class EngineServicer(pb_grpc.EngineServicer):
         try:
             ids = prompts.prompt_ids(self.engine.tokenizer, request)
             params = request_params(request)
+            tools = ToolSpec.from_chat(request.chat) if request.WhichOneof("input") == "chat" else None
+            grammar = await asyncio.to_thread(self._grammar, request, tools)
             job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
-                          max_tokens=0, sink=lambda events: loop.call_soon_threadsafe(queue.put_nowait, events))
+                          max_tokens=0, sink=lambda events: loop.call_soon_threadsafe(queue.put_nowait, events),
+                          grammar=grammar, tools=tools)
             self.engine.submit(job)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except QueueFull as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        encoder = EventEncoder(request_id, self.engine.token_table, echo=params.echo)
+        encoder = EventEncoder(request_id, self.engine.token_table, echo=params.echo,
+                               decode=self.engine.tokenizer.decode)
         remaining = params.n
         try:
             while remaining:
@@ -68,6 +73,17 @@ class EngineServicer(pb_grpc.EngineServicer):
             # Client gone, deadline passed or stream done: the engine frees the slot next step.
             if not job.finished:
                 self.engine.abort(job.request_id)
+
+    def _grammar(self, request: pb.GenerateRequest, tools: ToolSpec | None) -> str | None:
+        """The request's constraint, or the forced tool-call shape; validated (may take ~100 ms)."""
+        grammar = self.engine.grammars.grammar_for(request.constraint)
+        if tools is not None and tools.forced:
+            if grammar is not None:
+                raise InvalidRequest("a constraint cannot be combined with a required tool call")
+            grammar = tools.grammar()
+        if grammar is not None:
+            self.engine.grammars.validate(grammar)
+        return grammar
 
     def _model_info(self) -> pb.ModelInfo:
         return pb.ModelInfo(

@@ -1,0 +1,98 @@
+"""Constrained decoding with llguidance: JSON object / JSON Schema / regex / Lark grammar.
+
+A request's constraint compiles once to a grammar; each choice gets its own matcher,
+which masks the logits before sampling and consumes each sampled token. When the
+grammar is complete the matcher allows only EOS, so the choice ends by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from conduit.v1 import engine_pb2 as pb
+from engine_service.params import InvalidRequest
+from engine_service.tools import JSON_OPTIONS
+
+
+
+class GrammarCompiler:
+    """Builds grammars and matchers for one tokenizer (the llguidance tokenizer is built lazily, once)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> None:
+        self._hf_tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def ll_tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._ll_tokenizer is None:
+                self._ll_tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self._vocab_size)
+            return self._ll_tokenizer
+
+    def grammar_for(self, constraint: pb.Constraint) -> str | None:
+        kind = constraint.WhichOneof("kind")
+        if kind is None or (kind == "json_object" and not constraint.json_object):
+            return None
+        if kind == "json_object":
+            return json_schema_grammar({"type": "object"})
+        if kind == "json_schema":
+            try:
+                schema = json.loads(constraint.json_schema)
+            except ValueError as exc:
+                raise InvalidRequest(f"json_schema is not valid JSON: {exc}") from exc
+            return json_schema_grammar(schema)
+        if kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(constraint.regex)
+        return llguidance.LLMatcher.grammar_from_lark(constraint.grammar)
+
+    def validate(self, grammar: str) -> None:
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.ll_tokenizer)
+        if is_error:
+            raise InvalidRequest(f"the constraint is not a valid grammar: {messages[0] if messages else 'unknown'}")
+
+    def matcher(self, grammar: str) -> "Matcher":
+        return Matcher(llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0))
+
+
+def json_schema_grammar(schema: dict | bool) -> str:
+    if not isinstance(schema, (dict, bool)):
+        raise InvalidRequest("a JSON schema must be an object")
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    except ValueError as exc:
+        raise InvalidRequest(f"unsupported JSON schema: {exc}") from exc
+
+
+class Matcher:
+    """One choice's position in its grammar."""
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self._matcher = matcher
+
+    def mask_logits(self, row: torch.Tensor) -> None:
+        bitmask = llguidance.torch.allocate_token_bitmask(1, row.shape[-1])
+        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, 0)
+        llguidance.torch.apply_token_bitmask_inplace(row.unsqueeze(0), bitmask)
+
+    def consume(self, token_id: int) -> None:
+        self._matcher.consume_token(token_id)
+
+    @property
+    def done(self) -> bool:
+        return self._matcher.is_stopped()
+
+    @property
+    def error(self) -> str:
+        return self._matcher.get_error() if self._matcher.is_error() else ""
+
+    def fork(self) -> "Matcher":
+        return Matcher(self._matcher.deep_copy())
