@@ -25,7 +25,7 @@ from .connection import client_gone
 from .engine_client import EngineClient
 from .engine_stream import IDLE, EngineStream
 from .errors import APIError
-from .openai_to_proto import GenerationPlan, parse_chat, parse_completion, require_object
+from .openai_to_proto import GenerationPlan, parse_chat, parse_completion, check_body
 from .proto_to_openai import (
     ChatStreamTranslator,
     Collector,
@@ -60,11 +60,11 @@ def _error(error: APIError) -> Response:
 def _body() -> dict:
     try:
         body = json.loads(request.get_data())
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, absurd nesting
         raise APIError(
             400, "We could not parse the JSON body of your request.", "invalid_request_error", None, "invalid_json"
         ) from None
-    return require_object(body)
+    return check_body(body)
 
 
 def _model_object(info: pb.ModelInfo, started: int) -> dict[str, Any]:
@@ -157,10 +157,17 @@ def create_app(config: ShimConfig, client: EngineClient | None = None) -> Flask:
         if plan.stream:
             # Wait briefly for the engine's first answer so early failures (bad argument, queue
             # full) still get a real HTTP status rather than an error event inside a 200.
-            first = stream.next(config.heartbeat_s)
-            translator = translator_class(response_id, created, model, plan)
-            body = _sse_body(stream, first, translator, environ, config.heartbeat_s)
-            return Response(body, 200, {**sse.HEADERS, **headers}, content_type=sse.CONTENT_TYPE)
+            try:
+                first = stream.next(config.heartbeat_s)
+                translator = translator_class(response_id, created, model, plan)
+                body = _sse_body(stream, first, translator, environ, config.heartbeat_s)
+                response = Response(body, 200, {**sse.HEADERS, **headers}, content_type=sse.CONTENT_TYPE)
+            except BaseException:
+                stream.cancel()
+                raise
+            # Also when the body was never iterated (its finally clause then never runs).
+            response.call_on_close(stream.cancel)
+            return response
         collected = Collector()
         try:
             while (item := stream.next(config.heartbeat_s)) is not None:
@@ -207,7 +214,9 @@ def _sse_body(
         yield sse.DONE
     except Exception:
         log.exception("internal error while streaming")
-        yield sse.event(APIError(500, "The server had an internal error.", "server_error", None, "internal_error").body())
+        yield sse.event(
+            APIError(500, "The server had an internal error.", "server_error", None, "internal_error").body()
+        )
         yield sse.DONE
     finally:
         stream.cancel()

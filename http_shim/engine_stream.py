@@ -7,8 +7,6 @@ departed client) and cancel every call at once.
 
 from __future__ import annotations
 
-from typing import Union
-
 import gevent
 import grpc
 from gevent.queue import Empty, Queue
@@ -34,7 +32,8 @@ class EngineStream:
         self._queue: Queue = Queue()
         self._calls = [client.generate(r, timeout_s) for r in requests]
         self._open = len(self._calls)
-        self._greenlets = [gevent.spawn(self._drain, i, call) for i, call in enumerate(self._calls)]
+        for i, call in enumerate(self._calls):
+            gevent.spawn(self._drain, i, call)
 
     def _drain(self, prompt_index: int, call: grpc.Call) -> None:
         try:
@@ -44,7 +43,7 @@ class EngineStream:
         except grpc.RpcError as error:
             self._queue.put((prompt_index, error))
 
-    def next(self, timeout_s: float) -> Union[Item, Idle, None]:
+    def next(self, timeout_s: float) -> Item | Idle | None:
         """The next (prompt_index, response); IDLE after timeout_s of silence; None once all calls ended.
 
         Raises APIError when any call fails (the others are cancelled).
@@ -64,7 +63,10 @@ class EngineStream:
         return None
 
     def cancel(self) -> None:
-        """Cancels calls still running; the engine stops generating for them within one step."""
+        """Cancels calls still running; the engine stops generating for them within one step.
+
+        The draining greenlets then end by themselves (their iterators raise CANCELLED); killing
+        them instead would interrupt grpc's own bookkeeping.
+        """
         for call in self._calls:
             call.cancel()
-        gevent.killall(self._greenlets, block=False)

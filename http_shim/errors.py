@@ -39,9 +39,7 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
 
 
 def model_not_found(model: str) -> APIError:
-    return APIError(
-        404, f"The model '{model}' does not exist.", "invalid_request_error", "model", "model_not_found"
-    )
+    return APIError(404, f"The model '{model}' does not exist.", "invalid_request_error", "model", "model_not_found")
 
 
 def _retry_after(error: grpc.RpcError) -> str:

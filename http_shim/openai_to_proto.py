@@ -59,7 +59,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _int(body: dict, key: str, lo: int, hi: int, param: str | None = None) -> int | None:
@@ -88,12 +88,13 @@ def _number(body: dict, key: str, lo: float, hi: float, lo_open: bool = False) -
     return float(value)
 
 
-def _bool(body: dict, key: str) -> bool | None:
+def _bool(body: dict, key: str, param: str | None = None) -> bool | None:
     value = body.get(key)
     if value is None:
         return None
+    param = param or key
     if not isinstance(value, bool):
-        raise invalid(f"'{key}' must be a boolean, got {json.dumps(value)}.", key)
+        raise invalid(f"'{param}' must be a boolean, got {json.dumps(value)}.", param)
     return value
 
 
@@ -140,7 +141,7 @@ def _stream(body: dict) -> tuple[bool, bool]:
     options = body.get("stream_options")
     if options is None or not stream:
         return stream, False
-    include_usage = _bool(_dict(options, "stream_options"), "include_usage")
+    include_usage = _bool(_dict(options, "stream_options"), "include_usage", "stream_options.include_usage")
     return stream, bool(include_usage)
 
 
@@ -159,7 +160,9 @@ def _logit_bias(body: dict) -> dict[int, float]:
         if not (isinstance(key, str) and key.isdigit() and int(key) <= _UINT32_MAX):
             raise invalid(f"'logit_bias' keys must be token ids as strings, got {json.dumps(key)}.", "logit_bias")
         if not _is_number(weight) or not -100 <= weight <= 100:
-            raise invalid(f"'logit_bias' values must be numbers in [-100, 100], got {json.dumps(weight)}.", "logit_bias")
+            raise invalid(
+                f"'logit_bias' values must be numbers in [-100, 100], got {json.dumps(weight)}.", "logit_bias"
+            )
         bias[int(key)] = float(weight)
     return bias
 
@@ -247,7 +250,9 @@ def _structured_outputs(value: Any) -> pb.Constraint:
     spec = _dict(value, "structured_outputs")
     kinds = [k for k in ("regex", "grammar", "json") if spec.get(k) is not None]
     if len(kinds) != 1:
-        raise invalid("'structured_outputs' must set exactly one of 'regex', 'grammar' or 'json'.", "structured_outputs")
+        raise invalid(
+            "'structured_outputs' must set exactly one of 'regex', 'grammar' or 'json'.", "structured_outputs"
+        )
     kind = kinds[0]
     if kind == "json":
         return pb.Constraint(json_schema=_schema_text(spec["json"], "structured_outputs.json"))
@@ -270,7 +275,9 @@ def _content_text(content: Any, param: str) -> str:
     """String content, or an array of text parts joined by newlines (as vLLM does). Text only."""
     if isinstance(content, str):
         return content
-    parts = _list(content, param)
+    if not isinstance(content, list) or not content:
+        raise invalid(f"'{param}' must be a string or a non-empty array of content parts.", param)
+    parts = content
     texts = []
     for j, part in enumerate(parts):
         part = _dict(part, f"{param}[{j}]")
@@ -305,9 +312,7 @@ def _message(value: Any, i: int) -> pb.ChatMessage:
     msg = _dict(value, param)
     role = msg.get("role")
     if role not in _ROLES:
-        raise invalid(
-            f"'{param}.role' must be one of {', '.join(_ROLES)}; got {json.dumps(role)}.", f"{param}.role"
-        )
+        raise invalid(f"'{param}.role' must be one of {', '.join(_ROLES)}; got {json.dumps(role)}.", f"{param}.role")
     out = pb.ChatMessage(role=role)
     if msg.get("name") is not None:
         out.name = _str(msg["name"], f"{param}.name")
@@ -462,8 +467,9 @@ def parse_completion(body: dict, request_id: str) -> GenerationPlan:
     top = _int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
     echo = bool(_bool(body, "echo"))
     max_tokens = _int(body, "max_tokens", 0, _UINT32_MAX)
-    sampling, stopping = _sampling(body), _stopping(
-        body, DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens
+    sampling, stopping = (
+        _sampling(body),
+        _stopping(body, DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens),
     )
     constraint = _constraint(body)
     requests = []
@@ -489,8 +495,21 @@ def parse_completion(body: dict, request_id: str) -> GenerationPlan:
     return GenerationPlan(model, requests, n, best_of, stream, include_usage, top is not None, top or 0, echo)
 
 
-def require_object(body: Any) -> dict:
-    """The request body must be a JSON object."""
+def check_body(body: Any) -> dict:
+    """The request body must be a JSON object whose strings are valid Unicode.
+
+    JSON escapes can spell lone surrogates ("\\ud800"), which protobuf strings cannot hold.
+    """
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", "invalid_request_error", None, "invalid_json")
+    try:
+        json.dumps(body, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise APIError(
+            400,
+            "The request body contains invalid Unicode (a lone surrogate).",
+            "invalid_request_error",
+            None,
+            "invalid_json",
+        ) from None
     return body

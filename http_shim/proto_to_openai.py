@@ -73,6 +73,14 @@ def _merge_completion_logprobs(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def echo_text(plan: GenerationPlan, prompt_index: int, prompt: pb.PromptInfo) -> str:
+    """The prompt to prepend for `echo`: the engine's text, else the prompt as sent or its tokens."""
+    if not plan.echo:
+        return ""
+    request = plan.requests[prompt_index]
+    return prompt.prompt_text or request.text or "".join(t.token for t in prompt.prompt_logprobs)
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt_tokens,
@@ -107,11 +115,17 @@ class ChoiceResult:
 
     def tool_calls(self) -> list[dict[str, Any]]:
         """Final.tool_calls is authoritative; the streamed pieces are a fallback."""
-        calls = list(self.final.tool_calls) if self.final and self.final.tool_calls else list(
-            self.tool_deltas[k] for k in sorted(self.tool_deltas)
+        calls = (
+            list(self.final.tool_calls)
+            if self.final and self.final.tool_calls
+            else list(self.tool_deltas[k] for k in sorted(self.tool_deltas))
         )
         return [
-            {"id": c.id or new_tool_call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            {
+                "id": c.id or new_tool_call_id(),
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
             for c in calls
         ]
 
@@ -133,9 +147,7 @@ class Collector:
             self.choices.setdefault((prompt_index, response.final.index), ChoiceResult()).final = response.final
 
     def usage(self) -> dict[str, int]:
-        prompt = sum(p.prompt_tokens for p in self.prompts.values())
-        if not self.prompts:  # the engine always sends PromptInfo; Final carries the count as well
-            prompt = sum({p: c.final.prompt_tokens for (p, _), c in self.choices.items() if c.final}.values())
+        prompt = sum(p.prompt_tokens for p in self.prompts.values())  # once per prompt, whatever n
         completion = sum(c.final.completion_tokens for c in self.choices.values() if c.final)
         return usage(prompt, completion)
 
@@ -153,8 +165,14 @@ def chat_response(
     choices = []
     for i, result in enumerate(collected.ranked(0, plan.n, plan.best_of)):
         text = "".join(result.text)
-        tool_calls = result.tool_calls() if result.final and result.final.finish_reason == pb.FINISH_REASON_TOOL_CALLS else []
-        message: dict[str, Any] = {"role": "assistant", "content": text or (None if tool_calls else ""), "refusal": None}
+        tool_calls = (
+            result.tool_calls() if result.final and result.final.finish_reason == pb.FINISH_REASON_TOOL_CALLS else []
+        )
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": text or (None if tool_calls else ""),
+            "refusal": None,
+        }
         if tool_calls:
             message["tool_calls"] = tool_calls
         choices.append(
@@ -182,18 +200,18 @@ def completion_response(
     choices = []
     for p in range(len(plan.requests)):
         prompt = collected.prompts.get(p, pb.PromptInfo())
-        echo_text = prompt.prompt_text if plan.echo else ""
+        echoed = echo_text(plan, p, prompt)
         for i, result in enumerate(collected.ranked(p, plan.n, plan.best_of)):
             text = "".join(result.text)
             logprobs = None
             if plan.logprobs:
                 parts = [completion_logprobs(list(prompt.prompt_logprobs), 0)] if plan.echo else []
-                parts.append(completion_logprobs(result.logprobs, len(echo_text)))
+                parts.append(completion_logprobs(result.logprobs, len(echoed)))
                 logprobs = _merge_completion_logprobs(parts)
             choices.append(
                 {
                     "index": p * plan.n + i,
-                    "text": echo_text + text,
+                    "text": echoed + text,
                     "logprobs": logprobs,
                     "finish_reason": finish_reason(result.final) if result.final else "stop",
                 }
@@ -216,7 +234,6 @@ def completion_response(
 class _StreamChoice:
     text_offset: int = 0
     tool_ids: dict[int, str] = field(default_factory=dict)
-    finished: bool = False
 
 
 class _StreamTranslator:
@@ -256,14 +273,11 @@ class _StreamTranslator:
             return self.on_prompt(prompt_index, response.prompt)
         if kind == "chunk":
             chunk = response.chunk
-            self.prompt_tokens.setdefault(prompt_index, chunk.prompt_tokens)
             self.completion_tokens[(prompt_index, chunk.index)] = chunk.completion_tokens
             return self.on_chunk(prompt_index, chunk)
         if kind == "final":
             final = response.final
-            self.prompt_tokens.setdefault(prompt_index, final.prompt_tokens)
             self.completion_tokens[(prompt_index, final.index)] = final.completion_tokens
-            self.state(prompt_index, final.index).finished = True
             return self.on_final(prompt_index, final)
         return []
 
@@ -292,9 +306,7 @@ class ChatStreamTranslator(_StreamTranslator):
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
     def on_prompt(self, prompt_index: int, prompt: pb.PromptInfo) -> list[dict[str, Any]]:
-        return [
-            self.envelope([self._choice(i, {"role": "assistant", "content": ""})]) for i in range(self.plan.n)
-        ]
+        return [self.envelope([self._choice(i, {"role": "assistant", "content": ""})]) for i in range(self.plan.n)]
 
     def _tool_deltas(self, state: _StreamChoice, deltas: list[pb.ToolCallDelta]) -> list[dict[str, Any]]:
         out = []
@@ -302,7 +314,9 @@ class ChatStreamTranslator(_StreamTranslator):
             item: dict[str, Any] = {"index": d.index}
             if d.index not in state.tool_ids:
                 state.tool_ids[d.index] = d.id or new_tool_call_id()
-                item.update(id=state.tool_ids[d.index], type="function", function={"name": d.name, "arguments": d.arguments})
+                item.update(
+                    id=state.tool_ids[d.index], type="function", function={"name": d.name, "arguments": d.arguments}
+                )
             else:
                 item["function"] = {"arguments": d.arguments}
             out.append(item)
@@ -328,7 +342,10 @@ class ChatStreamTranslator(_StreamTranslator):
         out = []
         if final.finish_reason == pb.FINISH_REASON_TOOL_CALLS and not state.tool_ids and final.tool_calls:
             # The engine did not stream the calls piecewise: send each whole, as one delta.
-            deltas = [pb.ToolCallDelta(index=k, id=c.id, name=c.name, arguments=c.arguments) for k, c in enumerate(final.tool_calls)]
+            deltas = [
+                pb.ToolCallDelta(index=k, id=c.id, name=c.name, arguments=c.arguments)
+                for k, c in enumerate(final.tool_calls)
+            ]
             out.append(self.envelope([self._choice(index, {"tool_calls": self._tool_deltas(state, deltas)})]))
         out.append(self.envelope([self._choice(index, {}, None, finish_reason(final))]))
         return out
@@ -344,11 +361,12 @@ class CompletionStreamTranslator(_StreamTranslator):
         if not self.plan.echo:
             return []
         out = []
+        echoed = echo_text(self.plan, prompt_index, prompt)
         for i in range(self.plan.n):
             state = self.state(prompt_index, i)
             logprobs = completion_logprobs(list(prompt.prompt_logprobs), 0) if self.plan.logprobs else None
-            state.text_offset = len(prompt.prompt_text)
-            out.append(self.envelope([self._choice(self.index(prompt_index, i), prompt.prompt_text, logprobs)]))
+            state.text_offset = len(echoed)
+            out.append(self.envelope([self._choice(self.index(prompt_index, i), echoed, logprobs)]))
         return out
 
     def on_chunk(self, prompt_index: int, chunk: pb.Chunk) -> list[dict[str, Any]]:

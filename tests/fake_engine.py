@@ -25,7 +25,7 @@ import threading
 import time
 from concurrent import futures
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import grpc
 from google.protobuf.json_format import MessageToDict
@@ -50,10 +50,14 @@ def _script_text(request: pb.GenerateRequest) -> str:
 
 def _logprob(token_id: int, token: str, value: float, top: int) -> pb.TokenLogprob:
     alternatives = [
-        pb.TopLogprob(token_id=token_id + k, token=f"{token}#{k}" if k else token, logprob=value - k, bytes=token.encode())
+        pb.TopLogprob(
+            token_id=token_id + k, token=f"{token}#{k}" if k else token, logprob=value - k, bytes=token.encode()
+        )
         for k in range(top)
     ]
-    return pb.TokenLogprob(token_id=token_id, token=token, logprob=value, bytes=token.encode(), top_logprobs=alternatives)
+    return pb.TokenLogprob(
+        token_id=token_id, token=token, logprob=value, bytes=token.encode(), top_logprobs=alternatives
+    )
 
 
 class FakeEngine(engine_pb2_grpc.EngineServicer):
@@ -106,6 +110,18 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
         with self._changed:
             self.requests.append(request)
+        # A cancelled call may never resume this generator (grpc drops it while sending), so the
+        # termination callback is what reliably sees a cancellation.
+        ended: list[bool] = []
+        context.add_callback(lambda: ended or self._record_cancel(request.request_id))
+        try:
+            yield from self._generate(request, context)
+        except Exception:  # an abort: ended, not cancelled
+            ended.append(True)
+            raise
+        ended.append(True)
+
+    def _generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
         rid = request.request_id
         script = _script_text(request)
         if script.startswith("error:"):
@@ -121,7 +137,10 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         if script.startswith("slow:") and not self._wait(context, rid, float(script.split(":")[1])):
             return
         if script == "midstream-error":
-            yield pb.GenerateResponse(request_id=rid, chunk=pb.Chunk(index=0, text="partial", prompt_tokens=prompt_tokens, completion_tokens=1))
+            yield pb.GenerateResponse(
+                request_id=rid,
+                chunk=pb.Chunk(index=0, text="partial", prompt_tokens=prompt_tokens, completion_tokens=1),
+            )
             context.abort(grpc.StatusCode.INTERNAL, "the fake engine broke mid-stream")
         if script == "tools":
             yield from self._tool_call(rid, prompt_tokens)
@@ -133,14 +152,18 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             for k, token in enumerate(emitted):
                 if script.startswith("long:") and not self._wait(context, rid, 0.02):
                     return
-                chunk = pb.Chunk(index=i, text=token, token_ids=[100 + k], prompt_tokens=prompt_tokens, completion_tokens=k + 1)
+                chunk = pb.Chunk(
+                    index=i, text=token, token_ids=[100 + k], prompt_tokens=prompt_tokens, completion_tokens=k + 1
+                )
                 if request.logprobs:
                     chunk.logprobs.append(_logprob(100 + k, token, -0.5 * (k + 1) - 0.25 * i, request.top_logprobs))
                 yield pb.GenerateResponse(request_id=rid, chunk=chunk)
             reason = pb.FINISH_REASON_LENGTH if len(emitted) < len(tokens) else pb.FINISH_REASON_STOP
             yield pb.GenerateResponse(
                 request_id=rid,
-                final=pb.Final(index=i, finish_reason=reason, prompt_tokens=prompt_tokens, completion_tokens=len(emitted)),
+                final=pb.Final(
+                    index=i, finish_reason=reason, prompt_tokens=prompt_tokens, completion_tokens=len(emitted)
+                ),
             )
 
     # -------------------------------------------------------------- scripts
@@ -154,7 +177,9 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             if request.logprobs:
                 for k, word in enumerate(words):
                     token = word if k == 0 else " " + word
-                    info.prompt_logprobs.append(_logprob(k, token, float("nan") if k == 0 else -1.0, request.top_logprobs))
+                    info.prompt_logprobs.append(
+                        _logprob(k, token, float("nan") if k == 0 else -1.0, request.top_logprobs)
+                    )
         return info
 
     def _tokens(self, request: pb.GenerateRequest, script: str, choice: int) -> list[str]:
@@ -179,7 +204,13 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         call = pb.ToolCall(id="call_fake1", name="get_weather", arguments='{"city": "Paris"}')
         yield pb.GenerateResponse(
             request_id=rid,
-            final=pb.Final(index=0, finish_reason=pb.FINISH_REASON_TOOL_CALLS, prompt_tokens=prompt_tokens, completion_tokens=2, tool_calls=[call]),
+            final=pb.Final(
+                index=0,
+                finish_reason=pb.FINISH_REASON_TOOL_CALLS,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=2,
+                tool_calls=[call],
+            ),
         )
 
 
@@ -201,7 +232,7 @@ class FakeEngineServer:
         for name in ("", "conduit.v1.Engine"):
             self.health.set(name, status)
 
-    def start(self) -> "FakeEngineServer":
+    def start(self) -> FakeEngineServer:
         self._server.start()
         return self
 
@@ -212,7 +243,18 @@ class FakeEngineServer:
 def start_shim(engine_address: str, *extra_args: str, timeout_s: float = 60.0) -> tuple[subprocess.Popen, str]:
     """Starts `python -m http_shim` on a free loopback port; returns the process and its base URL."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "http_shim", "--engine", engine_address, "--host", "127.0.0.1", "--port", "0", *extra_args],
+        [
+            sys.executable,
+            "-m",
+            "http_shim",
+            "--engine",
+            engine_address,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            *extra_args,
+        ],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         text=True,
