@@ -99,6 +99,8 @@ class Engine:
         if any(t >= self.vocab_size for t in request.prompt_ids):
             raise InvalidRequest(f"prompt token ids must be below the vocabulary size {self.vocab_size}")
         request.params.validate(self.vocab_size)
+        if request.params.n > self.config.max_batch_size:
+            raise InvalidRequest(f"n={request.params.n} exceeds this engine's batch size {self.config.max_batch_size}")
         wanted = request.params.stopping.max_tokens
         request.max_tokens = min(wanted or limit, limit - prompt_len)
         with self._lock:

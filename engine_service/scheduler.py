@@ -59,6 +59,8 @@ class Scheduler:
                 break
             if not seq.is_decoding:
                 chunk = min(seq.num_uncomputed, budget)
+                if not self._reserve(seq, seq.num_cached + chunk):
+                    continue
                 batch.prefill.append((seq, chunk))
                 budget -= chunk
         while self.waiting and budget > 0 and self._batch_slots_used() + self._slots(self.waiting[0]) <= self.max_batch_size:

@@ -207,3 +207,39 @@ def test_queue_full_is_resource_exhausted():
             running.cancel()
             waiting.cancel()
             assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes
+
+
+def test_a_long_prompt_does_not_stall_running_streams(stub):
+    """Prefill is chunked: a running stream keeps getting tokens while a long prompt is prefilled."""
+    runner = stub.Generate(chat("Tell me a long story.", stopping=pb.StoppingParams(max_tokens=400, ignore_eos=True)))
+    stream = iter(runner)
+    next(stream)  # PromptInfo: the stream is running
+    long_prompt = pb.GenerateRequest(text="word " * 3000, stopping=pb.StoppingParams(max_tokens=1))
+    first_token = threading.Event()
+
+    def send_long() -> None:
+        for msg in stub.Generate(long_prompt):
+            if msg.WhichOneof("kind") == "chunk":
+                first_token.set()
+
+    sender = threading.Thread(target=send_long)
+    sender.start()
+    during = 0
+    for msg in stream:
+        if first_token.is_set():
+            break
+        during += msg.WhichOneof("kind") == "chunk"
+    runner.cancel()
+    sender.join()
+    # 3000 prompt tokens take about a dozen steps; the stream advances on each of them.
+    assert during >= 5
+
+
+def test_kv_cache_exhaustion_preempts_and_every_request_still_finishes():
+    with Stack(engine_args=["--kv-cache-tokens", "320", "--max-batch-size", "8"]) as small:
+        with grpc.insecure_channel(small.engine_address) as channel:
+            stub = pb_grpc.EngineStub(channel)
+            requests = [chat(p, stopping=pb.StoppingParams(max_tokens=120, ignore_eos=True)) for p in PROMPTS[:5]]
+            results = run_concurrently(stub, requests)
+            assert [r["final"][0].completion_tokens for r in results] == [120] * 5
+            assert collect(stub, chat(PROMPTS[0], max_tokens=8))["final"][0].completion_tokens > 0
