@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from engine_service import attention
+from engine_service.packed_linear import pack_linears
 from engine_service.rotary import install_rotary_table
 from engine_service.kv_cache import CacheShape, KVCache
 from engine_service.scheduler import ScheduledBatch
@@ -30,6 +31,8 @@ class ModelRunner:
                  block_size: int, num_blocks: int, max_positions: int) -> None:
         self.model = model
         install_rotary_table(model, max_positions, device)
+        if device.type == "cpu":
+            pack_linears(model, batch_hint=32)
         self.device = device
         config = model.config
         model.config._attn_implementation = attention.register()
