@@ -102,7 +102,7 @@ class Engine:
         if request.params.n > self.config.max_batch_size:
             raise InvalidRequest(f"n={request.params.n} exceeds this engine's batch size {self.config.max_batch_size}")
         wanted = request.params.stopping.max_tokens
-        request.max_tokens = min(wanted or limit, limit - prompt_len)
+        request.max_tokens = min(limit if wanted is None else wanted, limit - prompt_len)
         with self._lock:
             if len(self.scheduler.waiting) + len(self._inbox) >= self.config.max_waiting:
                 raise QueueFull(f"the engine's queue is full ({self.config.max_waiting} waiting); retry later")
@@ -195,21 +195,26 @@ class Engine:
         events: dict[str, list[Event]] = {}
         for seq_id, row in logits.next_token.items():
             seq = scheduled[seq_id]
+            request = seq.request
+            touched[request.request_id] = request
             if seq.num_output == 0 and seq.index == 0:
-                events.setdefault(seq.request.request_id, []).append(self._prompt_event(seq))
-                for fork in seq.forks:
+                events.setdefault(request.request_id, []).append(self._prompt_event(seq))
+                if request.max_tokens == 0:  # echo-only scoring: the prompt was all we needed
+                    for choice in [seq, *seq.forks]:
+                        self._finish(choice, FinishReason.LENGTH)
+                    seq.forks = []
+                    continue
+                for fork in seq.forks:  # n > 1: the siblings start from this prefilled prompt
                     self._fork(seq, fork)
                     rows.append(row)
                     seqs.append(fork)
                 seq.forks = []
             rows.append(row)
             seqs.append(seq)
-        if not seqs:
-            return
-        tokens, logprobs = sample(torch.stack(rows), seqs)
-        for seq, token, logprob in zip(seqs, tokens, logprobs):
-            self._append_token(seq, token, logprob)
-            touched[seq.request.request_id] = seq.request
+        if seqs:
+            tokens, logprobs = sample(torch.stack(rows), seqs)
+            for seq, token, logprob in zip(seqs, tokens, logprobs):
+                self._append_token(seq, token, logprob)
         for request_id, request in touched.items():
             out = events.setdefault(request_id, [])
             for seq in request.sequences:

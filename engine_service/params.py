@@ -59,7 +59,6 @@ class StoppingParams:
     ignore_eos: bool = False
 
     def validate(self, vocab_size: int) -> None:
-        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be >= 1")
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens must be <= max_tokens")
         _check(len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings")
         _check(all(self.stop), "stop strings must not be empty")
@@ -80,6 +79,9 @@ class RequestParams:
         _check(1 <= self.n <= MAX_N, f"n must be in [1, {MAX_N}]")
         _check(0 <= self.top_logprobs <= MAX_TOP_LOGPROBS, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
         _check(self.top_logprobs == 0 or self.logprobs, "top_logprobs needs logprobs")
+        max_tokens = self.stopping.max_tokens
+        _check(max_tokens is None or max_tokens >= 1 or (max_tokens == 0 and self.echo),
+               "max_tokens must be >= 1 (0 only with echo, to score the prompt)")
         self.sampling.validate(vocab_size)
         self.stopping.validate(vocab_size)
 

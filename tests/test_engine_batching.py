@@ -243,3 +243,16 @@ def test_kv_cache_exhaustion_preempts_and_every_request_still_finishes():
             results = run_concurrently(stub, requests)
             assert [r["final"][0].completion_tokens for r in results] == [120] * 5
             assert collect(stub, chat(PROMPTS[0], max_tokens=8))["final"][0].completion_tokens > 0
+
+
+def test_echo_with_zero_max_tokens_only_scores_the_prompt(stub):
+    request = pb.GenerateRequest(text="Paris is the capital of France", echo=True, logprobs=True,
+                                 stopping=pb.StoppingParams(max_tokens=0))
+    result = collect(stub, request)
+    assert result["final"][0].completion_tokens == 0
+    assert result["final"][0].finish_reason == pb.FINISH_REASON_LENGTH
+    assert result["prompt"].prompt_text == "Paris is the capital of France"
+    assert len(result["prompt"].prompt_logprobs) == result["prompt"].prompt_tokens
+    with pytest.raises(grpc.RpcError) as err:
+        collect(stub, pb.GenerateRequest(text="hi", stopping=pb.StoppingParams(max_tokens=0)))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
