@@ -13,16 +13,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.metadata
 import json
 import os
 import platform
+import shlex
+import signal
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import asdict
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks import peer, report
+from benchmarks.cpu import CpuMeter
 from benchmarks.prompts import PROMPTS
 from benchmarks.stats import LevelStats, summarize
 from benchmarks.targets import GrpcTarget, OpenAITarget
@@ -35,77 +39,107 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-async def run_level(target: Target, concurrency: int, total: int) -> LevelStats:
-    """Keeps `concurrency` requests in flight until `total` have finished."""
-    indices = iter(range(total))
-    results = []
+@dataclass
+class Server:
+    """A target and the processes that serve it (empty when they were started elsewhere)."""
 
-    async def worker() -> None:
-        for i in indices:  # shared by all workers: each request is taken once
-            results.append(await target.send(PROMPTS[i % len(PROMPTS)]))
-
-    cpu_start, start = time.process_time(), time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    return summarize(target.name, concurrency, results, wall, cpu)
+    target: Target
+    pids: list[int]
 
 
-async def bench_target(target: Target, levels: list[int], multiplier: int) -> list[LevelStats]:
-    """Warms the server up with one short burst at the top concurrency, then measures each level."""
+@contextlib.asynccontextmanager
+async def connected(target: Target) -> AsyncIterator[Target]:
+    """Fresh connections for each level: pooled ones left idle while the other targets ran may
+    have been closed by the server (llama-server drops idle keep-alive connections after 5 s)."""
     await target.open()
     try:
-        warm = await asyncio.gather(
-            *(target.send(PROMPTS[i % len(PROMPTS)], max_tokens=8) for i in range(max(levels)))
-        )
-        if not any(r.ok for r in warm):
-            raise RuntimeError(f"{target.name}: warm-up failed: {warm[0].error}")
-        out = []
-        for concurrency in levels:
-            stats = await run_level(target, concurrency, multiplier * concurrency)
-            log(f"{target.name:>5} conc {concurrency:>3}: {stats.tokens_per_s:7.1f} tok/s, "
-                f"TTFT p50 {stats.ttft_p50_ms:6.0f} ms, failed {stats.failed}")
-            out.append(stats)
-        return out
+        yield target
     finally:
         await target.close()
 
 
+async def run_level(server: Server, concurrency: int, total: int) -> LevelStats:
+    """Keeps `concurrency` requests in flight until `total` have finished."""
+    indices = iter(range(total))
+    results = []
+    async with connected(server.target) as target:
+
+        async def worker() -> None:
+            for i in indices:  # shared by all workers: each request is taken once
+                results.append(await target.send(PROMPTS[i % len(PROMPTS)]))
+
+        meter, start = CpuMeter(server.pids), time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    return summarize(target.name, concurrency, results, wall, meter.stop())
+
+
+async def warm_up(target: Target, burst: int) -> None:
+    """One short burst at the top concurrency, so no level pays for first-call costs."""
+    async with connected(target):
+        warm = await asyncio.gather(
+            *(target.send(PROMPTS[i % len(PROMPTS)], max_tokens=8) for i in range(burst))
+        )
+    if not any(r.ok for r in warm):
+        raise RuntimeError(f"{target.name}: warm-up failed: {warm[0].error}")
+
+
+async def run_all(servers: list[Server], levels: list[int], multiplier: int) -> list[LevelStats]:
+    """Targets take turns within each level, so a busy spell on a shared machine hits them alike."""
+    for server in servers:
+        await warm_up(server.target, max(levels))
+    out = []
+    for concurrency in levels:
+        for server in servers:
+            stats = await run_level(server, concurrency, multiplier * concurrency)
+            log(f"{stats.target:>5} conc {concurrency:>3}: {stats.tokens_per_s:7.1f} tok/s, "
+                f"TTFT p50 {stats.ttft_p50_ms:6.0f} ms, failed {stats.failed}, "
+                f"other CPU {stats.other_cpu_pct:.0f}%")
+            out.append(stats)
+    return out
+
+
 @contextlib.contextmanager
-def conduit_stack(args: argparse.Namespace) -> Iterator[tuple[str | None, str | None]]:
-    """Yields (shim base URL, engine address): the ones given, or a stack started here."""
+def conduit_stack(
+    args: argparse.Namespace,
+) -> Iterator[tuple[str | None, str | None, list[int], list[int]]]:
+    """Yields the shim's base URL, the engine's address, and the pids behind each (shim target:
+    shim + engine; gRPC target: engine): the ones given, or a stack started here."""
     if args.base_url or args.engine:
-        yield args.base_url, args.engine
+        yield args.base_url, args.engine, [], []
         return
     from clients.launch import Stack  # only needed when the bench starts the stack itself
 
     log("starting the Conduit stack (engine + shim)...")
-    with Stack(model=args.model) as stack:
-        yield stack.base_url, stack.engine_address
+    with Stack(model=args.model, engine_args=shlex.split(args.engine_args),
+               log_dir=peer.LOG_DIR / "stack") as stack:
+        assert stack.engine is not None and stack.shim is not None
+        engine_pid, shim_pid = stack.engine.pid, stack.shim.pid
+        yield stack.base_url, stack.engine_address, [engine_pid, shim_pid], [engine_pid]
 
 
-def run_conduit(args: argparse.Namespace, wanted: list[str]) -> list[LevelStats]:
-    with conduit_stack(args) as (base_url, engine):
-        stats: list[LevelStats] = []
+def start_servers(args: argparse.Namespace, wanted: list[str], stack: contextlib.ExitStack) -> list[Server]:
+    """Starts (or finds) every wanted server; all stay up, idle but for the one being measured."""
+    servers: list[Server] = []
+    if "shim" in wanted or "grpc" in wanted:
+        base_url, engine, shim_pids, engine_pids = stack.enter_context(conduit_stack(args))
         for name, address in (("shim", base_url), ("grpc", engine)):
             if name in wanted and not address:
                 log(f"{name} skipped: give --{'base-url' if name == 'shim' else 'engine'} too")
         if "shim" in wanted and base_url:
-            target = OpenAITarget("shim", base_url, args.max_tokens, args.api_key)
-            stats += asyncio.run(bench_target(target, args.concurrency, args.multiplier))
+            servers.append(Server(OpenAITarget("shim", base_url, args.max_tokens, args.api_key),
+                                  shim_pids))
         if "grpc" in wanted and engine:
-            target = GrpcTarget("grpc", engine, args.max_tokens)
-            stats += asyncio.run(bench_target(target, args.concurrency, args.multiplier))
-        return stats
-
-
-def run_peer(args: argparse.Namespace) -> list[LevelStats]:
-    if not args.peer_binary.exists():
-        log(f"peer skipped: {args.peer_binary} missing (run benchmarks/build_llama_server.sh)")
-        return []
-    log("starting llama-server...")
-    with peer.llama_server(args.peer_binary, parallel=max(args.concurrency)) as base_url:
-        target = OpenAITarget("peer", base_url, args.max_tokens)
-        return asyncio.run(bench_target(target, args.concurrency, args.multiplier))
+            servers.append(Server(GrpcTarget("grpc", engine, args.max_tokens), engine_pids))
+    if "peer" in wanted:
+        if not args.peer_binary.exists():
+            log(f"peer skipped: {args.peer_binary} missing (run benchmarks/build_llama_server.sh)")
+        else:
+            log("starting llama-server...")
+            url, pid = stack.enter_context(
+                peer.llama_server(args.peer_binary, parallel=max(args.concurrency)))
+            servers.append(Server(OpenAITarget("peer", url, args.max_tokens), [pid]))
+    return servers
 
 
 def machine() -> dict[str, object]:
@@ -114,7 +148,34 @@ def machine() -> dict[str, object]:
          if line.startswith("model name")),
         platform.processor(),
     )
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version()}
+    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
+            "load_avg_1min_at_start": os.getloadavg()[0]}
+
+
+def run_context(
+    args: argparse.Namespace, host: dict[str, object], argv: list[str] | None
+) -> dict[str, object]:
+    """What a reader needs to reproduce the figures."""
+    packages = ("torch", "transformers", "grpcio", "openai")
+    versions = ", ".join(f"{name} {_version(name)}" for name in packages)
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(["python -m benchmarks.bench", *(sys.argv[1:] if argv is None else argv)]),
+        "machine": host,
+        "software": versions,
+        "peer": peer.describe(args.peer_binary, max(args.concurrency)),
+        "prompts": len(PROMPTS),
+        "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency,
+        "multiplier": args.multiplier,
+    }
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -134,9 +195,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine", help="use this running engine (HOST:PORT)")
     p.add_argument("--api-key", default=os.environ.get("CONDUIT_API_KEY", "bench"))
     p.add_argument("--model", help="model for the stack the bench starts (default: the default)")
+    p.add_argument("--engine-args", default="",
+                   help='extra flags for the engine the bench starts, e.g. "--max-batch-size 32"')
     p.add_argument("--peer-binary", type=Path, default=peer.DEFAULT_BINARY)
     p.add_argument("--json", type=Path, help="write the raw figures here")
     p.add_argument("--markdown", action="store_true", help="also print RESULTS.md-ready tables")
+    p.add_argument("--write-results", type=Path, metavar="PATH",
+                   help="write a whole RESULTS.md here (its Notes section is kept)")
     args = p.parse_args(argv)
     unknown = set(args.only) - set(ALL_TARGETS)
     if unknown:
@@ -146,30 +211,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # `kill` unwinds like Ctrl-C, so the servers this run started are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    host = machine()
+    if host["load_avg_1min_at_start"] > 0.5 * (os.cpu_count() or 1):
+        log(f"warning: the machine is busy (1-min load {host['load_avg_1min_at_start']:.1f}); "
+            "every target shares these cores, so the figures will be skewed")
     wanted = [t for t in ALL_TARGETS if t in args.only and not (t == "peer" and args.skip_peer)]
-    stats: list[LevelStats] = []
-    if "shim" in wanted or "grpc" in wanted:
-        stats += run_conduit(args, wanted)
-    # The peer runs after the stack is stopped, so the two never share the CPU.
-    if "peer" in wanted:
-        stats += run_peer(args)
-    stats.sort(key=lambda s: (s.concurrency, ALL_TARGETS.index(s.target)))
+    with contextlib.ExitStack() as stack:
+        servers = start_servers(args, wanted, stack)
+        stats = asyncio.run(run_all(servers, args.concurrency, args.multiplier))
 
     print(report.text_table(stats))
     if args.markdown:
         print()
         print(report.markdown(stats))
+    context = run_context(args, host, argv)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
-            "machine": machine(),
-            "command": " ".join(["python -m benchmarks.bench", *(argv or sys.argv[1:])]),
-            "max_tokens": args.max_tokens,
-            "concurrency": args.concurrency,
-            "requests_per_level_multiplier": args.multiplier,
+            **context,
             "results": [asdict(s) for s in stats],
             "ratios": [asdict(r) for r in report.ratios(stats)],
         }, indent=2))
+    if args.write_results:
+        previous = args.write_results.read_text() if args.write_results.exists() else ""
+        args.write_results.write_text(report.results_document(stats, context, previous))
     return 1 if any(s.failed for s in stats) else 0
 
 

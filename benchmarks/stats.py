@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from benchmarks.cpu import CpuShares
+
 
 @dataclass
 class RequestResult:
@@ -33,9 +35,11 @@ class LevelStats:
     ttft_p95_ms: float
     itl_p50_ms: float
     itl_p95_ms: float
-    # Client CPU time over wall time (100 = one core busy): shows whether the load generator,
-    # which shares the machine with the server, could be the bottleneck.
+    # CPU over wall time (100 = one core busy): the load generator (which shares the machine, so
+    # it must stay light), the server under test, and everything else (high = a skewed level).
     client_cpu_pct: float
+    server_cpu_pct: float
+    other_cpu_pct: float
     errors: list[str] = field(default_factory=list)
 
 
@@ -51,7 +55,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summarize(
-    target: str, concurrency: int, results: list[RequestResult], wall_s: float, cpu_s: float
+    target: str, concurrency: int, results: list[RequestResult], wall_s: float, cpu: CpuShares
 ) -> LevelStats:
     """Adds up one level; failed requests count toward nothing but `failed`."""
     good = [r for r in results if r.ok]
@@ -75,6 +79,8 @@ def summarize(
         ttft_p95_ms=percentile(ttfts, 95),
         itl_p50_ms=percentile(itls, 50),
         itl_p95_ms=percentile(itls, 95),
-        client_cpu_pct=100.0 * cpu_s / wall_s if wall_s > 0 else 0.0,
+        client_cpu_pct=cpu.client,
+        server_cpu_pct=cpu.server,
+        other_cpu_pct=cpu.other,
         errors=sorted({r.error for r in results if not r.ok})[:5],
     )

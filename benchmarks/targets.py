@@ -23,19 +23,26 @@ class OpenAITarget:
 
     def __init__(self, name: str, base_url: str, max_tokens: int, api_key: str = "bench") -> None:
         self.name = name
+        self.base_url = base_url
+        self.api_key = api_key
         self.max_tokens = max_tokens
-        # One pooled client for all workers; no retries, so errors show up as errors.
-        self.client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600)
+        self.client: AsyncOpenAI | None = None
         self.model = ""
 
     async def open(self) -> None:
+        # One pooled client for all workers; no retries, so errors show up as errors.
+        self.client = AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0,
+                                  timeout=600)
         models = await self.client.models.list()
         self.model = models.data[0].id
 
     async def close(self) -> None:
-        await self.client.close()
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
 
     async def send(self, prompt: str, max_tokens: int | None = None) -> RequestResult:
+        assert self.client is not None, "open() first"
         start = time.perf_counter()
         result = RequestResult(ok=False)
         text_chunks = 0
@@ -87,6 +94,7 @@ class GrpcTarget:
     async def close(self) -> None:
         if self.channel is not None:
             await self.channel.close()
+            self.channel = self.stub = None
 
     async def send(self, prompt: str, max_tokens: int | None = None) -> RequestResult:
         assert self.stub is not None, "open() first"

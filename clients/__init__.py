@@ -3,7 +3,7 @@
 from clients.engine_client import AsyncEngineClient, AsyncGenerateStream, EngineClient, GenerateStream
 from clients.errors import (Cancelled, ConduitError, DeadlineExceeded, InvalidArgument, NotFound,
                             ResourceExhausted, Unavailable)
-from clients.requests import build_request
+from clients.request_builder import build_request
 from clients.results import Choice, Completion, ToolCall, Usage
 
 __all__ = [

@@ -15,7 +15,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.errors import from_rpc_error
-from clients.requests import Message, build_request, tokenize_request
+from clients.request_builder import Message, build_request, tokenize_request
 from clients.results import Completion, CompletionBuilder
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc

@@ -8,6 +8,7 @@ fails to come up, the error carries the tail of its log.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -41,6 +42,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def ensure_port_free(host: str, port: int) -> None:
     """Fail before starting anything when a port is taken, rather than talk to a stranger's server."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the servers do, so connections in TIME_WAIT from a previous run do not count as "taken".
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as error:
@@ -226,8 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _ready_banner(stack: Stack, model_id: str) -> str:
-    body = ('{"model": "%s", "messages": [{"role": "user", "content": "What is the capital of France?"}]}'
-            % model_id)
+    body = json.dumps({"model": model_id,
+                       "messages": [{"role": "user", "content": "What is the capital of France?"}]})
     return (f"Conduit is up, serving {model_id}.\n"
             f"  OpenAI base URL: {stack.base_url}\n"
             f"  engine gRPC:     {stack.engine_address}\n"

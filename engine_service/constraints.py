@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from conduit.v1 import engine_pb2 as pb
 from engine_service.params import InvalidRequest
-from engine_service.tools import JSON_OPTIONS
+from engine_service.tools import JSON_OPTIONS, closed_objects
 
 
 
@@ -48,8 +48,8 @@ class GrammarCompiler:
             try:
                 schema = json.loads(constraint.json_schema)
             except ValueError as exc:
-                raise InvalidRequest(f"json_schema is not valid JSON: {exc}") from exc
-            return json_schema_grammar(schema)
+                raise InvalidRequest(f"json_schema is not valid JSON: {exc}", "constraint") from exc
+            return json_schema_grammar(closed_objects(schema))
         if kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(constraint.regex)
         return llguidance.LLMatcher.grammar_from_lark(constraint.grammar)
@@ -57,7 +57,8 @@ class GrammarCompiler:
     def validate(self, grammar: str) -> None:
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.ll_tokenizer)
         if is_error:
-            raise InvalidRequest(f"the constraint is not a valid grammar: {messages[0] if messages else 'unknown'}")
+            raise InvalidRequest(f"the constraint is not a valid grammar: {messages[0] if messages else 'unknown'}",
+                                 "constraint")
 
     def matcher(self, grammar: str) -> "Matcher":
         return Matcher(llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0))
@@ -65,11 +66,11 @@ class GrammarCompiler:
 
 def json_schema_grammar(schema: dict | bool) -> str:
     if not isinstance(schema, (dict, bool)):
-        raise InvalidRequest("a JSON schema must be an object")
+        raise InvalidRequest("a JSON schema must be an object", "constraint")
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
     except ValueError as exc:
-        raise InvalidRequest(f"unsupported JSON schema: {exc}") from exc
+        raise InvalidRequest(f"unsupported JSON schema: {exc}", "constraint") from exc
 
 
 class Matcher:

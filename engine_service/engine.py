@@ -90,24 +90,30 @@ class Engine:
         """Queue a request (any thread). Raises InvalidRequest or QueueFull at once."""
         prompt_len = len(request.prompt_ids)
         if prompt_len == 0:
-            raise InvalidRequest("the prompt is empty")
+            raise InvalidRequest("the prompt is empty", "input")
         limit = min(self.max_model_len, self.kv_capacity_tokens)
         if prompt_len >= limit:
             raise InvalidRequest(
-                f"the prompt has {prompt_len} tokens but this model's context length is {limit} "
-                f"(prompt plus at least one generated token must fit)")
+                f"this model's maximum context length is {limit} tokens, but the prompt has {prompt_len} tokens "
+                f"(the prompt plus at least one generated token must fit)", "input", "context_length_exceeded")
         if any(t >= self.vocab_size for t in request.prompt_ids):
-            raise InvalidRequest(f"prompt token ids must be below the vocabulary size {self.vocab_size}")
+            raise InvalidRequest(f"prompt token ids must be below the vocabulary size {self.vocab_size}", "input")
         request.params.validate(self.vocab_size)
         if request.params.n > self.config.max_batch_size:
-            raise InvalidRequest(f"n={request.params.n} exceeds this engine's batch size {self.config.max_batch_size}")
+            raise InvalidRequest(f"n={request.params.n} exceeds this engine's batch size {self.config.max_batch_size}",
+                                 "n")
         wanted = request.params.stopping.max_tokens
-        request.max_tokens = min(limit if wanted is None else wanted, limit - prompt_len)
+        if wanted is not None and prompt_len + wanted > limit:
+            raise InvalidRequest(
+                f"this model's maximum context length is {limit} tokens, but {prompt_len + wanted} were requested "
+                f"({prompt_len} in the prompt, {wanted} for the completion); lower max_tokens",
+                "stopping.max_tokens", "context_length_exceeded")
+        request.max_tokens = limit - prompt_len if wanted is None else wanted
         with self._lock:
             if len(self.scheduler.waiting) + len(self._inbox) >= self.config.max_waiting:
                 raise QueueFull(f"the engine's queue is full ({self.config.max_waiting} waiting); retry later")
             if request.request_id in self._requests:
-                raise InvalidRequest(f"request_id {request.request_id!r} is already running")
+                raise InvalidRequest(f"request_id {request.request_id!r} is already running", "request_id")
             self._requests[request.request_id] = request
             self._inbox.append(request)
         self._wake.set()
@@ -270,19 +276,29 @@ class Engine:
 
     @staticmethod
     def _emit_text(seq: Sequence, text: str) -> None:
-        if seq.request.tools is not None:
-            seq.held_text += text
-        else:
+        """Text goes out at once, except while a tool request's output could still be a call."""
+        tools = seq.request.tools
+        if tools is None or not seq.may_call_tools:
             seq.pending_text += text
+            return
+        seq.held_text += text
+        if not tools.may_be_call(seq.held_text):
+            seq.may_call_tools = False
+            seq.pending_text += seq.held_text
+            seq.held_text = ""
 
     def _finish(self, seq: Sequence, reason: FinishReason, flush: bool = True) -> None:
         if flush:
             tail, matched = seq.stop_matcher.feed(seq.detokenizer.flush())
             self._emit_text(seq, tail if matched else tail + seq.stop_matcher.flush())
-        if seq.request.tools is not None:
-            seq.tool_calls = seq.request.tools.parse(seq.held_text)
+        tools = seq.request.tools
+        if tools is not None and seq.may_call_tools:
+            seq.tool_calls = tools.parse(seq.held_text)
             if seq.tool_calls:
                 reason = FinishReason.TOOL_CALLS
+            elif tools.forced:
+                # Cut off by max_tokens: the grammar guarantees it is a call, never content.
+                seq.tool_calls = tools.parse_truncated(seq.held_text)
             else:
                 seq.pending_text += seq.held_text
             seq.held_text = ""

@@ -10,7 +10,13 @@ MAX_STOP_STRINGS = 16
 
 
 class InvalidRequest(ValueError):
-    """Bad input: mapped to INVALID_ARGUMENT."""
+    """Bad input: mapped to INVALID_ARGUMENT. `param` is the request field at fault, as a proto
+    path ("sampling.top_p"; "input" for whichever input oneof is set); `code` a machine-readable kind."""
+
+    def __init__(self, message: str, param: str = "", code: str = "") -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
 
 
 @dataclass
@@ -38,16 +44,17 @@ class SamplingParams:
         return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
 
     def validate(self, vocab_size: int) -> None:
-        _check(0.0 <= self.temperature <= 2.0, "temperature must be in [0, 2]")
-        _check(0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]")
-        _check(self.top_k >= 0, "top_k must be >= 0")
-        _check(0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]")
-        _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty must be in (0, 2]")
-        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]")
-        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]")
+        _check(0.0 <= self.temperature <= 2.0, "temperature must be in [0, 2]", "sampling.temperature")
+        _check(0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]", "sampling.top_p")
+        _check(self.top_k >= 0, "top_k must be >= 0", "sampling.top_k")
+        _check(0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]", "sampling.min_p")
+        _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty must be in (0, 2]", "sampling.repetition_penalty")
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]", "sampling.presence_penalty")
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]", "sampling.frequency_penalty")
         for token, bias in self.logit_bias.items():
-            _check(0 <= token < vocab_size, f"logit_bias token id {token} is outside the vocabulary (size {vocab_size})")
-            _check(-100.0 <= bias <= 100.0, f"logit_bias for token {token} must be in [-100, 100]")
+            _check(0 <= token < vocab_size, f"logit_bias token id {token} is outside the vocabulary (size {vocab_size})",
+                   "sampling.logit_bias")
+            _check(-100.0 <= bias <= 100.0, f"logit_bias for token {token} must be in [-100, 100]", "sampling.logit_bias")
 
 
 @dataclass
@@ -59,11 +66,12 @@ class StoppingParams:
     ignore_eos: bool = False
 
     def validate(self, vocab_size: int) -> None:
-        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens must be <= max_tokens")
-        _check(len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings")
-        _check(all(self.stop), "stop strings must not be empty")
+        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens must be <= max_tokens", "stopping.min_tokens")
+        _check(len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings", "stopping.stop")
+        _check(all(self.stop), "stop strings must not be empty", "stopping.stop")
         for token in self.stop_token_ids:
-            _check(0 <= token < vocab_size, f"stop token id {token} is outside the vocabulary (size {vocab_size})")
+            _check(0 <= token < vocab_size, f"stop token id {token} is outside the vocabulary (size {vocab_size})",
+                   "stopping.stop_token_ids")
 
 
 @dataclass
@@ -76,16 +84,16 @@ class RequestParams:
     echo: bool = False
 
     def validate(self, vocab_size: int) -> None:
-        _check(1 <= self.n <= MAX_N, f"n must be in [1, {MAX_N}]")
-        _check(0 <= self.top_logprobs <= MAX_TOP_LOGPROBS, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
-        _check(self.top_logprobs == 0 or self.logprobs, "top_logprobs needs logprobs")
+        _check(1 <= self.n <= MAX_N, f"n must be in [1, {MAX_N}]", "n")
+        _check(0 <= self.top_logprobs <= MAX_TOP_LOGPROBS, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs")
+        _check(self.top_logprobs == 0 or self.logprobs, "top_logprobs needs logprobs", "top_logprobs")
         max_tokens = self.stopping.max_tokens
         _check(max_tokens is None or max_tokens >= 1 or (max_tokens == 0 and self.echo),
-               "max_tokens must be >= 1 (0 only with echo, to score the prompt)")
+               "max_tokens must be >= 1 (0 only with echo, to score the prompt)", "stopping.max_tokens")
         self.sampling.validate(vocab_size)
         self.stopping.validate(vocab_size)
 
 
-def _check(ok: bool, message: str) -> None:
+def _check(ok: bool, message: str, param: str) -> None:
     if not ok:
-        raise InvalidRequest(message)
+        raise InvalidRequest(message, param)

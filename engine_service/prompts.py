@@ -17,11 +17,12 @@ CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 def chat_messages(chat: pb.ChatInput) -> list[dict]:
     """Proto messages -> the dicts chat templates expect (developer folds into system)."""
     if not chat.messages:
-        raise InvalidRequest("messages must not be empty")
+        raise InvalidRequest("messages must not be empty", "chat.messages")
     out: list[dict] = []
     for i, msg in enumerate(chat.messages):
         if msg.role not in CHAT_ROLES:
-            raise InvalidRequest(f"messages[{i}].role {msg.role!r} is not one of {sorted(CHAT_ROLES)}")
+            raise InvalidRequest(f"messages[{i}].role {msg.role!r} is not one of {sorted(CHAT_ROLES)}",
+                                 "chat.messages")
         item: dict = {"role": "system" if msg.role == "developer" else msg.role, "content": msg.content}
         if msg.name:
             item["name"] = msg.name
@@ -45,7 +46,7 @@ def _json_or_text(arguments: str) -> object:
 
 def render_chat(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput) -> str:
     if tokenizer.chat_template is None:
-        raise InvalidRequest("this model has no chat template; send text or token ids instead")
+        raise InvalidRequest("this model has no chat template; send text or token ids instead", "chat")
     messages = chat_messages(chat)
     spec = ToolSpec.from_chat(chat)
     kwargs: dict = {}
@@ -56,7 +57,7 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput) -> str:
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
     except TemplateError as exc:
-        raise InvalidRequest(f"the chat template rejected these messages: {exc}") from exc
+        raise InvalidRequest(f"the chat template rejected these messages: {exc}", "chat.messages") from exc
 
 
 def _without_tool_fields(messages: list[dict], spec: ToolSpec | None) -> list[dict]:
@@ -89,8 +90,8 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase, request: pb.GenerateRequest |
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     if kind == "text":
         if not request.text:
-            raise InvalidRequest("the prompt text is empty")
+            raise InvalidRequest("the prompt text is empty", "text")
         return tokenizer(request.text, add_special_tokens=True)["input_ids"]
     if kind == "token_ids":
         return list(request.token_ids.ids)
-    raise InvalidRequest("the request has no input: set chat, text or token_ids")
+    raise InvalidRequest("the request has no input: set chat, text or token_ids", "input")

@@ -105,6 +105,7 @@ class Sequence:
         self.pending_logprobs: list[TokenLogprob] = []
         # Tool requests: text is held until the end, when it is either tool calls or text.
         self.held_text = ""
+        self.may_call_tools = request.tools is not None
         self.tool_calls: list[ToolCall] = []
         self.matcher = None  # constraints.Matcher when the request is constrained
         # Sibling choices (n > 1) waiting for this one's prompt to be prefilled.

@@ -27,6 +27,19 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Engine"].full_name
 
 
+async def abort_invalid(context: grpc.aio.ServicerContext, exc: InvalidRequest, input_kind: str | None) -> None:
+    """INVALID_ARGUMENT, naming the field at fault in trailing metadata (`conduit-param`,
+    a proto field path) and the kind of error (`conduit-error-code`) when known."""
+    param = exc.param
+    if param == "input" and input_kind:
+        param = "chat.messages" if input_kind == "chat" else input_kind
+    metadata = [("conduit-param", param)] if param else []
+    if exc.code:
+        metadata.append(("conduit-error-code", exc.code))
+    context.set_trailing_metadata(metadata)
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+
 class EngineServicer(pb_grpc.EngineServicer):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -53,7 +66,7 @@ class EngineServicer(pb_grpc.EngineServicer):
                           grammar=grammar, tools=tools)
             self.engine.submit(job)
         except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await abort_invalid(context, exc, request.WhichOneof("input"))
         except QueueFull as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         encoder = EventEncoder(request_id, self.engine.token_table, echo=params.echo,
@@ -79,7 +92,7 @@ class EngineServicer(pb_grpc.EngineServicer):
         grammar = self.engine.grammars.grammar_for(request.constraint)
         if tools is not None and tools.forced:
             if grammar is not None:
-                raise InvalidRequest("a constraint cannot be combined with a required tool call")
+                raise InvalidRequest("a constraint cannot be combined with a required tool call", "constraint")
             grammar = tools.grammar()
         if grammar is not None:
             self.engine.grammars.validate(grammar)
@@ -103,7 +116,7 @@ class EngineServicer(pb_grpc.EngineServicer):
         try:
             ids = prompts.prompt_ids(self.engine.tokenizer, request)
         except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await abort_invalid(context, exc, request.WhichOneof("input"))
         return pb.TokenizeResponse(token_ids=ids, tokens=self.engine.tokenizer.convert_ids_to_tokens(ids),
                                    max_context_length=self.engine.max_model_len)
 

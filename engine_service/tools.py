@@ -49,15 +49,16 @@ class ToolSpec:
         tools: dict[str, dict] = {}
         for tool in chat.tools:
             if not tool.name:
-                raise InvalidRequest("every tool needs a name")
+                raise InvalidRequest("every tool needs a name", "chat.tools")
             try:
                 params = json.loads(tool.parameters_json) if tool.parameters_json else {"type": "object"}
             except ValueError as exc:
-                raise InvalidRequest(f"tool {tool.name!r}: parameters are not valid JSON: {exc}") from exc
+                raise InvalidRequest(f"tool {tool.name!r}: parameters are not valid JSON: {exc}", "chat.tools") from exc
             tools[tool.name] = params
         choice = chat.tool_choice
         if choice.mode == pb.ToolChoice.MODE_FUNCTION and choice.function_name not in tools:
-            raise InvalidRequest(f"tool_choice names {choice.function_name!r}, which is not among the tools")
+            raise InvalidRequest(f"tool_choice names {choice.function_name!r}, which is not among the tools",
+                                 "chat.tool_choice")
         return cls(tools=tools, descriptions={t.name: t.description for t in chat.tools}, mode=choice.mode,
                    function_name=choice.function_name,
                    parallel=chat.parallel_tool_calls if chat.HasField("parallel_tool_calls") else True)
@@ -90,7 +91,7 @@ class ToolSpec:
         names = [self.function_name] if self.mode == pb.ToolChoice.MODE_FUNCTION else list(self.tools)
         body = {"anyOf": [{
             "type": "object",
-            "properties": {"name": {"const": name}, "arguments": self.tools[name]},
+            "properties": {"name": {"const": name}, "arguments": closed_objects(self.tools[name])},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         } for name in names], "x-guidance": JSON_OPTIONS}
@@ -98,6 +99,38 @@ class ToolSpec:
         return (f"start: call{repeat}\n"
                 f'call: "<tool_call>" body "</tool_call>"\n'
                 f"body: %json {json.dumps(body)}\n")
+
+    def may_be_call(self, text: str) -> bool:
+        """Could this output still turn into a tool call? While it could, its text is held back."""
+        if self.forced:
+            return True
+        head = text.lstrip()
+        if not head:
+            return True
+        if head[0] in "{[" or "<tool_call>".startswith(head[:11]) or head.startswith("<tool_call>"):
+            return True
+        name = re.match(r"[A-Za-z_][A-Za-z0-9_]*", head)
+        if name is None:
+            return False
+        word = name.group(0)
+        rest = head[len(word):]
+        if rest == "":
+            return any(tool.startswith(word) for tool in self.tools)
+        return word in self.tools and rest.startswith("(")
+
+    def parse_truncated(self, text: str) -> list[ToolCall]:
+        """A forced call cut off by max_tokens: its name and the argument text so far (OpenAI returns
+        the partial arguments too, with finish_reason "length")."""
+        match = re.search(r'"name":\s*"([^"]*)"?(?:,\s*"arguments":\s*(.*))?', text, re.S)
+        if self.mode == pb.ToolChoice.MODE_FUNCTION:
+            name = self.function_name
+        else:
+            started = [tool for tool in self.tools if match and tool.startswith(match.group(1))]
+            if len(started) != 1:
+                return []
+            name = started[0]
+        arguments = match.group(2) or "" if match else ""
+        return [ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=name, arguments=arguments)]
 
     def parse(self, text: str) -> list[ToolCall]:
         """The tool calls in a finished output; [] when it is plain text."""
@@ -132,6 +165,20 @@ class ToolSpec:
         if not isinstance(args, dict):
             return None
         return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=name, arguments=json.dumps(args))
+
+
+def closed_objects(schema: object) -> object:
+    """The schema with `additionalProperties: false` wherever an object lists its properties and
+    says nothing of others. Output valid under it is valid under the original, and small models
+    otherwise invent keys until they run out of tokens."""
+    if isinstance(schema, list):
+        return [closed_objects(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: closed_objects(value) for key, value in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _loads(text: str) -> object:

@@ -85,6 +85,10 @@ def create_app(config: ShimConfig, client: EngineClient | None = None) -> Flask:
 
     @app.errorhandler(APIError)
     def on_api_error(error: APIError) -> Response:
+        if error.param == "response_format":  # the engine says "constraint": name the field the user sent
+            body = request.get_json(silent=True)
+            if isinstance(body, dict) and "structured_outputs" in body:
+                error.param = "structured_outputs"
         return _error(error)
 
     @app.errorhandler(HTTPException)

@@ -76,5 +76,33 @@ def from_grpc(error: grpc.RpcError) -> APIError:
     if code == grpc.StatusCode.UNAVAILABLE:
         details = f"The engine is unavailable: {details}"
     headers = {"Retry-After": _retry_after(error)} if status in (429, 503) else {}
-    param = "model" if code == grpc.StatusCode.NOT_FOUND else None
-    return APIError(status, details, kind, param, err_code, headers)
+    trailer = _trailing_metadata(error)
+    param = "model" if code == grpc.StatusCode.NOT_FOUND else openai_param(trailer.get("conduit-param", ""))
+    return APIError(status, details, kind, param, trailer.get("conduit-error-code") or err_code, headers)
+
+
+# The engine names a bad field as a path in GenerateRequest; these are its OpenAI names.
+_PROTO_TO_OPENAI_PARAM = {
+    "text": "prompt",
+    "token_ids": "prompt",
+    "constraint": "response_format",
+    "chat": "messages",
+}
+
+
+def openai_param(proto_path: str) -> str | None:
+    """"sampling.top_p" -> "top_p", "chat.messages" -> "messages", "text" -> "prompt"."""
+    if not proto_path:
+        return None
+    if proto_path in _PROTO_TO_OPENAI_PARAM:
+        return _PROTO_TO_OPENAI_PARAM[proto_path]
+    return proto_path.rsplit(".", 1)[-1]
+
+
+def _trailing_metadata(error: grpc.RpcError) -> dict[str, str]:
+    getter = getattr(error, "trailing_metadata", None)
+    try:
+        items = getter() if callable(getter) else None
+    except Exception:  # an error raised before the call had trailers
+        items = None
+    return {key: value for key, value in (items or ()) if isinstance(value, str)}

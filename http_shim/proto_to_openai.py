@@ -166,7 +166,7 @@ def chat_response(
     for i, result in enumerate(collected.ranked(0, plan.n, plan.best_of)):
         text = "".join(result.text)
         tool_calls = (
-            result.tool_calls() if result.final and result.final.finish_reason == pb.FINISH_REASON_TOOL_CALLS else []
+            result.tool_calls() if result.final else []  # also a call cut off by max_tokens ("length")
         )
         message: dict[str, Any] = {
             "role": "assistant",

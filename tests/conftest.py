@@ -11,17 +11,22 @@ import pytest
 from clients import AsyncEngineClient, EngineClient
 from clients.launch import Stack
 
+# Below pytest's own timeout (300 s), so a stack that never comes up fails with its logs.
+STARTUP_TIMEOUT_S = 180
+
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
     """The default stack; its `base_url` is for the openai SDK, `engine_address` for gRPC."""
-    with Stack() as running:
+    with Stack(startup_timeout=STARTUP_TIMEOUT_S) as running:
         yield running
 
 
 @pytest.fixture(scope="session")
 def single_slot_stack() -> Iterator[Stack]:
-    """A stack whose engine runs one sequence at a time, so a leaked generation blocks the next one."""
-    with Stack(engine_args=["--max-batch-size", "1"]) as running:
+    """An engine that runs one sequence at a time with two waiting: a leaked generation blocks the
+    next request, and a fourth concurrent request finds the queue full."""
+    with Stack(engine_args=["--max-batch-size", "1", "--max-queue", "2"],
+               startup_timeout=STARTUP_TIMEOUT_S) as running:
         yield running
 
 

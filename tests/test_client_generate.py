@@ -29,24 +29,27 @@ def test_complete_answers(engine_client: EngineClient) -> None:
 
 def test_stream_order_and_counts(engine_client: EngineClient) -> None:
     request_id = "test-stream-order"
-    responses = list(engine_client.generate(messages=QUESTION, temperature=0, max_tokens=12, n=2,
+    responses = list(engine_client.generate(messages=QUESTION, temperature=0, max_tokens=5, n=2,
                                             request_id=request_id))
     kinds = [response.WhichOneof("kind") for response in responses]
-    assert kinds[0] == "prompt"
-    assert kinds[-2:] == ["final", "final"]
-    assert set(kinds[1:-2]) == {"chunk"}
+    assert kinds[0] == "prompt" and "prompt" not in kinds[1:]
+    assert kinds[-1] == "final"
     assert all(response.request_id == request_id for response in responses)
     prompt_tokens = responses[0].prompt.prompt_tokens
     for index in (0, 1):
         chunks = [r.chunk for r in responses if r.WhichOneof("kind") == "chunk" and r.chunk.index == index]
         final = next(r.final for r in responses if r.WhichOneof("kind") == "final" and r.final.index == index)
+        # A choice's Final is its last message; other choices may still be streaming.
+        choice_kinds = [r.WhichOneof("kind") for r in responses[1:]
+                        if getattr(r, r.WhichOneof("kind")).index == index]
+        assert choice_kinds == ["chunk"] * len(chunks) + ["final"]
         generated = 0
         for chunk in chunks:
             generated += len(chunk.token_ids)
             assert chunk.completion_tokens == generated  # cumulative
             assert chunk.prompt_tokens == prompt_tokens
         assert final.finish_reason == pb.FINISH_REASON_LENGTH
-        assert final.completion_tokens == generated == 12
+        assert final.completion_tokens == generated == 5
         assert final.prompt_tokens == prompt_tokens
 
 
@@ -59,8 +62,9 @@ def test_streamed_text_equals_complete(engine_client: EngineClient) -> None:
 
 
 def test_request_message_and_kwargs_agree(engine_client: EngineClient) -> None:
-    request = pb.GenerateRequest(chat=pb.ChatInput(messages=[pb.ChatMessage(role="user", content=QUESTION[0]["content"])]),
-                                 sampling=pb.SamplingParams(temperature=0), stopping=pb.StoppingParams(max_tokens=10))
+    question = pb.ChatMessage(role="user", content=QUESTION[0]["content"])
+    request = pb.GenerateRequest(chat=pb.ChatInput(messages=[question]), sampling=pb.SamplingParams(temperature=0),
+                                 stopping=pb.StoppingParams(max_tokens=10))
     assert engine_client.complete(request).text == engine_client.complete(messages=QUESTION, temperature=0,
                                                                           max_tokens=10).text
 

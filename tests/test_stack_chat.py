@@ -47,7 +47,7 @@ def test_streamed_text_equals_non_streamed(openai_client: openai.OpenAI) -> None
 
 
 def test_stream_chunks_shape(openai_client: openai.OpenAI) -> None:
-    chunks = list(ask(openai_client, stream=True, max_tokens=8))
+    chunks = list(ask(openai_client, stream=True, max_tokens=5))
     assert chunks, "no chunks"
     assert len({chunk.id for chunk in chunks}) == 1
     assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
@@ -96,8 +96,8 @@ def test_max_tokens_gives_length(openai_client: openai.OpenAI) -> None:
 
 
 def test_n_choices(openai_client: openai.OpenAI) -> None:
-    response = ask(openai_client, n=2, max_tokens=10)
+    response = ask(openai_client, n=2, max_tokens=5)
     assert [choice.index for choice in response.choices] == [0, 1]
     # Greedy decoding: both choices are the same text.
     assert response.choices[0].message.content == response.choices[1].message.content
-    assert response.usage.completion_tokens == 20
+    assert response.usage.completion_tokens == 10

@@ -8,6 +8,7 @@ engine stopped generating.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import openai
@@ -41,6 +42,26 @@ def endless_params(stack: Stack, messages: list[dict[str, str]]) -> dict:
             "logit_bias": {str(token): -100 for token in info.eos_token_ids}}
 
 
+def follow_up_answer(client: openai.OpenAI) -> str:
+    """A short request that only fits in its timeout if the engine's one slot was freed.
+
+    A 429 is retried for a while: the shim notices that a *waiting* stream's client left only at
+    that stream's next heartbeat, so abandoned requests can fill the queue for a few seconds.
+    """
+    give_up = time.monotonic() + FOLLOW_UP_TIMEOUT_S
+    while True:
+        try:
+            response = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                                      max_tokens=30)
+            return response.choices[0].message.content
+        except openai.APITimeoutError:
+            pytest.fail(f"no answer within {FOLLOW_UP_TIMEOUT_S}s: the abandoned generation still holds the engine")
+        except openai.RateLimitError:
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(1)
+
+
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 def test_disconnect_mid_stream_frees_the_engine(single_slot_stack: Stack, single_slot_client: openai.OpenAI,
                                                 endpoint: str) -> None:
@@ -55,7 +76,32 @@ def test_disconnect_mid_stream_frees_the_engine(single_slot_stack: Stack, single
         next(chunks)
     stream.close()  # drops the HTTP connection mid-stream
 
-    follow_up = single_slot_client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
-                                                           max_tokens=30)
-    assert "Paris" in follow_up.choices[0].message.content
+    assert "Paris" in follow_up_answer(single_slot_client)
     single_slot_stack.check_alive()
+
+
+def test_full_queue_is_429_with_retry_after(single_slot_stack: Stack, single_slot_client: openai.OpenAI) -> None:
+    params = endless_params(single_slot_stack, STORY)
+    streams = [single_slot_client.chat.completions.create(model=MODEL, messages=STORY, stream=True, **params)
+               for _ in range(3)]  # one running, two waiting: the queue is full
+    try:
+        next(iter(streams[0]))
+        with pytest.raises(openai.RateLimitError) as caught:
+            single_slot_client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=5)
+        assert caught.value.status_code == 429
+        assert int(caught.value.response.headers["retry-after"]) >= 0
+    finally:
+        for stream in streams:
+            stream.close()
+    assert "Paris" in follow_up_answer(single_slot_client)
+
+
+def test_client_timeout_on_a_non_streamed_request_frees_the_engine(single_slot_stack: Stack,
+                                                                    single_slot_client: openai.OpenAI) -> None:
+    # Nothing is written to a non-streamed response until the end, so the shim must notice the
+    # disconnect while the engine is busy producing tokens, not only while it is idle.
+    params = endless_params(single_slot_stack, STORY)
+    with pytest.raises(openai.APITimeoutError):
+        single_slot_client.with_options(timeout=3).chat.completions.create(model=MODEL, messages=STORY, **params)
+
+    assert "Paris" in follow_up_answer(single_slot_client)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 from conduit.v1 import engine_pb2 as pb
 
-Message = Union[Mapping[str, Any], pb.ChatMessage]
-ToolSpec = Union[Mapping[str, Any], pb.Tool]
+Message = Mapping[str, Any] | pb.ChatMessage
+ToolSpec = Mapping[str, Any] | pb.Tool
 
 _SAMPLING_FIELDS = frozenset(pb.SamplingParams.DESCRIPTOR.fields_by_name)
 _STOPPING_FIELDS = frozenset(pb.StoppingParams.DESCRIPTOR.fields_by_name)
