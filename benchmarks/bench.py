@@ -49,8 +49,7 @@ class Server:
 
 @contextlib.asynccontextmanager
 async def connected(target: Target) -> AsyncIterator[Target]:
-    """Fresh connections for each level: pooled ones left idle while the other targets ran may
-    have been closed by the server (llama-server drops idle keep-alive connections after 5 s)."""
+    """A fresh client (and gRPC channel) for each level, so no level inherits another's state."""
     await target.open()
     try:
         yield target

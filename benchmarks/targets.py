@@ -30,9 +30,11 @@ class OpenAITarget:
         self.model = ""
 
     async def open(self) -> None:
-        # One pooled client for all workers; no retries, so errors show up as errors.
+        # No retries, so errors show up as errors. One connection per request: reusing an idle
+        # keep-alive connection races the server closing it (llama-server does after 5 s), which
+        # fails a request with "Server disconnected without sending a response".
         self.client = AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0,
-                                  timeout=600)
+                                  timeout=600, default_headers={"Connection": "close"})
         models = await self.client.models.list()
         self.model = models.data[0].id
 
@@ -66,7 +68,8 @@ class OpenAITarget:
                 if chunk.usage is not None:
                     usage_tokens = chunk.usage.completion_tokens
         except Exception as exc:  # noqa: BLE001 - any failure is a failed request, recorded
-            result.error = f"{type(exc).__name__}: {exc}"[:200]
+            cause = f" ({exc.__cause__!r})" if exc.__cause__ else ""
+            result.error = f"{type(exc).__name__}: {exc}{cause}"[:300]
             return result
         result.ok = True
         result.latency = time.perf_counter() - start

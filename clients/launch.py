@@ -207,7 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     stack = Stack(model=args.model, host=args.host, engine_port=args.engine_port,
                   shim_port=args.shim_port, engine_args=engine_args, log_dir=args.log_dir)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` stops the stack as Ctrl-C does
+    # Ctrl-C and `kill` stop the stack, even when started from a shell that ignores SIGINT.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"Starting the engine on {stack.engine_address} and the shim on {stack.shim_url} "
           f"(logs in {stack.log_dir})...", flush=True)
     try:

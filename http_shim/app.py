@@ -173,14 +173,18 @@ def create_app(config: ShimConfig, client: EngineClient | None = None) -> Flask:
             response.call_on_close(stream.cancel)
             return response
         collected = Collector()
+        next_check = time.monotonic() + config.heartbeat_s
         try:
             while (item := stream.next(config.heartbeat_s)) is not None:
-                if item is IDLE:
+                # Check the client on every idle wait and, while tokens flow, at least once a
+                # heartbeat interval: a client that gave up must not leave generation running.
+                if item is IDLE or time.monotonic() >= next_check:
+                    next_check = time.monotonic() + config.heartbeat_s
                     if client_gone(environ):
                         log.info("%s: client left before the answer; cancelled", response_id)
                         return Response(status=499)
-                    continue
-                collected.add(*item)
+                if item is not IDLE:
+                    collected.add(*item)
         finally:
             stream.cancel()
         return _json(build(response_id, created, model, plan, collected), 200, headers)

@@ -65,9 +65,10 @@ class EngineServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
-        """Generates one or more completions (n) for one input. Responses arrive in
-        order: one PromptInfo, then Chunks (choices multiplexed by `index`), then one
-        Final per choice. The stream ends after the last Final.
+        """Generates one or more completions (n) for one input. One PromptInfo comes
+        first; then Chunks of all choices, multiplexed by `index`; each choice's
+        Final follows its own last Chunk (other choices may still be streaming).
+        The stream ends after the last Final.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
