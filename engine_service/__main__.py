@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import signal
@@ -40,7 +39,7 @@ def main() -> None:
     import torch  # after logging is set up; slow to import
 
     from engine_service.model_loader import load_model
-    from engine_service.server import serve
+    from engine_service.server import BackgroundServer
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -50,16 +49,14 @@ def main() -> None:
                           kv_cache_tokens=args.kv_cache_tokens, kv_cache_gb=args.kv_cache_gb,
                           max_model_len=args.max_model_len)
     engine = Engine(loaded, config)
-    loop = asyncio.new_event_loop()
-    task = loop.create_task(serve(engine, args.host, args.port))
+    server = BackgroundServer(engine, args.host, args.port)
+    server.start()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, task.cancel)
+        signal.signal(sig, lambda *_: engine.stop())
     try:
-        loop.run_until_complete(task)
-    except asyncio.CancelledError:
-        pass
+        engine.run()  # the main thread: see Engine.run
     finally:
-        loop.close()
+        server.stop()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 
@@ -129,28 +130,57 @@ class EngineServicer(pb_grpc.EngineServicer):
         return pb.DetokenizeResponse(text=self.engine.tokenizer.decode(list(request.token_ids)))
 
 
-async def serve(engine: Engine, host: str, port: int) -> None:
-    server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", 64 << 20),
-        ("grpc.so_reuseport", 0),
-    ])
-    pb_grpc.add_EngineServicer_to_server(EngineServicer(engine), server)
-    health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
-    address = f"{host}:{port}"
-    if server.add_insecure_port(address) == 0:
-        raise RuntimeError(f"cannot listen on {address}")
-    await server.start()
-    engine.start()
-    for name in ("", SERVICE_NAME):
-        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("engine serving %s on %s", engine.loaded.model_id, address)
-    try:
-        await server.wait_for_termination()
-    finally:
+class BackgroundServer:
+    """The gRPC server on its own asyncio loop and thread, so the engine loop can own the main
+    thread. start() returns once it listens and reports SERVING (or raises why it cannot)."""
+
+    def __init__(self, engine: Engine, host: str, port: int) -> None:
+        self.engine = engine
+        self.address = f"{host}:{port}"
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="grpc-server", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        try:
+            self._loop.run_until_complete(self._serve())
+        except BaseException as exc:  # reported to start() when it happens before ready
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.so_reuseport", 0),  # a port already taken is an error, not a shared listener
+        ])
+        pb_grpc.add_EngineServicer_to_server(EngineServicer(self.engine), server)
+        health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server)
+        if server.add_insecure_port(self.address) == 0:
+            raise RuntimeError(f"cannot listen on {self.address}")
+        await server.start()
+        for name in ("", SERVICE_NAME):
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("engine serving %s on %s", self.engine.loaded.model_id, self.address)
+        self._ready.set()
+        await self._stop.wait()
         for name in ("", SERVICE_NAME):
             await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.stop(grace=2)
-        engine.stop()
