@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 class EngineConfig:
     max_batch_size: int = 32
     max_waiting: int = 256
-    max_step_tokens: int = 256  # decode tokens + prompt-chunk tokens per step
+    max_step_tokens: int = 512  # decode tokens + prompt-chunk tokens per step
     block_size: int = 16
     kv_cache_tokens: int = 0  # 0: sized from kv_cache_gb
     kv_cache_gb: float = 2.0
