@@ -41,8 +41,9 @@ run-stack: $(STAMP)
 test: $(STAMP) check-protos
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Regenerates benchmarks/RESULTS.md (its Notes section is kept); BENCH_ARGS='--skip-peer' etc.
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.bench
+	$(BIN)/python -m benchmarks.bench --json benchmarks/out/results.json --write-results benchmarks/RESULTS.md $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info protos/*.egg-info .pytest_cache
