@@ -26,7 +26,7 @@ class PrefillChunk:
     start: int  # first token of the chunk in the packed batch
     length: int
     context_len: int  # cached tokens after this chunk, chunk included
-    block_table: torch.Tensor | None  # [num_blocks] block ids; None when mask is None
+    block_table: torch.Tensor  # [num_blocks] block ids
     mask: torch.Tensor | None  # [length, context_len] bool; None when the chunk is the whole context
 
 

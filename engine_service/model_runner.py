@@ -54,6 +54,8 @@ class ModelRunner:
         keep: list[int] = []  # packed positions whose logits we need
         owners: list[tuple[Sequence, str]] = []  # what each kept row is for
 
+        tables: list[list[int]] = []
+        lens: list[int] = []
         for seq in batch.decode:
             pos = seq.num_cached
             keep.append(len(ids))
@@ -61,18 +63,28 @@ class ModelRunner:
             ids.append(seq.token_ids[pos])
             positions.append(pos)
             slots.append(seq.block_table[pos // bs] * bs + pos % bs)
+            tables.append(seq.block_table)
+            lens.append(pos + 1)
+        if len(batch.decode) + sum(length for _, length in batch.prefill) < 2:
+            # One-row matmuls take a different (GEMV) kernel whose rounding differs, so a
+            # sequence running alone would not match itself in a batch. Pad with a dummy
+            # decode row that lives in the scratch block; its logits row comes last and is dropped.
+            dummy_row = len(ids)
+            ids.append(0)
+            positions.append(0)
+            slots.append(self.scratch_slot)
+            tables.append([self.scratch_slot // bs])
+            lens.append(1)
 
         decode_tables = decode_mask = None
         max_ctx = 0
-        if batch.decode:
-            lens = [seq.num_cached + 1 for seq in batch.decode]
+        if tables:
             width = -(-max(lens) // bs)
             # Whole blocks: a sequence's softmax then reduces over the same padded length
             # whether it runs alone or beside longer ones, so its output is batch-invariant.
             max_ctx = width * bs
-            decode_tables = torch.tensor(
-                [seq.block_table[:width] + [0] * (width - len(seq.block_table[:width])) for seq in batch.decode],
-                dtype=torch.long, device=self.device)
+            decode_tables = torch.tensor([t[:width] + [0] * (width - len(t[:width])) for t in tables],
+                                         dtype=torch.long, device=self.device)
             lens_t = torch.tensor(lens, device=self.device)
             decode_mask = (torch.arange(max_ctx, device=self.device)[None, :] < lens_t[:, None])[:, None, None, :]
 
@@ -97,19 +109,13 @@ class ModelRunner:
                 keep.append(start + length - 1)
                 owners.append((seq, "next"))
 
-        if len(ids) < 2:
-            # One-row matmuls take a different (GEMV) kernel whose rounding differs, so a
-            # sequence running alone would not match itself in a batch. Pad to two rows.
-            chunks.append(attention.PrefillChunk(len(ids), 1, 1, None, None))
-            keep.append(len(ids))
-            ids.append(0)
-            positions.append(0)
-            slots.append(self.scratch_slot)
+        if len(tables) > len(batch.decode):
+            keep.append(dummy_row)
 
         layout = attention.StepLayout(
             cache=self.cache,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
-            num_decode=len(batch.decode),
+            num_decode=len(tables),
             decode_block_tables=decode_tables,
             decode_mask=decode_mask,
             max_decode_context=max_ctx,

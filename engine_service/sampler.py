@@ -15,6 +15,8 @@ from engine_service.sequence import Sequence, TokenLogprob
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
     """logits: [rows, vocab] float32, one row per sequence. Returns tokens and logprobs."""
+    if all(_plain_greedy(s) for s in seqs):  # the common case: nothing to adjust, just argmax
+        return logits.argmax(dim=-1).tolist(), [None] * len(seqs)
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(s.params.logprobs for s in seqs) else None
     logits = logits.clone()
     _apply_adjustments(logits, seqs)
@@ -34,6 +36,12 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[
             if seq.params.logprobs:
                 logprobs[i] = token_logprob(raw_logprobs[i], token_list[i], seq.params.top_logprobs)
     return token_list, logprobs
+
+
+def _plain_greedy(seq: Sequence) -> bool:
+    sp = seq.params.sampling
+    return (sp.greedy and not seq.params.logprobs and not sp.logit_bias and not sp.needs_penalties
+            and seq.matcher is None and seq.num_output >= seq.params.stopping.min_tokens)
 
 
 def token_logprob(row: torch.Tensor, token_id: int, top_n: int) -> TokenLogprob:
