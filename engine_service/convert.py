@@ -5,9 +5,17 @@ from __future__ import annotations
 import math
 
 from conduit.v1 import engine_pb2 as pb
+
 from engine_service.detokenizer import TokenTable
 from engine_service.params import RequestParams, SamplingParams, StoppingParams
-from engine_service.sequence import ChunkEvent, Event, FinalEvent, FinishReason, PromptEvent, TokenLogprob
+from engine_service.sequence import (
+    ChunkEvent,
+    Event,
+    FinalEvent,
+    FinishReason,
+    PromptEvent,
+    TokenLogprob,
+)
 
 _FINISH = {
     FinishReason.STOP: pb.FINISH_REASON_STOP,
@@ -69,8 +77,9 @@ class EventEncoder:
             chunk = pb.Chunk(index=event.index, text=event.text, token_ids=event.token_ids,
                              prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens)
             chunk.logprobs.extend(self._logprob(lp) for lp in event.logprobs)
-            for k, call in enumerate(event.tool_calls):
-                chunk.tool_calls.append(pb.ToolCallDelta(index=k, id=call.id, name=call.name, arguments=call.arguments))
+            for delta in event.tool_calls:
+                chunk.tool_calls.append(pb.ToolCallDelta(index=delta.index, id=delta.id, name=delta.name,
+                                                         arguments=delta.arguments))
             return pb.GenerateResponse(request_id=self.request_id, chunk=chunk)
         if isinstance(event, FinalEvent):
             if event.finish_reason is FinishReason.CANCELLED:

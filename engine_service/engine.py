@@ -20,8 +20,17 @@ from engine_service.model_runner import ModelRunner, StepLogits
 from engine_service.params import InvalidRequest, RequestParams
 from engine_service.sampler import sample, token_logprob
 from engine_service.scheduler import QueueFull, ScheduledBatch, Scheduler
-from engine_service.sequence import (ChunkEvent, Event, FinalEvent, FinishReason, PromptEvent, Request,
-                                     Sequence, TokenLogprob)
+from engine_service.sequence import (
+    ChunkEvent,
+    Event,
+    FinalEvent,
+    FinishReason,
+    PromptEvent,
+    Request,
+    Sequence,
+    TokenLogprob,
+)
+from engine_service.tools import ToolCallDelta
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +296,8 @@ class Engine:
             seq.pending_text += text
             return
         seq.held_text += text
+        if seq.call_streamer is not None:
+            seq.pending_tool_deltas += seq.call_streamer.feed(seq.held_text)
         if not tools.may_be_call(seq.held_text):
             seq.may_call_tools = False
             seq.pending_text += seq.held_text
@@ -306,9 +317,23 @@ class Engine:
                 seq.tool_calls = tools.parse_truncated(seq.held_text)
             else:
                 seq.pending_text += seq.held_text
+            self._queue_call_deltas(seq)
             seq.held_text = ""
         seq.finish_reason = reason
         self.scheduler.release(seq)
+
+    @staticmethod
+    def _queue_call_deltas(seq: Sequence) -> None:
+        """The calls not streamed yet go out whole; streamed ones keep the ids they went out with."""
+        streamed = 0
+        if seq.call_streamer is not None:
+            seq.pending_tool_deltas += seq.call_streamer.feed(seq.held_text, final=True)
+            streamed = len(seq.call_streamer.ids)
+        for k, call in enumerate(seq.tool_calls):
+            if k < streamed:
+                call.id = seq.call_streamer.ids[k]
+            else:
+                seq.pending_tool_deltas.append(ToolCallDelta(k, call.id, call.name, call.arguments))
 
     def _finish_request(self, request: Request, reason: FinishReason) -> None:
         request.cancelled = reason is FinishReason.CANCELLED
@@ -327,8 +352,9 @@ class Engine:
         final = seq.finished and seq.finish_reason is not FinishReason.CANCELLED and not seq.final_sent
         if seq.pending_ids:
             out.append(ChunkEvent(seq.index, seq.pending_text, seq.pending_ids, seq.pending_logprobs,
-                                  seq.prompt_len, seq.num_output, tool_calls=seq.tool_calls if final else []))
+                                  seq.prompt_len, seq.num_output, tool_calls=seq.pending_tool_deltas))
             seq.pending_text, seq.pending_ids, seq.pending_logprobs = "", [], []
+            seq.pending_tool_deltas = []
         if final:
             seq.final_sent = True
             out.append(FinalEvent(seq.index, seq.finish_reason, seq.prompt_len, seq.num_output, seq.matched_stop,

@@ -12,7 +12,7 @@ import torch
 from engine_service.detokenizer import IncrementalDetokenizer
 from engine_service.params import RequestParams
 from engine_service.stop_strings import StopStringMatcher
-from engine_service.tools import ToolCall, ToolSpec
+from engine_service.tools import ForcedCallStreamer, ToolCall, ToolCallDelta, ToolSpec
 
 _seq_ids = itertools.count()
 
@@ -45,7 +45,7 @@ class ChunkEvent:
     logprobs: list[TokenLogprob]
     prompt_tokens: int
     completion_tokens: int
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
 
 @dataclass
@@ -107,6 +107,9 @@ class Sequence:
         self.held_text = ""
         self.may_call_tools = request.tools is not None
         self.tool_calls: list[ToolCall] = []
+        self.pending_tool_deltas: list[ToolCallDelta] = []
+        forced = request.tools is not None and request.tools.forced
+        self.call_streamer = ForcedCallStreamer() if forced else None
         self.matcher = None  # constraints.Matcher when the request is constrained
         # Sibling choices (n > 1) waiting for this one's prompt to be prefilled.
         self.forks: list[Sequence] = []

@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass
 
 from conduit.v1 import engine_pb2 as pb
+
 from engine_service.params import InvalidRequest
 
 # Compact separators: small models otherwise wander into endless whitespace.
@@ -30,6 +31,57 @@ class ToolCall:
     id: str
     name: str
     arguments: str  # JSON text
+
+
+@dataclass
+class ToolCallDelta:
+    """A streamed piece of a call: the first piece of a call has its id and name."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+class ForcedCallStreamer:
+    """Streams calls made under the forced-call grammar as they are generated. The grammar fixes
+    their text to `<tool_call>{"name": "NAME", "arguments": ARGS}</tool_call>`, so the header
+    and the argument text can be cut out as they arrive."""
+
+    _HEADER = re.compile(r'<tool_call>\{"name": "([^"]+)", "arguments": ')
+    _CLOSE = "}</tool_call>"
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self._sent: list[int] = []  # argument characters already sent, per call
+
+    def feed(self, text: str, final: bool = False) -> list[ToolCallDelta]:
+        """`text` is the whole output so far; returns what is new. Until a call's closing tag
+        arrives, its last few characters are held back (they may be that tag)."""
+        deltas: list[ToolCallDelta] = []
+        headers = list(self._HEADER.finditer(text))
+        for k, header in enumerate(headers):
+            end = headers[k + 1].start() if k + 1 < len(headers) else len(text)
+            region = text[header.end():end]
+            close = region.find(self._CLOSE)
+            if close >= 0:
+                arguments = region[:close]
+            elif final:
+                arguments = region
+            else:
+                arguments = region[:max(0, len(region) - len(self._CLOSE))]
+            if k == len(self.ids):
+                self.ids.append(new_call_id())
+                self._sent.append(0)
+                deltas.append(ToolCallDelta(k, self.ids[k], header.group(1), ""))
+            if len(arguments) > self._sent[k]:
+                deltas.append(ToolCallDelta(k, "", "", arguments[self._sent[k]:]))
+                self._sent[k] = len(arguments)
+        return deltas
 
 
 @dataclass
@@ -130,7 +182,7 @@ class ToolSpec:
                 return []
             name = started[0]
         arguments = match.group(2) or "" if match else ""
-        return [ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=name, arguments=arguments)]
+        return [ToolCall(id=new_call_id(), name=name, arguments=arguments)]
 
     def parse(self, text: str) -> list[ToolCall]:
         """The tool calls in a finished output; [] when it is plain text."""
@@ -164,7 +216,7 @@ class ToolSpec:
             args = _loads(args)
         if not isinstance(args, dict):
             return None
-        return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=name, arguments=json.dumps(args))
+        return ToolCall(id=new_call_id(), name=name, arguments=json.dumps(args))
 
 
 def closed_objects(schema: object) -> object:

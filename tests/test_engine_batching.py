@@ -256,3 +256,28 @@ def test_echo_with_zero_max_tokens_only_scores_the_prompt(stub):
     with pytest.raises(grpc.RpcError) as err:
         collect(stub, pb.GenerateRequest(text="hi", stopping=pb.StoppingParams(max_tokens=0)))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_forced_tool_call_streams_header_then_argument_fragments(stub):
+    import json
+
+    tool = pb.Tool(name="get_weather", description="Current weather for a city", parameters_json=json.dumps(
+        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}))
+    request = pb.GenerateRequest(
+        chat=pb.ChatInput(messages=[pb.ChatMessage(role="user", content="What is the weather in Paris?")],
+                          tools=[tool], tool_choice=pb.ToolChoice(mode=pb.ToolChoice.MODE_FUNCTION,
+                                                                  function_name="get_weather"),
+                          parallel_tool_calls=False),
+        sampling=pb.SamplingParams(temperature=0), stopping=pb.StoppingParams(max_tokens=60))
+    deltas, final = [], None
+    for msg in stub.Generate(request):
+        if msg.WhichOneof("kind") == "chunk":
+            deltas.extend(msg.chunk.tool_calls)
+        elif msg.WhichOneof("kind") == "final":
+            final = msg.final
+    assert final.finish_reason == pb.FINISH_REASON_TOOL_CALLS
+    assert deltas[0].id and deltas[0].name == "get_weather" and deltas[0].arguments == ""
+    fragments = [d.arguments for d in deltas[1:]]
+    assert len(fragments) > 1 and all(not d.id for d in deltas[1:])
+    assert json.loads("".join(fragments)) == json.loads(final.tool_calls[0].arguments)
+    assert final.tool_calls[0].id == deltas[0].id
