@@ -17,9 +17,9 @@ from engine_service.detokenizer import TokenTable
 from engine_service.kv_cache import BlockAllocator, KVCache
 from engine_service.model_loader import LoadedModel
 from engine_service.model_runner import ModelRunner, StepLogits
-from engine_service.params import InvalidRequest, RequestParams
+from engine_service.params import InvalidRequest, QueueFull, RequestParams
 from engine_service.sampler import sample, token_logprob
-from engine_service.scheduler import QueueFull, ScheduledBatch, Scheduler
+from engine_service.scheduler import ScheduledBatch, Scheduler
 from engine_service.sequence import (
     ChunkEvent,
     Event,
@@ -61,7 +61,7 @@ class Engine:
                                   self.max_model_len)
         self.scheduler = Scheduler(BlockAllocator(num_blocks - 1),  # the runner keeps one block for padding
                                    config.block_size, config.max_batch_size,
-                                   config.max_step_tokens, config.max_waiting)
+                                   config.max_step_tokens)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._inbox: list[Request] = []
@@ -183,7 +183,7 @@ class Engine:
         if not batch:
             return
         wants_prompt = {seq.seq_id for seq, _ in batch.prefill
-                        if seq.params.echo and seq.params.logprobs and seq.index == 0 and seq.num_output == 0}
+                        if seq.params.wants_prompt_logprobs and seq.index == 0 and seq.num_output == 0}
         logits = self.runner.run(batch, wants_prompt)
         for seq in batch.decode:
             seq.num_cached += 1
@@ -245,9 +245,8 @@ class Engine:
 
     @staticmethod
     def _prompt_event(seq: Sequence) -> PromptEvent:
-        wants = seq.params.echo and seq.params.logprobs
         return PromptEvent(prompt_ids=list(seq.request.prompt_ids),
-                           prompt_logprobs=seq.prompt_logprobs if wants else None)
+                           prompt_logprobs=seq.prompt_logprobs if seq.params.wants_prompt_logprobs else None)
 
     def _fork(self, leader: Sequence, fork: Sequence) -> None:
         """A sibling choice shares the leader's full prompt blocks and copies the partial last one."""

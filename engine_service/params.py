@@ -19,6 +19,10 @@ class InvalidRequest(ValueError):
         self.code = code
 
 
+class QueueFull(Exception):
+    """The engine's waiting queue is at its limit: mapped to RESOURCE_EXHAUSTED."""
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -82,6 +86,10 @@ class RequestParams:
     logprobs: bool = False
     top_logprobs: int = 0
     echo: bool = False
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.echo and self.logprobs
 
     def validate(self, vocab_size: int) -> None:
         _check(1 <= self.n <= MAX_N, f"n must be in [1, {MAX_N}]", "n")

@@ -16,10 +16,6 @@ from engine_service.kv_cache import BlockAllocator
 from engine_service.sequence import Sequence
 
 
-class QueueFull(Exception):
-    """The waiting queue is at its limit: mapped to RESOURCE_EXHAUSTED."""
-
-
 @dataclass
 class ScheduledBatch:
     decode: list[Sequence] = field(default_factory=list)
@@ -31,19 +27,13 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, allocator: BlockAllocator, block_size: int, max_batch_size: int,
-                 max_step_tokens: int, max_waiting: int) -> None:
+                 max_step_tokens: int) -> None:
         self.allocator = allocator
         self.block_size = block_size
         self.max_batch_size = max_batch_size
         self.max_step_tokens = max_step_tokens
-        self.max_waiting = max_waiting
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
-
-    def add(self, seq: Sequence) -> None:
-        if len(self.waiting) >= self.max_waiting:
-            raise QueueFull(f"the engine's queue is full ({self.max_waiting} waiting requests); retry later")
-        self.waiting.append(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

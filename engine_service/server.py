@@ -18,8 +18,7 @@ from conduit.v1 import engine_pb2_grpc as pb_grpc
 from engine_service import prompts
 from engine_service.convert import EventEncoder, request_params
 from engine_service.engine import Engine
-from engine_service.params import InvalidRequest
-from engine_service.scheduler import QueueFull
+from engine_service.params import InvalidRequest, QueueFull
 from engine_service.sequence import FinalEvent, FinishReason, Request
 from engine_service.tools import ToolSpec
 
