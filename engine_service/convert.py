@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Any
+
+from google.protobuf.message import Message
 
 from conduit.v1 import engine_pb2 as pb
+from conduit.v1.contract import FINISH_REASONS
 
 from engine_service.detokenizer import TokenTable
 from engine_service.params import RequestParams, SamplingParams, StoppingParams
@@ -17,37 +21,22 @@ from engine_service.sequence import (
     TokenLogprob,
 )
 
-_FINISH = {
-    FinishReason.STOP: pb.FINISH_REASON_STOP,
-    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
-    FinishReason.TOOL_CALLS: pb.FINISH_REASON_TOOL_CALLS,
-}
+
+def _set_optional_fields(message: Message) -> dict[str, Any]:
+    """The `optional` fields the message sets, by name; unset ones keep params.py's defaults."""
+    return {f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields
+            if f.has_presence and message.HasField(f.name)}
 
 
 def request_params(req: pb.GenerateRequest) -> RequestParams:
     s, t = req.sampling, req.stopping
-    sampling = SamplingParams(
-        temperature=s.temperature if s.HasField("temperature") else 1.0,
-        top_p=s.top_p if s.HasField("top_p") else 1.0,
-        top_k=s.top_k if s.HasField("top_k") else 0,
-        min_p=s.min_p if s.HasField("min_p") else 0.0,
-        repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else 1.0,
-        presence_penalty=s.presence_penalty if s.HasField("presence_penalty") else 0.0,
-        frequency_penalty=s.frequency_penalty if s.HasField("frequency_penalty") else 0.0,
-        logit_bias=dict(s.logit_bias),
-        seed=s.seed if s.HasField("seed") else None,
-    )
-    stopping = StoppingParams(
-        max_tokens=t.max_tokens if t.HasField("max_tokens") else None,
-        min_tokens=t.min_tokens,
-        stop=list(t.stop),
-        stop_token_ids=list(t.stop_token_ids),
-        ignore_eos=t.ignore_eos,
-    )
+    sampling = SamplingParams(**_set_optional_fields(s), logit_bias=dict(s.logit_bias))
+    stopping = StoppingParams(**_set_optional_fields(t), min_tokens=t.min_tokens, stop=list(t.stop),
+                              stop_token_ids=list(t.stop_token_ids), ignore_eos=t.ignore_eos)
     return RequestParams(
         sampling=sampling,
         stopping=stopping,
-        n=req.n if req.HasField("n") else 1,
+        **({"n": req.n} if req.HasField("n") else {}),
         logprobs=req.logprobs,
         top_logprobs=req.top_logprobs,
         echo=req.echo,
@@ -85,7 +74,7 @@ class EventEncoder:
             if event.finish_reason is FinishReason.CANCELLED:
                 return None
             return pb.GenerateResponse(request_id=self.request_id, final=pb.Final(
-                index=event.index, finish_reason=_FINISH[event.finish_reason],
+                index=event.index, finish_reason=FINISH_REASONS[event.finish_reason.value],
                 prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
                 matched_stop=event.matched_stop,
                 tool_calls=[pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in event.tool_calls]))

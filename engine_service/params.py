@@ -1,12 +1,15 @@
-"""Validated, defaulted per-request parameters (the proto's documented defaults live here)."""
+"""Validated, defaulted per-request parameters.
+
+The dataclass defaults are the one implementation of the defaults engine.proto documents
+(convert.py leaves unset proto fields to them); the ranges come from conduit.v1.contract,
+which the HTTP shim checks against too.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MAX_N = 16
-MAX_TOP_LOGPROBS = 20
-MAX_STOP_STRINGS = 16
+from conduit.v1.contract import LOGIT_BIAS_RANGE, MAX_N, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SAMPLING_RANGES
 
 
 class InvalidRequest(ValueError):
@@ -48,17 +51,14 @@ class SamplingParams:
         return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
 
     def validate(self, vocab_size: int) -> None:
-        _check(0.0 <= self.temperature <= 2.0, "temperature must be in [0, 2]", "sampling.temperature")
-        _check(0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]", "sampling.top_p")
+        for name, allowed in SAMPLING_RANGES.items():
+            _check(getattr(self, name) in allowed, f"{name} must be in {allowed}", f"sampling.{name}")
         _check(self.top_k >= 0, "top_k must be >= 0", "sampling.top_k")
-        _check(0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]", "sampling.min_p")
-        _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty must be in (0, 2]", "sampling.repetition_penalty")
-        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]", "sampling.presence_penalty")
-        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]", "sampling.frequency_penalty")
         for token, bias in self.logit_bias.items():
             _check(0 <= token < vocab_size, f"logit_bias token id {token} is outside the vocabulary (size {vocab_size})",
                    "sampling.logit_bias")
-            _check(-100.0 <= bias <= 100.0, f"logit_bias for token {token} must be in [-100, 100]", "sampling.logit_bias")
+            _check(bias in LOGIT_BIAS_RANGE, f"logit_bias for token {token} must be in {LOGIT_BIAS_RANGE}",
+                   "sampling.logit_bias")
 
 
 @dataclass

@@ -1,0 +1,83 @@
+"""The conduit.v1 facts that the generated code does not carry, written once.
+
+engine.proto documents each of them in its comments; this module is their one Python
+implementation, imported by the engine, the HTTP shim and the clients alike. It needs
+only protobuf (no grpc, no torch), so every process can import it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from conduit.v1 import engine_pb2 as pb
+
+# ------------------------------------------------------------------ the service
+
+# The name the engine registers with grpc.health.v1.Health (beside "", the whole server).
+ENGINE_SERVICE: str = pb.DESCRIPTOR.services_by_name["Engine"].full_name
+
+# Long prompts sent as token ids and echoed prompt logprobs outgrow gRPC's 4 MiB default.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Channel (and server) options that allow MAX_MESSAGE_BYTES both ways.
+MESSAGE_SIZE_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+)
+
+# Trailing metadata of an INVALID_ARGUMENT error: the field at fault, as a path in
+# GenerateRequest ("sampling.top_p"), and the kind of error when known ("context_length_exceeded").
+PARAM_METADATA_KEY = "conduit-param"
+ERROR_CODE_METADATA_KEY = "conduit-error-code"
+
+# ------------------------------------------------------------------ request limits
+
+
+@dataclass(frozen=True)
+class Range:
+    """An interval of allowed values: closed, or open at the low end when `lo_open`."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        return (self.lo < value if self.lo_open else self.lo <= value) and value <= self.hi
+
+    def __str__(self) -> str:
+        return f"{'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}]"
+
+
+# SamplingParams fields with a bounded range, by field name.
+SAMPLING_RANGES: dict[str, Range] = {
+    "temperature": Range(0.0, 2.0),
+    "top_p": Range(0.0, 1.0, lo_open=True),
+    "min_p": Range(0.0, 1.0),
+    "repetition_penalty": Range(0.0, 2.0, lo_open=True),
+    "presence_penalty": Range(-2.0, 2.0),
+    "frequency_penalty": Range(-2.0, 2.0),
+}
+LOGIT_BIAS_RANGE = Range(-100.0, 100.0)
+MAX_N = 16  # GenerateRequest.n is in [1, MAX_N]
+MAX_TOP_LOGPROBS = 20  # GenerateRequest.top_logprobs is in [0, MAX_TOP_LOGPROBS]
+MAX_STOP_STRINGS = 16  # StoppingParams.stop holds at most this many
+
+# ------------------------------------------------------------------ responses
+
+# FinishReason values by the names OpenAI (and the engine) use for them.
+FINISH_REASONS: dict[str, int] = {
+    "stop": pb.FINISH_REASON_STOP,
+    "length": pb.FINISH_REASON_LENGTH,
+    "tool_calls": pb.FINISH_REASON_TOOL_CALLS,
+}
+_FINISH_REASON_NAMES = {value: name for name, value in FINISH_REASONS.items()}
+
+
+def finish_reason_name(value: int) -> str | None:
+    """"stop", "length" or "tool_calls"; None for FINISH_REASON_UNSPECIFIED."""
+    return _FINISH_REASON_NAMES.get(value)
+
+
+def new_tool_call_id() -> str:
+    """An OpenAI-style tool call id, e.g. "call_3f2a...", unique per call."""
+    return f"call_{uuid.uuid4().hex[:24]}"
