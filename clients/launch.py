@@ -23,6 +23,7 @@ from pathlib import Path
 
 from clients.engine_client import EngineClient
 from clients.errors import ConduitError
+from clients.lifetime import child_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOG_TAIL_LINES = 40
@@ -100,19 +101,22 @@ class Stack:
     def shim_log(self) -> Path:
         return self.log_dir / "shim.log"
 
+    def engine_command(self) -> list[str]:
+        command = [sys.executable, "-m", "engine_service", "--host", self.host,
+                   "--port", str(self.engine_port), *self.engine_args]
+        return command + ["--model", self.model] if self.model else command
+
+    def shim_command(self) -> list[str]:
+        return [sys.executable, "-m", "http_shim", "--engine", self.engine_address,
+                "--host", self.host, "--port", str(self.shim_port), *self.shim_args]
+
     def start(self) -> Stack:
         """Start both processes and block until both are ready; StackError (both stopped) if not."""
-        engine_cmd = [sys.executable, "-m", "engine_service", "--host", self.host,
-                      "--port", str(self.engine_port), *self.engine_args]
-        if self.model:
-            engine_cmd += ["--model", self.model]
-        shim_cmd = [sys.executable, "-m", "http_shim", "--engine", self.engine_address,
-                    "--host", self.host, "--port", str(self.shim_port), *self.shim_args]
         for port in (self.engine_port, self.shim_port):
             ensure_port_free(self.host, port)
         try:
-            self.engine = self._spawn(engine_cmd, self.engine_log)
-            self.shim = self._spawn(shim_cmd, self.shim_log)
+            self.engine = spawn(self.engine_command(), self.engine_log)
+            self.shim = spawn(self.shim_command(), self.shim_log)
             self._wait_ready()
         except BaseException:
             self.stop()
@@ -138,13 +142,6 @@ class Stack:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _spawn(self, cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "wb") as log:
-            return subprocess.Popen(cmd, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                    start_new_session=True)
-
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
         engine_ready = shim_ready = False
@@ -161,6 +158,21 @@ class Stack:
                 shim_ready = shim_ready or _http_ok(f"{self.shim_url}/health")
                 if not (engine_ready and shim_ready):
                     time.sleep(0.25)
+
+
+def spawn(cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start one process of the stack, its stdout and stderr going to `log_path`.
+
+    The child dies with this process, even when this one is SIGKILLed: `child_env` asks it to, and
+    `python -m engine_service` / `python -m http_shim` act on that first thing (clients/lifetime.py).
+    The kernel ties that to the spawning *thread*; Stack is started from the main thread.
+    Its own session keeps a terminal's Ctrl-C away from the children: `stop()` stops them in order.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(cmd, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, env=child_env({**os.environ, "PYTHONUNBUFFERED": "1"}),
+                                start_new_session=True)
 
 
 def _engine_serving(client: EngineClient) -> bool:

@@ -7,7 +7,13 @@ import logging
 import os
 import signal
 
-from engine_service.engine import Engine, EngineConfig
+if __name__ == "__main__":
+    # First, before torch loads: a launcher killed meanwhile must not leave this engine running.
+    from clients.lifetime import die_with_parent
+
+    die_with_parent()
+
+from engine_service.engine import Engine, EngineConfig  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

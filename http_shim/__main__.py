@@ -10,6 +10,12 @@ import grpc.experimental.gevent  # noqa: E402
 
 grpc.experimental.gevent.init_gevent()
 
+if __name__ == "__main__":
+    # As early as gevent allows: a launcher killed meanwhile must not leave this shim running.
+    from clients.lifetime import die_with_parent
+
+    die_with_parent()
+
 import argparse  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402

@@ -31,6 +31,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from clients.lifetime import child_env
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
 
@@ -258,6 +259,7 @@ def start_shim(engine_address: str, *extra_args: str, timeout_s: float = 60.0) -
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         text=True,
+        env=child_env(),  # the shim dies with this process, even a SIGKILLed test run
     )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: lines.put(process.stdout.readline()), daemon=True).start()
