@@ -4,6 +4,8 @@ Both wrap the generated `conduit.v1.Engine` stub and the standard health service
 apply a default deadline and metadata to every call, and raise `ConduitError`
 subclasses instead of `grpc.RpcError`. A Generate stream that is closed early
 (or garbage collected) cancels its call, which stops generation in the engine.
+Channels allow the contract's 64 MiB messages unless `options` say otherwise.
+The blocking client also serves the HTTP shim, under gevent.
 """
 
 from __future__ import annotations
@@ -19,9 +21,15 @@ from clients.request_builder import Message, build_request, tokenize_request
 from clients.results import Completion, CompletionBuilder
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
+from conduit.v1.contract import ENGINE_SERVICE, MESSAGE_SIZE_OPTIONS
 
-ENGINE_SERVICE = "conduit.v1.Engine"
 Metadata = Sequence[tuple[str, str]]
+ChannelOptions = Sequence[tuple[str, Any]]
+
+
+def _channel_options(options: ChannelOptions) -> list[tuple[str, Any]]:
+    """The contract's message size limits, overridden by the caller's `options`."""
+    return list({**dict(MESSAGE_SIZE_OPTIONS), **dict(options)}.items())
 
 
 class _Options:
@@ -75,9 +83,10 @@ class EngineClient:
 
     def __init__(self, target: str = "127.0.0.1:50051", *,
                  credentials: grpc.ChannelCredentials | None = None,
-                 options: Sequence[tuple[str, Any]] = (),
+                 options: ChannelOptions = (),
                  timeout: float | None = None, metadata: Metadata = ()) -> None:
         """`timeout` (seconds) and `metadata` apply to every call unless a call overrides them."""
+        options = _channel_options(options)
         self._channel = (grpc.secure_channel(target, credentials, options) if credentials
                          else grpc.insecure_channel(target, options))
         self._stub = engine_pb2_grpc.EngineStub(self._channel)
@@ -176,8 +185,9 @@ class AsyncEngineClient:
 
     def __init__(self, target: str = "127.0.0.1:50051", *,
                  credentials: grpc.ChannelCredentials | None = None,
-                 options: Sequence[tuple[str, Any]] = (),
+                 options: ChannelOptions = (),
                  timeout: float | None = None, metadata: Metadata = ()) -> None:
+        options = _channel_options(options)
         self._channel = (grpc.aio.secure_channel(target, credentials, options) if credentials
                          else grpc.aio.insecure_channel(target, options))
         self._stub = engine_pb2_grpc.EngineStub(self._channel)

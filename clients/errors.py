@@ -6,16 +6,31 @@ Callers catch `NotFound` or `ResourceExhausted` instead of inspecting
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import grpc
+
+from conduit.v1.contract import ERROR_CODE_METADATA_KEY, PARAM_METADATA_KEY
 
 
 class ConduitError(Exception):
-    """A failed engine call: the gRPC status code and the server's message."""
+    """A failed engine call: the gRPC status code, the server's message and its trailing metadata."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, metadata: Mapping[str, str] | None = None) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+        self.metadata = dict(metadata or {})
+
+    @property
+    def param(self) -> str | None:
+        """The request field at fault as a GenerateRequest path ("sampling.top_p"), when the engine named it."""
+        return self.metadata.get(PARAM_METADATA_KEY) or None
+
+    @property
+    def error_code(self) -> str | None:
+        """The kind of error when the engine knows it ("context_length_exceeded")."""
+        return self.metadata.get(ERROR_CODE_METADATA_KEY) or None
 
 
 class InvalidArgument(ConduitError):
@@ -56,4 +71,14 @@ def from_rpc_error(error: grpc.RpcError) -> ConduitError:
     """The ConduitError subclass for a failed call's status code."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = error.details() if hasattr(error, "details") else str(error)
-    return _BY_CODE.get(code, ConduitError)(code, details or "")
+    return _BY_CODE.get(code, ConduitError)(code, details or "", _trailing_metadata(error))
+
+
+def _trailing_metadata(error: grpc.RpcError) -> dict[str, str]:
+    """The call's text trailing metadata; empty when it failed before having any."""
+    getter = getattr(error, "trailing_metadata", None)
+    try:
+        items = getter() if callable(getter) else None
+    except Exception:  # an error raised before the call had trailers
+        items = None
+    return {key.lower(): value for key, value in items or () if isinstance(value, str)}

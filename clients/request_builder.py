@@ -18,7 +18,8 @@ ToolSpec = Mapping[str, Any] | pb.Tool
 
 _SAMPLING_FIELDS = frozenset(pb.SamplingParams.DESCRIPTOR.fields_by_name)
 _STOPPING_FIELDS = frozenset(pb.StoppingParams.DESCRIPTOR.fields_by_name)
-_TOOL_CHOICE_MODES = {
+# tool_choice strings (OpenAI's spelling) -> ToolChoice modes; any other string names a function.
+TOOL_CHOICE_MODES = {
     "auto": pb.ToolChoice.MODE_AUTO,
     "none": pb.ToolChoice.MODE_NONE,
     "required": pb.ToolChoice.MODE_REQUIRED,
@@ -47,8 +48,8 @@ def tool(spec: ToolSpec) -> pb.Tool:
 
 def tool_choice_message(choice: str) -> pb.ToolChoice:
     """"auto", "none", "required", or a function name that must be called."""
-    if choice in _TOOL_CHOICE_MODES:
-        return pb.ToolChoice(mode=_TOOL_CHOICE_MODES[choice])
+    if choice in TOOL_CHOICE_MODES:
+        return pb.ToolChoice(mode=TOOL_CHOICE_MODES[choice])
     return pb.ToolChoice(mode=pb.ToolChoice.MODE_FUNCTION, function_name=choice)
 
 

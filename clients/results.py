@@ -1,17 +1,15 @@
-"""Typed results of `complete()`: the stream of GenerateResponse folded per choice."""
+"""Typed results of `complete()`: the stream of GenerateResponse folded per choice.
+
+`CompletionBuilder` is the one fold of that stream: the sync and async clients use it, and so
+does the HTTP shim for whole (non-streamed) answers and usage counts.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from conduit.v1 import engine_pb2 as pb
-
-FINISH_REASONS = {
-    pb.FINISH_REASON_UNSPECIFIED: None,
-    pb.FINISH_REASON_STOP: "stop",
-    pb.FINISH_REASON_LENGTH: "length",
-    pb.FINISH_REASON_TOOL_CALLS: "tool_calls",
-}
+from conduit.v1.contract import finish_reason_name
 
 
 @dataclass
@@ -30,6 +28,7 @@ class Choice:
     # "stop", "length" or "tool_calls"; None until the choice's Final arrives.
     finish_reason: str | None = None
     matched_stop: str = ""
+    # Final.tool_calls; before it (or when it has none) the calls assembled from streamed pieces.
     tool_calls: list[ToolCall] = field(default_factory=list)
     completion_tokens: int = 0
 
@@ -61,7 +60,7 @@ class Completion:
 
 
 class CompletionBuilder:
-    """Accumulates responses in arrival order; shared by the sync and async clients."""
+    """Accumulates the responses of one Generate call in arrival order."""
 
     def __init__(self) -> None:
         self.request_id = ""
@@ -79,14 +78,17 @@ class CompletionBuilder:
             choice.text += chunk.text
             choice.token_ids.extend(chunk.token_ids)
             choice.logprobs.extend(chunk.logprobs)
+            for delta in chunk.tool_calls:
+                _add_tool_call_delta(choice.tool_calls, delta)
             choice.completion_tokens = chunk.completion_tokens
         elif kind == "final":
             final = response.final
             choice = self._choice(final.index)
-            choice.finish_reason = FINISH_REASONS[final.finish_reason]
+            choice.finish_reason = finish_reason_name(final.finish_reason)
             choice.matched_stop = final.matched_stop
             choice.completion_tokens = final.completion_tokens
-            choice.tool_calls = [ToolCall(c.id, c.name, c.arguments) for c in final.tool_calls]
+            if final.tool_calls:  # whole calls: these win over the streamed pieces
+                choice.tool_calls = [ToolCall(c.id, c.name, c.arguments) for c in final.tool_calls]
 
     def build(self) -> Completion:
         return Completion(self.request_id, self.prompt,
@@ -94,3 +96,13 @@ class CompletionBuilder:
 
     def _choice(self, index: int) -> Choice:
         return self.choices.setdefault(index, Choice(index))
+
+
+def _add_tool_call_delta(calls: list[ToolCall], delta: pb.ToolCallDelta) -> None:
+    """The first piece of a call brings its id and name; later pieces extend its arguments."""
+    while len(calls) <= delta.index:
+        calls.append(ToolCall("", "", ""))
+    call = calls[delta.index]
+    call.id = call.id or delta.id
+    call.name = call.name or delta.name
+    call.arguments += delta.arguments

@@ -18,13 +18,15 @@ from typing import Any
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
+from clients.engine_client import EngineClient
+from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
 
 from . import sse
 from .connection import client_gone
-from .engine_client import EngineClient
 from .engine_stream import IDLE, EngineStream
-from .errors import APIError
+from .errors import APIError, from_engine_error
+from .models import ServedModels
 from .openai_to_proto import GenerationPlan, parse_chat, parse_completion, check_body
 from .proto_to_openai import (
     ChatStreamTranslator,
@@ -35,6 +37,9 @@ from .proto_to_openai import (
 )
 
 log = logging.getLogger("http_shim")
+
+# /health must answer a probe quickly, also when the engine does not.
+HEALTH_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -81,6 +86,7 @@ def create_app(config: ShimConfig, client: EngineClient | None = None) -> Flask:
     app = Flask("http_shim")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     engine = client or EngineClient(config.engine)
+    models = ServedModels(engine)
     started = int(time.time())
 
     @app.errorhandler(APIError)
@@ -90,6 +96,10 @@ def create_app(config: ShimConfig, client: EngineClient | None = None) -> Flask:
             if isinstance(body, dict) and "structured_outputs" in body:
                 error.param = "structured_outputs"
         return _error(error)
+
+    @app.errorhandler(ConduitError)
+    def on_engine_error(error: ConduitError) -> Response:
+        return on_api_error(from_engine_error(error))
 
     @app.errorhandler(HTTPException)
     def on_http_error(error: HTTPException) -> Response:
@@ -122,18 +132,20 @@ def create_app(config: ShimConfig, client: EngineClient | None = None) -> Flask:
 
     @app.get("/health")
     def health() -> Response:
-        status = engine.health()
+        try:
+            status = engine.health(timeout=HEALTH_TIMEOUT_S)  # SERVING, NOT_SERVING, ...
+        except ConduitError:
+            status = "UNREACHABLE"
         ok = status == "SERVING"
         return _json({"status": "ok" if ok else "unavailable", "engine": status}, 200 if ok else 503)
 
     @app.get("/v1/models")
     def list_models() -> Response:
-        models = engine.list_models()
-        return _json({"object": "list", "data": [_model_object(m, started) for m in models]})
+        return _json({"object": "list", "data": [_model_object(m, started) for m in models.list()]})
 
     @app.get("/v1/models/<path:model_id>")
     def get_model(model_id: str) -> Response:
-        return _json(_model_object(engine.model_info(model_id), started))
+        return _json(_model_object(models.info(model_id), started))
 
     @app.post("/v1/chat/completions")
     def chat_completions() -> Response:
@@ -153,7 +165,7 @@ def create_app(config: ShimConfig, client: EngineClient | None = None) -> Flask:
         translator_class: type[ChatStreamTranslator] | type[CompletionStreamTranslator],
         build: Callable[[str, int, str, GenerationPlan, Collector], dict[str, Any]],
     ) -> Response:
-        model = engine.resolve_model(plan.model).id
+        model = models.resolve(plan.model).id
         created = int(time.time())
         environ = request.environ
         stream = EngineStream(engine, plan.requests, config.request_timeout_s)

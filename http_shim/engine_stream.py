@@ -8,13 +8,13 @@ departed client) and cancel every call at once.
 from __future__ import annotations
 
 import gevent
-import grpc
 from gevent.queue import Empty, Queue
 
+from clients.engine_client import EngineClient, GenerateStream
+from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
 
-from .engine_client import EngineClient
-from .errors import from_grpc
+from .errors import from_engine_error
 
 _END = object()
 Item = tuple[int, pb.GenerateResponse]
@@ -29,18 +29,19 @@ IDLE = Idle()
 
 class EngineStream:
     def __init__(self, client: EngineClient, requests: list[pb.GenerateRequest], timeout_s: float | None) -> None:
+        """`timeout_s` is each call's deadline; None waits as long as the engine works."""
         self._queue: Queue = Queue()
-        self._calls = [client.generate(r, timeout_s) for r in requests]
-        self._open = len(self._calls)
-        for i, call in enumerate(self._calls):
-            gevent.spawn(self._drain, i, call)
+        self._streams = [client.generate(r, timeout=timeout_s) for r in requests]
+        self._open = len(self._streams)
+        for i, stream in enumerate(self._streams):
+            gevent.spawn(self._drain, i, stream)
 
-    def _drain(self, prompt_index: int, call: grpc.Call) -> None:
+    def _drain(self, prompt_index: int, stream: GenerateStream) -> None:
         try:
-            for response in call:
+            for response in stream:
                 self._queue.put((prompt_index, response))
             self._queue.put((prompt_index, _END))
-        except grpc.RpcError as error:
+        except ConduitError as error:
             self._queue.put((prompt_index, error))
 
     def next(self, timeout_s: float) -> Item | Idle | None:
@@ -55,9 +56,9 @@ class EngineStream:
                 return IDLE
             if item is _END:
                 self._open -= 1
-            elif isinstance(item, grpc.RpcError):
+            elif isinstance(item, ConduitError):
                 self.cancel()
-                raise from_grpc(item)
+                raise from_engine_error(item)
             else:
                 return prompt_index, item
         return None
@@ -65,8 +66,8 @@ class EngineStream:
     def cancel(self) -> None:
         """Cancels calls still running; the engine stops generating for them within one step.
 
-        The draining greenlets then end by themselves (their iterators raise CANCELLED); killing
+        The draining greenlets then end by themselves (their iterators raise Cancelled); killing
         them instead would interrupt grpc's own bookkeeping.
         """
-        for call in self._calls:
-            call.cancel()
+        for stream in self._streams:
+            stream.close()

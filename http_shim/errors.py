@@ -2,6 +2,7 @@
 
 Every failure the shim reports, before or during a stream, goes through `APIError` so clients
 (the openai SDK in particular) always see `{"error": {"message", "type", "param", "code"}}`.
+Failed engine calls arrive as the client library's `ConduitError`; `from_engine_error` maps them.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+
+from clients.errors import ConduitError
 
 # Retry-After (seconds) sent with 429 when the engine does not suggest one.
 DEFAULT_RETRY_AFTER_S = 1
@@ -42,13 +45,10 @@ def model_not_found(model: str) -> APIError:
     return APIError(404, f"The model '{model}' does not exist.", "invalid_request_error", "model", "model_not_found")
 
 
-def _retry_after(error: grpc.RpcError) -> str:
+def _retry_after(error: ConduitError) -> str:
     """The engine may suggest a delay in trailing metadata `retry-after`; otherwise a default."""
-    trailing = getattr(error, "trailing_metadata", None)
-    for key, value in (trailing() if callable(trailing) else None) or ():
-        if key.lower() == "retry-after" and str(value).isdigit():
-            return str(value)
-    return str(DEFAULT_RETRY_AFTER_S)
+    suggested = error.metadata.get("retry-after", "")
+    return suggested if suggested.isdigit() else str(DEFAULT_RETRY_AFTER_S)
 
 
 # gRPC code -> (HTTP status, OpenAI error type, OpenAI error code).
@@ -68,17 +68,16 @@ _GRPC_TO_HTTP: dict[grpc.StatusCode, tuple[int, str, str | None]] = {
 }
 
 
-def from_grpc(error: grpc.RpcError) -> APIError:
+def from_engine_error(error: ConduitError) -> APIError:
     """Translate a failed engine call; codes not listed (INTERNAL, UNKNOWN, ...) are engine bugs: 500."""
-    code = error.code() if callable(getattr(error, "code", None)) else grpc.StatusCode.UNKNOWN
-    details = (error.details() if callable(getattr(error, "details", None)) else None) or str(code.name)
+    code = error.code
+    details = error.message or code.name
     status, kind, err_code = _GRPC_TO_HTTP.get(code, (500, "server_error", "engine_error"))
     if code == grpc.StatusCode.UNAVAILABLE:
         details = f"The engine is unavailable: {details}"
     headers = {"Retry-After": _retry_after(error)} if status in (429, 503) else {}
-    trailer = _trailing_metadata(error)
-    param = "model" if code == grpc.StatusCode.NOT_FOUND else openai_param(trailer.get("conduit-param", ""))
-    return APIError(status, details, kind, param, trailer.get("conduit-error-code") or err_code, headers)
+    param = "model" if code == grpc.StatusCode.NOT_FOUND else openai_param(error.param or "")
+    return APIError(status, details, kind, param, error.error_code or err_code, headers)
 
 
 # The engine names a bad field as a path in GenerateRequest; these are its OpenAI names.
@@ -97,12 +96,3 @@ def openai_param(proto_path: str) -> str | None:
     if proto_path in _PROTO_TO_OPENAI_PARAM:
         return _PROTO_TO_OPENAI_PARAM[proto_path]
     return proto_path.rsplit(".", 1)[-1]
-
-
-def _trailing_metadata(error: grpc.RpcError) -> dict[str, str]:
-    getter = getattr(error, "trailing_metadata", None)
-    try:
-        items = getter() if callable(getter) else None
-    except Exception:  # an error raised before the call had trailers
-        items = None
-    return {key: value for key, value in (items or ()) if isinstance(value, str)}

@@ -21,15 +21,17 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from clients.request_builder import TOOL_CHOICE_MODES
 from conduit.v1 import engine_pb2 as pb
+from conduit.v1.contract import (LOGIT_BIAS_RANGE, MAX_N, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SAMPLING_RANGES,
+                                 Range)
 
 from .errors import APIError, invalid
 
-MAX_N = 16  # the engine's range for `n` (and so for `best_of`)
-MAX_STOP = 16
+# The engine's limits (conduit.v1.contract) bound n, best_of, stop, top_logprobs and the sampling
+# fields; these are the shim's own.
 MAX_PROMPTS = 64  # prompts in one /v1/completions request; each becomes one Generate call
-MAX_CHAT_TOP_LOGPROBS = 20
-MAX_COMPLETION_LOGPROBS = 5
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for the legacy completions `logprobs`
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 _UINT32_MAX = 2**32 - 1
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -76,15 +78,15 @@ def _int(body: dict, key: str, lo: int, hi: int, param: str | None = None) -> in
     return value
 
 
-def _number(body: dict, key: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
+def _number(body: dict, key: str, allowed: Range) -> float | None:
     value = body.get(key)
     if value is None:
         return None
     if not _is_number(value):
         raise invalid(f"'{key}' must be a number, got {json.dumps(value)}.", key)
-    if value < lo or value > hi or (lo_open and value == lo):
-        low = f"greater than {lo}" if lo_open else f"at least {lo}"
-        raise invalid(f"'{key}' must be {low} and at most {hi}, got {value}.", key)
+    if value not in allowed:
+        low = f"greater than {allowed.lo}" if allowed.lo_open else f"at least {allowed.lo}"
+        raise invalid(f"'{key}' must be {low} and at most {allowed.hi}, got {value}.", key)
     return float(value)
 
 
@@ -159,9 +161,9 @@ def _logit_bias(body: dict) -> dict[int, float]:
     for key, weight in _dict(value, "logit_bias").items():
         if not (isinstance(key, str) and key.isdigit() and int(key) <= _UINT32_MAX):
             raise invalid(f"'logit_bias' keys must be token ids as strings, got {json.dumps(key)}.", "logit_bias")
-        if not _is_number(weight) or not -100 <= weight <= 100:
+        if not _is_number(weight) or weight not in LOGIT_BIAS_RANGE:
             raise invalid(
-                f"'logit_bias' values must be numbers in [-100, 100], got {json.dumps(weight)}.", "logit_bias"
+                f"'logit_bias' values must be numbers in {LOGIT_BIAS_RANGE}, got {json.dumps(weight)}.", "logit_bias"
             )
         bias[int(key)] = float(weight)
     return bias
@@ -169,15 +171,8 @@ def _logit_bias(body: dict) -> dict[int, float]:
 
 def _sampling(body: dict) -> pb.SamplingParams:
     params = pb.SamplingParams(logit_bias=_logit_bias(body))
-    checked = {
-        "temperature": _number(body, "temperature", 0.0, 2.0),
-        "top_p": _number(body, "top_p", 0.0, 1.0, lo_open=True),
-        "min_p": _number(body, "min_p", 0.0, 1.0),
-        "repetition_penalty": _number(body, "repetition_penalty", 0.0, 2.0, lo_open=True),
-        "presence_penalty": _number(body, "presence_penalty", -2.0, 2.0),
-        "frequency_penalty": _number(body, "frequency_penalty", -2.0, 2.0),
-    }
-    for name, value in checked.items():
+    for name, allowed in SAMPLING_RANGES.items():
+        value = _number(body, name, allowed)
         if value is not None:
             setattr(params, name, value)
     top_k = _int(body, "top_k", -1, 2**31 - 1)
@@ -194,8 +189,8 @@ def _stop(body: dict) -> list[str]:
     if value is None:
         return []
     stops = [value] if isinstance(value, str) else _list(value, "stop", allow_empty=True)
-    if len(stops) > MAX_STOP:
-        raise invalid(f"'stop' may hold at most {MAX_STOP} strings, got {len(stops)}.", "stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise invalid(f"'stop' may hold at most {MAX_STOP_STRINGS} strings, got {len(stops)}.", "stop")
     for stop in stops:
         _str(stop, "stop", allow_empty=False)
     return stops
@@ -360,18 +355,17 @@ def _tools(body: dict) -> list[pb.Tool]:
 
 def _tool_choice(body: dict, tools: list[pb.Tool]) -> pb.ToolChoice:
     value = body.get("tool_choice")
-    modes = {"auto": pb.ToolChoice.MODE_AUTO, "none": pb.ToolChoice.MODE_NONE, "required": pb.ToolChoice.MODE_REQUIRED}
     if value is None:
         return pb.ToolChoice(mode=pb.ToolChoice.MODE_AUTO)
     if isinstance(value, str):
-        if value not in modes:
+        if value not in TOOL_CHOICE_MODES:
             raise invalid(
                 f"'tool_choice' must be 'none', 'auto', 'required' or an object, got {json.dumps(value)}.",
                 "tool_choice",
             )
         if value == "required" and not tools:
             raise invalid("'tool_choice' is 'required' but no 'tools' were given.", "tool_choice")
-        return pb.ToolChoice(mode=modes[value])
+        return pb.ToolChoice(mode=TOOL_CHOICE_MODES[value])
     choice = _dict(value, "tool_choice")
     if choice.get("type") != "function":
         raise invalid("'tool_choice.type' must be 'function'.", "tool_choice.type")
@@ -400,7 +394,7 @@ def parse_chat(body: dict, request_id: str) -> GenerationPlan:
     stream, include_usage = _stream(body)
     n = _int(body, "n", 1, MAX_N) or 1
     logprobs = bool(_bool(body, "logprobs"))
-    top_logprobs = _int(body, "top_logprobs", 0, MAX_CHAT_TOP_LOGPROBS) or 0
+    top_logprobs = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
     if top_logprobs and not logprobs:
         raise invalid("'logprobs' must be true when 'top_logprobs' is set.", "logprobs")
     max_tokens = _int(body, "max_completion_tokens", 1, _UINT32_MAX)

@@ -1,31 +1,29 @@
 """Engine responses -> OpenAI objects: whole responses and streamed chunks.
 
 Choices from several prompts (a /v1/completions prompt list) are numbered
-`prompt_index * n + choice_index`, as OpenAI does.
+`prompt_index * n + choice_index`, as OpenAI does. The responses are folded by the client
+library's `CompletionBuilder`, one per prompt; this module only shapes the result.
 """
 
 from __future__ import annotations
 
 import math
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from clients.results import Choice, Completion, CompletionBuilder, ToolCall
 from conduit.v1 import engine_pb2 as pb
+from conduit.v1.contract import finish_reason_name, new_tool_call_id
 
 from .openai_to_proto import GenerationPlan
 
-_FINISH = {
-    pb.FINISH_REASON_STOP: "stop",
-    pb.FINISH_REASON_LENGTH: "length",
-    pb.FINISH_REASON_TOOL_CALLS: "tool_calls",
-}
 # What OpenAI reports for a probability too small to represent.
 _MIN_LOGPROB = -9999.0
 
 
-def finish_reason(final: pb.Final) -> str:
-    return _FINISH.get(final.finish_reason, "stop")
+def finish_reason(name: str | None) -> str:
+    """OpenAI always names one: "stop" for a choice the engine gave no reason for."""
+    return name or "stop"
 
 
 def logprob_value(value: float) -> float | None:
@@ -33,10 +31,6 @@ def logprob_value(value: float) -> float | None:
     if math.isnan(value):
         return None
     return max(value, _MIN_LOGPROB)
-
-
-def new_tool_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 # ------------------------------------------------------------------ logprobs
@@ -92,85 +86,54 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 # ------------------------------------------------------------------ whole responses
 
 
-@dataclass
-class ChoiceResult:
-    """Everything the engine sent for one choice."""
-
-    text: list[str] = field(default_factory=list)
-    logprobs: list[pb.TokenLogprob] = field(default_factory=list)
-    tool_deltas: dict[int, pb.ToolCall] = field(default_factory=dict)
-    final: pb.Final | None = None
-
-    def add_chunk(self, chunk: pb.Chunk) -> None:
-        self.text.append(chunk.text)
-        self.logprobs.extend(chunk.logprobs)
-        for delta in chunk.tool_calls:
-            call = self.tool_deltas.setdefault(delta.index, pb.ToolCall())
-            call.id = call.id or delta.id
-            call.name = call.name or delta.name
-            call.arguments += delta.arguments
-
-    def cumulative_logprob(self) -> float:
-        return sum(e.logprob for e in self.logprobs if not math.isnan(e.logprob))
-
-    def tool_calls(self) -> list[dict[str, Any]]:
-        """Final.tool_calls is authoritative; the streamed pieces are a fallback."""
-        calls = (
-            list(self.final.tool_calls)
-            if self.final and self.final.tool_calls
-            else list(self.tool_deltas[k] for k in sorted(self.tool_deltas))
-        )
-        return [
-            {
-                "id": c.id or new_tool_call_id(),
-                "type": "function",
-                "function": {"name": c.name, "arguments": c.arguments},
-            }
-            for c in calls
-        ]
-
-
 class Collector:
-    """Accumulates the responses of every Generate call of one HTTP request."""
+    """The responses of every Generate call of one HTTP request, folded per prompt."""
 
     def __init__(self) -> None:
-        self.prompts: dict[int, pb.PromptInfo] = {}
-        self.choices: dict[tuple[int, int], ChoiceResult] = {}
+        self._prompts: dict[int, CompletionBuilder] = {}
 
     def add(self, prompt_index: int, response: pb.GenerateResponse) -> None:
-        kind = response.WhichOneof("kind")
-        if kind == "prompt":
-            self.prompts[prompt_index] = response.prompt
-        elif kind == "chunk":
-            self.choices.setdefault((prompt_index, response.chunk.index), ChoiceResult()).add_chunk(response.chunk)
-        elif kind == "final":
-            self.choices.setdefault((prompt_index, response.final.index), ChoiceResult()).final = response.final
+        self._prompts.setdefault(prompt_index, CompletionBuilder()).add(response)
+
+    def completion(self, prompt_index: int) -> Completion:
+        return self._prompts.get(prompt_index, CompletionBuilder()).build()
 
     def usage(self) -> dict[str, int]:
-        prompt = sum(p.prompt_tokens for p in self.prompts.values())  # once per prompt, whatever n
-        completion = sum(c.final.completion_tokens for c in self.choices.values() if c.final)
-        return usage(prompt, completion)
+        """Prompt tokens once per prompt, whatever n; completion tokens of every choice generated."""
+        counts = [builder.build().usage for builder in self._prompts.values()]
+        return usage(sum(u.prompt_tokens for u in counts), sum(u.completion_tokens for u in counts))
 
-    def ranked(self, prompt_index: int, n: int, best_of: int) -> list[ChoiceResult]:
+    def ranked(self, prompt_index: int, n: int, best_of: int) -> list[Choice]:
         """The choices to return for one prompt: all of them, or the best n of best_of."""
-        results = [self.choices.get((prompt_index, i), ChoiceResult()) for i in range(best_of)]
+        by_index = {c.index: c for c in self.completion(prompt_index).choices}
+        choices = [by_index.get(i, Choice(i)) for i in range(best_of)]
         if best_of > n:
-            results = sorted(results, key=ChoiceResult.cumulative_logprob, reverse=True)[:n]
-        return results
+            choices = sorted(choices, key=cumulative_logprob, reverse=True)[:n]
+        return choices
+
+
+def cumulative_logprob(choice: Choice) -> float:
+    return sum(e.logprob for e in choice.logprobs if not math.isnan(e.logprob))
+
+
+def tool_call_object(call: ToolCall) -> dict[str, Any]:
+    return {
+        "id": call.id or new_tool_call_id(),
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
 
 
 def chat_response(
     response_id: str, created: int, model: str, plan: GenerationPlan, collected: Collector
 ) -> dict[str, Any]:
     choices = []
-    for i, result in enumerate(collected.ranked(0, plan.n, plan.best_of)):
-        text = "".join(result.text)
-        tool_calls = (
-            result.tool_calls() if result.final else []  # also a call cut off by max_tokens ("length")
-        )
+    for i, choice in enumerate(collected.ranked(0, plan.n, plan.best_of)):
+        # Also a call cut off by max_tokens (finish_reason "length").
+        tool_calls = [tool_call_object(c) for c in choice.tool_calls]
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": text or (None if tool_calls else ""),
+            "content": choice.text or (None if tool_calls else ""),
             "refusal": None,
         }
         if tool_calls:
@@ -179,8 +142,8 @@ def chat_response(
             {
                 "index": i,
                 "message": message,
-                "logprobs": chat_logprobs(result.logprobs) if plan.logprobs else None,
-                "finish_reason": finish_reason(result.final) if result.final else "stop",
+                "logprobs": chat_logprobs(choice.logprobs) if plan.logprobs else None,
+                "finish_reason": finish_reason(choice.finish_reason),
             }
         )
     return {
@@ -199,21 +162,20 @@ def completion_response(
 ) -> dict[str, Any]:
     choices = []
     for p in range(len(plan.requests)):
-        prompt = collected.prompts.get(p, pb.PromptInfo())
+        prompt = collected.completion(p).prompt
         echoed = echo_text(plan, p, prompt)
-        for i, result in enumerate(collected.ranked(p, plan.n, plan.best_of)):
-            text = "".join(result.text)
+        for i, choice in enumerate(collected.ranked(p, plan.n, plan.best_of)):
             logprobs = None
             if plan.logprobs:
                 parts = [completion_logprobs(list(prompt.prompt_logprobs), 0)] if plan.echo else []
-                parts.append(completion_logprobs(result.logprobs, len(echoed)))
+                parts.append(completion_logprobs(choice.logprobs, len(echoed)))
                 logprobs = _merge_completion_logprobs(parts)
             choices.append(
                 {
                     "index": p * plan.n + i,
-                    "text": echoed + text,
+                    "text": echoed + choice.text,
                     "logprobs": logprobs,
-                    "finish_reason": finish_reason(result.final) if result.final else "stop",
+                    "finish_reason": finish_reason(choice.finish_reason),
                 }
             )
     return {
@@ -237,14 +199,14 @@ class _StreamChoice:
 
 
 class _StreamTranslator:
-    """Shared state of a streamed response: chunk envelope, usage counts, per-choice progress."""
+    """Shared state of a streamed response: chunk envelope, the responses so far (for usage),
+    per-choice progress."""
 
     object_name = ""
 
     def __init__(self, response_id: str, created: int, model: str, plan: GenerationPlan) -> None:
         self.response_id, self.created, self.model, self.plan = response_id, created, model, plan
-        self.prompt_tokens: dict[int, int] = {}
-        self.completion_tokens: dict[tuple[int, int], int] = {}
+        self.collected = Collector()
         self.choices: dict[tuple[int, int], _StreamChoice] = {}
 
     def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -267,18 +229,14 @@ class _StreamTranslator:
         return self.choices.setdefault((prompt_index, choice), _StreamChoice())
 
     def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[dict[str, Any]]:
+        self.collected.add(prompt_index, response)
         kind = response.WhichOneof("kind")
         if kind == "prompt":
-            self.prompt_tokens[prompt_index] = response.prompt.prompt_tokens
             return self.on_prompt(prompt_index, response.prompt)
         if kind == "chunk":
-            chunk = response.chunk
-            self.completion_tokens[(prompt_index, chunk.index)] = chunk.completion_tokens
-            return self.on_chunk(prompt_index, chunk)
+            return self.on_chunk(prompt_index, response.chunk)
         if kind == "final":
-            final = response.final
-            self.completion_tokens[(prompt_index, final.index)] = final.completion_tokens
-            return self.on_final(prompt_index, final)
+            return self.on_final(prompt_index, response.final)
         return []
 
     def finish(self) -> list[dict[str, Any]]:
@@ -286,7 +244,7 @@ class _StreamTranslator:
         if not self.plan.include_usage:
             return []
         chunk = self.envelope([])
-        chunk["usage"] = usage(sum(self.prompt_tokens.values()), sum(self.completion_tokens.values()))
+        chunk["usage"] = self.collected.usage()
         return [chunk]
 
     def on_prompt(self, prompt_index: int, prompt: pb.PromptInfo) -> list[dict[str, Any]]:
@@ -339,6 +297,7 @@ class ChatStreamTranslator(_StreamTranslator):
     def on_final(self, prompt_index: int, final: pb.Final) -> list[dict[str, Any]]:
         state = self.state(prompt_index, final.index)
         index = self.index(prompt_index, final.index)
+        reason = finish_reason(finish_reason_name(final.finish_reason))
         out = []
         if final.finish_reason == pb.FINISH_REASON_TOOL_CALLS and not state.tool_ids and final.tool_calls:
             # The engine did not stream the calls piecewise: send each whole, as one delta.
@@ -347,7 +306,7 @@ class ChatStreamTranslator(_StreamTranslator):
                 for k, c in enumerate(final.tool_calls)
             ]
             out.append(self.envelope([self._choice(index, {"tool_calls": self._tool_deltas(state, deltas)})]))
-        out.append(self.envelope([self._choice(index, {}, None, finish_reason(final))]))
+        out.append(self.envelope([self._choice(index, {}, None, reason)]))
         return out
 
 
@@ -381,4 +340,5 @@ class CompletionStreamTranslator(_StreamTranslator):
 
     def on_final(self, prompt_index: int, final: pb.Final) -> list[dict[str, Any]]:
         index = self.index(prompt_index, final.index)
-        return [self.envelope([self._choice(index, "", None, finish_reason(final))])]
+        reason = finish_reason(finish_reason_name(final.finish_reason))
+        return [self.envelope([self._choice(index, "", None, reason)])]

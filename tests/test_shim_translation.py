@@ -10,8 +10,9 @@ import sys
 import grpc
 import pytest
 
+from clients.errors import from_rpc_error
 from conduit.v1 import engine_pb2 as pb
-from http_shim.errors import APIError, from_grpc
+from http_shim.errors import APIError, from_engine_error
 from http_shim.openai_to_proto import parse_chat, parse_completion, check_body
 from http_shim.proto_to_openai import (
     ChatStreamTranslator,
@@ -426,6 +427,11 @@ class FakeRpcError(grpc.RpcError):
 
     def trailing_metadata(self):
         return self._trailing
+
+
+def from_grpc(error):
+    """A failed call as the shim sees it: the client library's ConduitError, then an APIError."""
+    return from_engine_error(from_rpc_error(error))
 
 
 @pytest.mark.parametrize(
