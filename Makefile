@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
 protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
 
-.PHONY: install protos check-protos run-stack test bench clean
+.PHONY: install protos check-protos run-stack test test-fast bench clean
 
 install: $(STAMP)
 
@@ -40,6 +40,10 @@ run-stack: $(STAMP)
 
 test: $(STAMP) check-protos
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tier that loads no model and starts no real engine (the shim runs against tests/fake_engine.py).
+test-fast: $(STAMP) check-protos
+	$(BIN)/python -m pytest -m "not model" $(PYTEST_ARGS)
 
 # Regenerates benchmarks/RESULTS.md (its Notes section is kept); BENCH_ARGS='--skip-peer' etc.
 bench: $(STAMP)

@@ -8,12 +8,10 @@ import pytest
 
 from clients import AsyncEngineClient, DeadlineExceeded, EngineClient
 from clients.launch import Stack
+from common import QUESTION, STORY
 from conduit.v1 import engine_pb2 as pb
 
 pytestmark = pytest.mark.model
-
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-STORY = [{"role": "user", "content": "Tell me a very long story about a lighthouse keeper."}]
 
 
 def test_complete_answers(engine_client: EngineClient) -> None:

@@ -19,6 +19,7 @@ def test_taken_port_fails_before_starting_anything() -> None:
     assert stack.engine is None and stack.shim is None
 
 
+@pytest.mark.model  # starts the real engine process (torch, transformers), which then fails
 def test_dead_engine_is_reported_with_its_log(tmp_path) -> None:
     missing = tmp_path / "no-such-model"
     stack = Stack(model=str(missing), log_dir=tmp_path / "logs", startup_timeout=240)

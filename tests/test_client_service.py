@@ -9,11 +9,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from clients import DeadlineExceeded, EngineClient, InvalidArgument, NotFound
 from clients.launch import Stack
+from common import MODEL, QUESTION
 
 pytestmark = pytest.mark.model
-
-MODEL = "SmolLM2-135M-Instruct"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def test_models(engine_client: EngineClient) -> None:

@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 
 from clients import EngineClient
+from common import QUESTION, WEATHER_QUESTION
 
 pytestmark = pytest.mark.model
 
@@ -24,7 +25,7 @@ def test_regex_constraint(engine_client: EngineClient) -> None:
 def test_json_schema_constraint(engine_client: EngineClient) -> None:
     schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
               "additionalProperties": False}
-    result = engine_client.complete(messages=[{"role": "user", "content": "What is the capital of France?"}],
+    result = engine_client.complete(messages=QUESTION,
                                     temperature=0, max_tokens=60, json_schema=schema)
     jsonschema.validate(json.loads(result.text), schema)
 
@@ -32,7 +33,7 @@ def test_json_schema_constraint(engine_client: EngineClient) -> None:
 def test_forced_tool_call(engine_client: EngineClient) -> None:
     weather = {"name": "get_weather", "description": "Current weather in a city",
                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-    result = engine_client.complete(messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+    result = engine_client.complete(messages=WEATHER_QUESTION,
                                     temperature=0, max_tokens=100, tools=[weather], tool_choice="get_weather",
                                     parallel_tool_calls=False)
     choice = result.choices[0]

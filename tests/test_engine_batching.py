@@ -16,6 +16,8 @@ from clients.launch import Stack
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc as pb_grpc
 
+pytestmark = pytest.mark.model
+
 PROMPTS = [
     "What is the capital of France?",
     "Name three colors of the rainbow.",

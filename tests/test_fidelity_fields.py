@@ -9,34 +9,16 @@ import openai
 import pytest
 
 from clients import EngineClient
+from common import ANSWER, MODEL, PROMPT, QUESTION, ask, streamed_text, text_of
 
 pytestmark = pytest.mark.model
 
-MODEL = "SmolLM2-135M-Instruct"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-ANSWER = "The capital of France is Paris."  # the greedy answer, ended by EOS
 POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
-PROMPT = "The capital of France is"
-
-
-def ask(client: openai.OpenAI, **params: Any):
-    request = {"model": MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": 12, **params}
-    return client.chat.completions.create(**request)
-
-
-def text_of(response) -> str:
-    return response.choices[0].message.content
 
 
 def single_token(engine_client: EngineClient, text: str) -> int:
     (token,) = engine_client.tokenize(text).token_ids
     return token
-
-
-def test_greedy_answer(openai_client: openai.OpenAI) -> None:
-    """The reference the other tests compare with: a short answer that ends at EOS."""
-    response = ask(openai_client)
-    assert (text_of(response), response.choices[0].finish_reason) == (ANSWER, "stop")
 
 
 # ------------------------------------------------------------------ n, seed
@@ -81,16 +63,21 @@ def test_stop_as_a_string(openai_client: openai.OpenAI) -> None:
 
 
 def test_stop_as_a_list_stops_at_the_first_match(openai_client: openai.OpenAI) -> None:
-    response = ask(openai_client, stop=["never appears", "France", "Paris"])
+    stop = ["never appears", "France", "Paris"]
+    response = ask(openai_client, stop=stop)
     assert (text_of(response), response.choices[0].finish_reason) == ("The capital of ", "stop")
+    assert streamed_text(ask(openai_client, stop=stop, stream=True)) == ("The capital of ", "stop")
 
 
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 def test_token_limit_gives_length(openai_client: openai.OpenAI, field: str) -> None:
-    response = openai_client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, **{field: 4})
+    request = {"model": MODEL, "messages": QUESTION, "temperature": 0, field: 4}
+    response = openai_client.chat.completions.create(**request)
     assert response.choices[0].finish_reason == "length"
     assert response.usage.completion_tokens == 4
     assert ANSWER.startswith(text_of(response))
+    streamed = openai_client.chat.completions.create(**request, stream=True)
+    assert streamed_text(streamed) == (text_of(response), "length")
 
 
 # ------------------------------------------------------------------ sampling
@@ -206,10 +193,11 @@ def test_completion_best_of_with_n(openai_client: openai.OpenAI) -> None:
     assert all(c.finish_reason in ("stop", "length") for c in response.choices)
 
 
-def test_completion_stop_and_echo(openai_client: openai.OpenAI) -> None:
+def test_completion_stop_with_and_without_echo(openai_client: openai.OpenAI) -> None:
+    response = complete(openai_client, PROMPT, stop=".", max_tokens=6)
+    assert (response.choices[0].text, response.choices[0].finish_reason) == (" Paris", "stop")
     response = complete(openai_client, PROMPT, stop=".", echo=True, max_tokens=6)
-    assert response.choices[0].text == PROMPT + " Paris"
-    assert response.choices[0].finish_reason == "stop"
+    assert (response.choices[0].text, response.choices[0].finish_reason) == (PROMPT + " Paris", "stop")
 
 
 def test_completion_max_tokens_default_is_16(openai_client: openai.OpenAI) -> None:

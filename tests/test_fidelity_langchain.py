@@ -6,13 +6,13 @@ import pydantic
 import pytest
 
 from clients.launch import Stack
+from common import MODEL, QUESTION, WEATHER_QUESTION
 
 langchain_openai = pytest.importorskip("langchain_openai")
 
 pytestmark = pytest.mark.model
 
-MODEL = "SmolLM2-135M-Instruct"
-QUESTION = "What is the capital of France?"
+QUESTION_TEXT = QUESTION[0]["content"]
 
 
 class GetWeather(pydantic.BaseModel):
@@ -33,22 +33,22 @@ def llm(stack: Stack):
 
 
 def test_invoke(llm) -> None:
-    message = llm.invoke(QUESTION)
+    message = llm.invoke(QUESTION_TEXT)
     assert "Paris" in message.content
     assert message.response_metadata["finish_reason"] == "stop"
     assert message.usage_metadata["output_tokens"] > 0
 
 
 def test_stream_equals_invoke(llm) -> None:
-    whole = llm.invoke(QUESTION).content
-    chunks = list(llm.stream(QUESTION))
+    whole = llm.invoke(QUESTION_TEXT).content
+    chunks = list(llm.stream(QUESTION_TEXT))
     assert len(chunks) > 2
     assert "".join(chunk.content for chunk in chunks) == whole
 
 
 def test_bind_tools_with_a_forced_call(llm) -> None:
     message = llm.bind_tools([GetWeather], tool_choice="GetWeather", parallel_tool_calls=False).invoke(
-        "What is the weather in Paris?")
+        WEATHER_QUESTION[0]["content"])
     assert not message.invalid_tool_calls
     (call,) = message.tool_calls
     assert call["name"] == "GetWeather" and call["id"]

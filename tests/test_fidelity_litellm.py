@@ -8,6 +8,7 @@ import os
 import pytest
 
 from clients.launch import Stack
+from common import MODEL, QUESTION, WEATHER_QUESTION
 
 # Use the bundled model price map instead of fetching it from the network at import.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -15,12 +16,11 @@ litellm = pytest.importorskip("litellm")
 
 pytestmark = pytest.mark.model
 
-MODEL = "openai/SmolLM2-135M-Instruct"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+LITELLM_MODEL = f"openai/{MODEL}"  # the model through LiteLLM's OpenAI-compatible provider
 
 
 def complete(stack: Stack, **params):
-    request = {"model": MODEL, "api_base": stack.base_url, "api_key": "unused", "messages": QUESTION,
+    request = {"model": LITELLM_MODEL, "api_base": stack.base_url, "api_key": "unused", "messages": QUESTION,
                "temperature": 0, "max_tokens": 20, "num_retries": 0, "timeout": 120, **params}
     return litellm.completion(**request)
 
@@ -43,7 +43,7 @@ def test_forced_tool_call(stack: Stack) -> None:
     tool = {"type": "function", "function": {
         "name": "get_weather", "description": "Get the weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-    response = complete(stack, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+    response = complete(stack, messages=WEATHER_QUESTION,
                         tools=[tool], tool_choice="required", parallel_tool_calls=False, max_tokens=40)
     choice = response.choices[0]
     assert choice.finish_reason == "tool_calls"

@@ -9,18 +9,15 @@ import openai
 import pytest
 
 from clients import EngineClient
+from common import MODEL, PROMPT, ask
 
 pytestmark = pytest.mark.model
 
-MODEL = "SmolLM2-135M-Instruct"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-PROMPT = "The capital of France is"
 TOLERANCE = 1e-4
 
 
 def chat(client: openai.OpenAI, **params):
-    return client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=6,
-                                          logprobs=True, **params)
+    return ask(client, max_tokens=6, logprobs=True, **params)
 
 
 def assert_chat_entry(entry, top: int) -> None:
@@ -52,8 +49,7 @@ def test_chat_logprobs(openai_client: openai.OpenAI, top: int) -> None:
 
 
 def test_chat_without_logprobs_has_none(openai_client: openai.OpenAI) -> None:
-    response = openai_client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=3)
-    assert response.choices[0].logprobs is None
+    assert ask(openai_client, max_tokens=3).choices[0].logprobs is None
 
 
 def test_streamed_chat_logprobs_match(openai_client: openai.OpenAI) -> None:

@@ -11,10 +11,10 @@ import openai
 import pydantic
 import pytest
 
+from common import MODEL, WEATHER_QUESTION, ask
+
 pytestmark = pytest.mark.model
 
-MODEL = "SmolLM2-135M-Instruct"
-WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
 CITY_SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 40}},
@@ -38,10 +38,9 @@ class GetWeather(pydantic.BaseModel):
     city: str
 
 
-def ask(client: openai.OpenAI, **params: Any):
-    request = {"model": MODEL, "messages": WEATHER, "tools": TOOLS, "temperature": 0,
-               "max_tokens": TOOL_MAX_TOKENS, **params}
-    return client.chat.completions.create(**request)
+def ask_tools(client: openai.OpenAI, **params: Any):
+    """WEATHER_QUESTION with both TOOLS, greedy; `params` add or override fields."""
+    return ask(client, **{"messages": WEATHER_QUESTION, "tools": TOOLS, "max_tokens": TOOL_MAX_TOKENS, **params})
 
 
 def assert_valid_calls(calls: list[Any], names: set[str]) -> None:
@@ -55,15 +54,16 @@ def assert_valid_calls(calls: list[Any], names: set[str]) -> None:
 
 
 def test_tool_choice_none_never_calls(openai_client: openai.OpenAI) -> None:
-    choice = ask(openai_client, tool_choice="none", max_tokens=12).choices[0]
+    choice = ask_tools(openai_client, tool_choice="none", max_tokens=12).choices[0]
     assert choice.message.tool_calls is None
     assert choice.finish_reason in ("stop", "length")
     assert isinstance(choice.message.content, str) and choice.message.content
 
 
-@pytest.mark.parametrize("messages", [WEATHER, [{"role": "user", "content": "Say hello."}]], ids=["weather", "hello"])
+@pytest.mark.parametrize("messages", [WEATHER_QUESTION, [{"role": "user", "content": "Say hello."}]],
+                         ids=["weather", "hello"])
 def test_tool_choice_auto_has_the_right_shape(openai_client: openai.OpenAI, messages: list[dict]) -> None:
-    choice = ask(openai_client, messages=messages, tool_choice="auto").choices[0]
+    choice = ask_tools(openai_client, messages=messages, tool_choice="auto").choices[0]
     if choice.message.tool_calls:
         assert choice.finish_reason == "tool_calls"
         assert_valid_calls(choice.message.tool_calls, set(SCHEMAS))
@@ -77,7 +77,7 @@ def test_tool_choice_auto_has_the_right_shape(openai_client: openai.OpenAI, mess
     ({"type": "function", "function": {"name": "get_time"}}, {"get_time"}),
 ], ids=["required", "named"])
 def test_forced_tool_calls(openai_client: openai.OpenAI, tool_choice: Any, names: set[str]) -> None:
-    response = ask(openai_client, tool_choice=tool_choice)
+    response = ask_tools(openai_client, tool_choice=tool_choice)
     choice = response.choices[0]
     assert choice.finish_reason == "tool_calls", choice.message.content
     assert choice.message.role == "assistant"
@@ -85,7 +85,7 @@ def test_forced_tool_calls(openai_client: openai.OpenAI, tool_choice: Any, names
 
 
 def test_forced_calls_for_every_choice(openai_client: openai.OpenAI) -> None:
-    response = ask(openai_client, tool_choice="required", n=2, temperature=1, seed=3, parallel_tool_calls=False)
+    response = ask_tools(openai_client, tool_choice="required", n=2, temperature=1, seed=3, parallel_tool_calls=False)
     assert [choice.index for choice in response.choices] == [0, 1]
     for choice in response.choices:
         assert choice.finish_reason == "tool_calls"
@@ -94,7 +94,7 @@ def test_forced_calls_for_every_choice(openai_client: openai.OpenAI) -> None:
 
 
 def test_parallel_tool_calls_false_gives_one_call(openai_client: openai.OpenAI) -> None:
-    choice = ask(openai_client, tool_choice="required", parallel_tool_calls=False).choices[0]
+    choice = ask_tools(openai_client, tool_choice="required", parallel_tool_calls=False).choices[0]
     assert choice.finish_reason == "tool_calls"
     assert len(choice.message.tool_calls) == 1
     assert_valid_calls(choice.message.tool_calls, set(SCHEMAS))
@@ -103,10 +103,10 @@ def test_parallel_tool_calls_false_gives_one_call(openai_client: openai.OpenAI) 
 def test_streamed_tool_call_deltas(openai_client: openai.OpenAI) -> None:
     """Accumulate delta.tool_calls the way hand-written clients do, and compare with the whole answer."""
     tool_choice = {"type": "function", "function": {"name": "get_weather"}}
-    whole = ask(openai_client, tool_choice=tool_choice).choices[0].message.tool_calls
+    whole = ask_tools(openai_client, tool_choice=tool_choice).choices[0].message.tool_calls
     calls: dict[int, dict[str, Any]] = {}
     finish = None
-    for chunk in ask(openai_client, tool_choice=tool_choice, stream=True):
+    for chunk in ask_tools(openai_client, tool_choice=tool_choice, stream=True):
         for choice in chunk.choices:
             finish = choice.finish_reason or finish
             for delta in choice.delta.tool_calls or []:
@@ -119,15 +119,16 @@ def test_streamed_tool_call_deltas(openai_client: openai.OpenAI) -> None:
                 calls[delta.index]["arguments"] += delta.function.arguments or ""
     assert finish == "tool_calls"
     assert sorted(calls) == list(range(len(calls)))
-    assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == [
-        (call.function.name, json.loads(call.function.arguments)) for call in whole]
+    # The fragments join into exactly the arguments string of the non-streamed answer.
+    assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == [
+        (call.function.name, call.function.arguments) for call in whole]
     for call in calls.values():
         jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
 
 
 def test_sdk_stream_helper_parses_tool_arguments(openai_client: openai.OpenAI) -> None:
     with openai_client.chat.completions.stream(
-            model=MODEL, messages=WEATHER, tools=[openai.pydantic_function_tool(GetWeather)],
+            model=MODEL, messages=WEATHER_QUESTION, tools=[openai.pydantic_function_tool(GetWeather)],
             tool_choice="required", parallel_tool_calls=False, temperature=0,
             max_tokens=TOOL_MAX_TOKENS) as stream:
         done = [event for event in stream if event.type == "tool_calls.function.arguments.done"]
@@ -142,9 +143,9 @@ def test_sdk_stream_helper_parses_tool_arguments(openai_client: openai.OpenAI) -
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_follow_up_turn_with_the_tool_result(openai_client: openai.OpenAI, stream: bool) -> None:
-    first = ask(openai_client, tool_choice="required", parallel_tool_calls=False).choices[0].message
+    first = ask_tools(openai_client, tool_choice="required", parallel_tool_calls=False).choices[0].message
     (call,) = first.tool_calls
-    messages = [*WEATHER, first.model_dump(exclude_none=True),
+    messages = [*WEATHER_QUESTION, first.model_dump(exclude_none=True),
                 {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"sky": "sunny", "celsius": 21})}]
     answer = openai_client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice="none",
                                                    temperature=0, max_tokens=20, stream=stream)
@@ -159,7 +160,7 @@ def test_follow_up_turn_with_the_tool_result(openai_client: openai.OpenAI, strea
 
 def test_forced_call_cut_by_max_tokens_does_not_leak_markup(openai_client: openai.OpenAI) -> None:
     """As OpenAI does: finish_reason length, the partial call in tool_calls, no markup as content."""
-    choice = ask(openai_client, tool_choice="required", max_tokens=12).choices[0]
+    choice = ask_tools(openai_client, tool_choice="required", max_tokens=12).choices[0]
     assert choice.finish_reason == "length"
     assert "<tool_call>" not in (choice.message.content or "")
     assert [call.function.name for call in choice.message.tool_calls] == ["get_weather"]

@@ -7,23 +7,17 @@ import asyncio
 import openai
 import pytest
 
+from common import MODEL, PROMPT, QUESTION, ask_async
+
 pytestmark = pytest.mark.model
-
-MODEL = "SmolLM2-135M-Instruct"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-async def ask(client: openai.AsyncOpenAI, **params):
-    return await client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
-                                                max_tokens=30, **params)
 
 
 def test_async_streamed_equals_non_streamed(async_openai_client: openai.AsyncOpenAI,
                                             loop: asyncio.AbstractEventLoop) -> None:
     async def scenario() -> tuple[str, str]:
-        whole = await ask(async_openai_client)
+        whole = await ask_async(async_openai_client)
         streamed = ""
-        async for chunk in await ask(async_openai_client, stream=True):
+        async for chunk in await ask_async(async_openai_client, stream=True):
             streamed += "".join(choice.delta.content or "" for choice in chunk.choices)
         return whole.choices[0].message.content, streamed
 
@@ -37,12 +31,12 @@ def test_async_concurrent_requests(async_openai_client: openai.AsyncOpenAI,
     async def scenario() -> list[str]:
         async def streamed() -> str:
             text = ""
-            async for chunk in await ask(async_openai_client, stream=True):
+            async for chunk in await ask_async(async_openai_client, stream=True):
                 text += "".join(choice.delta.content or "" for choice in chunk.choices)
             return text
 
         async def whole() -> str:
-            return (await ask(async_openai_client)).choices[0].message.content
+            return (await ask_async(async_openai_client)).choices[0].message.content
 
         return await asyncio.gather(streamed(), whole(), streamed(), whole())
 
@@ -52,7 +46,7 @@ def test_async_concurrent_requests(async_openai_client: openai.AsyncOpenAI,
 
 def test_async_completions(async_openai_client: openai.AsyncOpenAI, loop: asyncio.AbstractEventLoop) -> None:
     async def scenario():
-        return await async_openai_client.completions.create(model=MODEL, prompt="The capital of France is",
+        return await async_openai_client.completions.create(model=MODEL, prompt=PROMPT,
                                                             temperature=0, max_tokens=5)
 
     response = loop.run_until_complete(scenario())

@@ -1,4 +1,8 @@
-"""Chat completions through the official openai SDK against the real stack, at temperature 0."""
+"""Chat completions through the official openai SDK against the real stack, at temperature 0.
+
+Each request field on its own is in test_fidelity_fields.py; this file holds the response's shape,
+streaming and usage.
+"""
 
 from __future__ import annotations
 
@@ -6,43 +10,27 @@ import openai
 import pytest
 
 from clients import EngineClient
+from common import ANSWER, MODEL, QUESTION, ask, streamed_text, text_of
 
 pytestmark = pytest.mark.model
 
-MODEL = "SmolLM2-135M-Instruct"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def ask(client: openai.OpenAI, **params):
-    return client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
-                                          max_tokens=params.pop("max_tokens", 30), **params)
-
-
-def streamed_text(chunks) -> tuple[str, str | None]:
-    """The text and last finish_reason of a streamed single choice."""
-    text, finish = "", None
-    for chunk in chunks:
-        for choice in chunk.choices:
-            text += choice.delta.content or ""
-            finish = choice.finish_reason or finish
-    return text, finish
-
 
 def test_capital_of_france(openai_client: openai.OpenAI) -> None:
+    """The greedy answer the other tests compare with, in OpenAI's shape, ended by EOS."""
     response = ask(openai_client)
     assert response.object == "chat.completion"
+    assert response.id.startswith("chatcmpl-")
     assert response.model == MODEL
     assert len(response.choices) == 1
-    message = response.choices[0].message
-    assert message.role == "assistant"
-    assert "Paris" in message.content
-    assert response.choices[0].finish_reason in ("stop", "length")
+    assert response.choices[0].index == 0
+    assert response.choices[0].message.role == "assistant"
+    assert (text_of(response), response.choices[0].finish_reason) == (ANSWER, "stop")
 
 
 def test_streamed_text_equals_non_streamed(openai_client: openai.OpenAI) -> None:
     whole = ask(openai_client)
     text, finish = streamed_text(ask(openai_client, stream=True))
-    assert text == whole.choices[0].message.content
+    assert text == text_of(whole)
     assert finish == whole.choices[0].finish_reason
 
 
@@ -77,25 +65,7 @@ def test_include_usage_chunk(openai_client: openai.OpenAI) -> None:
     assert all(chunk.usage is None for chunk in chunks[:-1])
 
 
-def test_stop_string_cuts_the_text(openai_client: openai.OpenAI) -> None:
-    full = ask(openai_client).choices[0].message.content
-    assert "Paris" in full
-    stopped = ask(openai_client, stop=["Paris"])
-    assert stopped.choices[0].finish_reason == "stop"
-    assert stopped.choices[0].message.content == full[: full.index("Paris")]
-    streamed, finish = streamed_text(ask(openai_client, stop=["Paris"], stream=True))
-    assert (streamed, finish) == (stopped.choices[0].message.content, "stop")
-
-
-def test_max_tokens_gives_length(openai_client: openai.OpenAI) -> None:
-    response = ask(openai_client, max_tokens=3)
-    assert response.choices[0].finish_reason == "length"
-    assert response.usage.completion_tokens == 3
-    _, finish = streamed_text(ask(openai_client, max_tokens=3, stream=True))
-    assert finish == "length"
-
-
-def test_n_choices(openai_client: openai.OpenAI) -> None:
+def test_greedy_n_choices_are_identical(openai_client: openai.OpenAI) -> None:
     response = ask(openai_client, n=2, max_tokens=5)
     assert [choice.index for choice in response.choices] == [0, 1]
     # Greedy decoding: both choices are the same text.

@@ -1,4 +1,5 @@
-"""Legacy text completions and /v1/models through the official openai SDK."""
+"""Legacy text completions and /v1/models through the official openai SDK (each completions field on
+its own: test_fidelity_fields.py)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,9 @@ import openai
 import pytest
 
 from clients import EngineClient
+from common import MODEL, PROMPT
 
 pytestmark = pytest.mark.model
-
-MODEL = "SmolLM2-135M-Instruct"
-PROMPT = "The capital of France is"
 
 
 def test_completion_streamed_equals_non_streamed(openai_client: openai.OpenAI) -> None:
@@ -36,16 +35,6 @@ def test_completion_include_usage(openai_client: openai.OpenAI) -> None:
                                                    stream=True, stream_options={"include_usage": True}))
     assert chunks[-1].choices == []
     assert chunks[-1].usage.completion_tokens == 5
-
-
-def test_completion_stop_string(openai_client: openai.OpenAI) -> None:
-    full = openai_client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=8)
-    text = full.choices[0].text
-    stop = text.strip().split()[0]  # the first generated word
-    stopped = openai_client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=8,
-                                               stop=[stop])
-    assert stopped.choices[0].finish_reason == "stop"
-    assert stopped.choices[0].text == text[: text.index(stop)]
 
 
 def test_list_models(openai_client: openai.OpenAI) -> None:

@@ -16,12 +16,10 @@ import pytest
 
 from clients import EngineClient
 from clients.launch import Stack
+from common import MODEL, QUESTION, STORY, ask, text_of
 
 pytestmark = pytest.mark.model
 
-MODEL = "SmolLM2-135M-Instruct"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-STORY = [{"role": "user", "content": "Tell me a very long story about a lighthouse keeper."}]
 # Well below the minutes the abandoned generation would take to fill the context.
 FOLLOW_UP_TIMEOUT_S = 60
 
@@ -51,9 +49,7 @@ def follow_up_answer(client: openai.OpenAI) -> str:
     give_up = time.monotonic() + FOLLOW_UP_TIMEOUT_S
     while True:
         try:
-            response = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
-                                                      max_tokens=30)
-            return response.choices[0].message.content
+            return text_of(ask(client))
         except openai.APITimeoutError:
             pytest.fail(f"no answer within {FOLLOW_UP_TIMEOUT_S}s: the abandoned generation still holds the engine")
         except openai.RateLimitError:
