@@ -21,7 +21,6 @@ from engine_service.params import InvalidRequest
 from engine_service.tools import JSON_OPTIONS, closed_objects
 
 
-
 class GrammarCompiler:
     """Builds grammars and matchers for one tokenizer (the llguidance tokenizer is built lazily, once)."""
 
@@ -60,8 +59,9 @@ class GrammarCompiler:
             raise InvalidRequest(f"the constraint is not a valid grammar: {messages[0] if messages else 'unknown'}",
                                  "constraint")
 
-    def matcher(self, grammar: str) -> "Matcher":
-        return Matcher(llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0))
+    def matcher(self, grammar: str, end_on_exit: bool = False) -> "Matcher":
+        return Matcher(llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0),
+                       self.ll_tokenizer.eos_token if end_on_exit else None)
 
 
 def json_schema_grammar(schema: dict | bool) -> str:
@@ -74,15 +74,27 @@ def json_schema_grammar(schema: dict | bool) -> str:
 
 
 class Matcher:
-    """One choice's position in its grammar."""
+    """One choice's position in its grammar.
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    With `exit_token` (the forced tool-call grammar), wherever the grammar may end, the
+    probability the model gives to leaving it (writing prose after its calls, say) goes to
+    ending, instead of being spread over the allowed tokens: a model that is done calling is
+    not pushed into another call."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, exit_token: int | None = None) -> None:
         self._matcher = matcher
+        self._exit_token = exit_token
 
     def mask_logits(self, row: torch.Tensor) -> None:
         bitmask = llguidance.torch.allocate_token_bitmask(1, row.shape[-1])
         llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, 0)
+        original = row.clone() if self._exit_token is not None else None
         llguidance.torch.apply_token_bitmask_inplace(row.unsqueeze(0), bitmask)
+        end = self._exit_token
+        if original is not None and end < row.shape[0] and row[end] > float("-inf"):
+            leaving = torch.isneginf(row) & ~torch.isneginf(original)
+            leaving[end] = True
+            row[end] = torch.logsumexp(original[leaving], dim=0)
 
     def consume(self, token_id: int) -> None:
         self._matcher.consume_token(token_id)
@@ -96,4 +108,4 @@ class Matcher:
         return self._matcher.get_error() if self._matcher.is_error() else ""
 
     def fork(self) -> "Matcher":
-        return Matcher(self._matcher.deep_copy())
+        return Matcher(self._matcher.deep_copy(), self._exit_token)

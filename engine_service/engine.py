@@ -17,11 +17,11 @@ from engine_service.detokenizer import TokenTable
 from engine_service.kv_cache import BlockAllocator, KVCache
 from engine_service.model_loader import LoadedModel
 from engine_service.model_runner import ModelRunner, StepLogits
+from engine_service.output import OutputProcessor
 from engine_service.params import InvalidRequest, QueueFull, RequestParams
 from engine_service.sampler import sample, token_logprob
 from engine_service.scheduler import ScheduledBatch, Scheduler
 from engine_service.sequence import (
-    ChunkEvent,
     Event,
     FinalEvent,
     FinishReason,
@@ -30,7 +30,6 @@ from engine_service.sequence import (
     Sequence,
     TokenLogprob,
 )
-from engine_service.tools import ToolCallDelta
 
 log = logging.getLogger(__name__)
 
@@ -158,19 +157,28 @@ class Engine:
             ids.update(self.loaded.eos_token_ids)
         return ids
 
+    def _new_sequence(self, request: Request, index: int) -> Sequence:
+        stop_ids = self.stop_ids_for(request.params)
+        matcher = None
+        if request.grammar is not None:
+            forced_calls = request.tools is not None and request.tools.forced
+            matcher = self.grammars.matcher(request.grammar, end_on_exit=forced_calls)
+        stopping = request.params.stopping
+        output = OutputProcessor(index=index, prompt_ids=request.prompt_ids, tokenizer=self.tokenizer,
+                                 stop_ids=stop_ids, eos_ids=self.loaded.eos_token_ids, stop_strings=stopping.stop,
+                                 min_tokens=stopping.min_tokens, max_tokens=request.max_tokens,
+                                 tools=request.tools, matcher=matcher)
+        return Sequence(request, index, stop_ids, matcher, output)
+
     def _drain_inbox(self) -> None:
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
         for request in inbox:
-            stop_ids = self.stop_ids_for(request.params)
-            seqs = [Sequence(request, i, self.tokenizer, stop_ids) for i in range(request.params.n)]
-            if request.grammar is not None:
-                for seq in seqs:
-                    seq.matcher = self.grammars.matcher(request.grammar)
-            request.sequences = seqs
-            seqs[0].forks = seqs[1:]  # siblings join once the shared prompt is prefilled
-            self.scheduler.waiting.append(seqs[0])
+            request.sequences = [self._new_sequence(request, i) for i in range(request.params.n)]
+            leader = request.sequences[0]
+            leader.forks = request.sequences[1:]  # siblings join once the shared prompt is prefilled
+            self.scheduler.waiting.append(leader)
         for request_id in aborts:
             request = self._requests.get(request_id)
             if request is not None:
@@ -268,74 +276,15 @@ class Engine:
 
     def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
         seq.token_ids.append(token)
-        seq.pending_ids.append(token)
-        if logprob is not None:
-            seq.pending_logprobs.append(logprob)
-        if token in seq.stop_ids and seq.num_output > seq.params.stopping.min_tokens - 1:
-            seq.matched_stop = "" if token in self.loaded.eos_token_ids else self.tokenizer.decode([token])
-            self._finish(seq, FinishReason.STOP)
-            return
-        if seq.matcher is not None:
-            seq.matcher.consume(token)
-        text, matched = seq.stop_matcher.feed(seq.detokenizer.add(token))
-        self._emit_text(seq, text)
-        if matched is not None:
-            seq.matched_stop = matched
-            self._finish(seq, FinishReason.STOP, flush=False)
-        elif seq.matcher is not None and seq.matcher.done:
-            self._finish(seq, FinishReason.STOP)
-        elif seq.num_output >= seq.request.max_tokens:
-            self._finish(seq, FinishReason.LENGTH)
+        reason = seq.output.add(token, logprob)
+        if reason is not None:
+            self._finish(seq, reason)
 
-    @staticmethod
-    def _emit_text(seq: Sequence, text: str) -> None:
-        """Text goes out at once, except while a tool request's output could still be a call."""
-        tools = seq.request.tools
-        if tools is None or not seq.may_call_tools:
-            seq.pending_text += text
-            return
-        seq.held_text += text
-        if seq.call_streamer is not None:
-            seq.pending_tool_deltas += seq.call_streamer.feed(seq.held_text)
-        if not tools.may_be_call(seq.held_text):
-            seq.may_call_tools = False
-            seq.pending_text += seq.held_text
-            seq.held_text = ""
-
-    def _finish(self, seq: Sequence, reason: FinishReason, flush: bool = True) -> None:
-        if flush:
-            tail, matched = seq.stop_matcher.feed(seq.detokenizer.flush())
-            self._emit_text(seq, tail if matched else tail + seq.stop_matcher.flush())
-        tools = seq.request.tools
-        if tools is not None and seq.may_call_tools:
-            seq.tool_calls = tools.parse(seq.held_text)
-            if seq.tool_calls:
-                reason = FinishReason.TOOL_CALLS
-            elif tools.forced:
-                # Cut off by max_tokens: the grammar guarantees it is a call, never content.
-                seq.tool_calls = tools.parse_truncated(seq.held_text)
-            else:
-                seq.pending_text += seq.held_text
-            self._queue_call_deltas(seq)
-            seq.held_text = ""
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.finish_reason = reason
         self.scheduler.release(seq)
 
-    @staticmethod
-    def _queue_call_deltas(seq: Sequence) -> None:
-        """The calls not streamed yet go out whole; streamed ones keep the ids they went out with."""
-        streamed = 0
-        if seq.call_streamer is not None:
-            seq.pending_tool_deltas += seq.call_streamer.feed(seq.held_text, final=True)
-            streamed = len(seq.call_streamer.ids)
-        for k, call in enumerate(seq.tool_calls):
-            if k < streamed:
-                call.id = seq.call_streamer.ids[k]
-            else:
-                seq.pending_tool_deltas.append(ToolCallDelta(k, call.id, call.name, call.arguments))
-
     def _finish_request(self, request: Request, reason: FinishReason) -> None:
-        request.cancelled = reason is FinishReason.CANCELLED
         for seq in request.sequences:
             for fork in seq.forks:
                 fork.finish_reason = reason
@@ -346,16 +295,14 @@ class Engine:
         self._requests.pop(request.request_id, None)
         request.sink([FinalEvent(s.index, reason, s.prompt_len, s.num_output) for s in request.sequences])
 
-    def _drain(self, seq: Sequence) -> list[Event]:
+    @staticmethod
+    def _drain(seq: Sequence) -> list[Event]:
         out: list[Event] = []
-        final = seq.finished and seq.finish_reason is not FinishReason.CANCELLED and not seq.final_sent
-        if seq.pending_ids:
-            out.append(ChunkEvent(seq.index, seq.pending_text, seq.pending_ids, seq.pending_logprobs,
-                                  seq.prompt_len, seq.num_output, tool_calls=seq.pending_tool_deltas))
-            seq.pending_text, seq.pending_ids, seq.pending_logprobs = "", [], []
-            seq.pending_tool_deltas = []
-        if final:
+        chunk = seq.output.chunk()
+        if chunk is not None:
+            out.append(chunk)
+        if seq.finished and seq.finish_reason is not FinishReason.CANCELLED and not seq.final_sent:
             seq.final_sent = True
-            out.append(FinalEvent(seq.index, seq.finish_reason, seq.prompt_len, seq.num_output, seq.matched_stop,
-                                  tool_calls=seq.tool_calls))
+            out.append(FinalEvent(seq.index, seq.finish_reason, seq.prompt_len, seq.num_output,
+                                  seq.output.matched_stop, tool_calls=seq.output.tool_calls))
         return out

@@ -5,14 +5,16 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from engine_service.detokenizer import IncrementalDetokenizer
 from engine_service.params import RequestParams
-from engine_service.stop_strings import StopStringMatcher
-from engine_service.tools import ForcedCallStreamer, ToolCall, ToolCallDelta, ToolSpec
+from engine_service.tools import ToolCall, ToolCallDelta, ToolSpec
+
+if TYPE_CHECKING:
+    from engine_service.constraints import Matcher
+    from engine_service.output import OutputProcessor
 
 _seq_ids = itertools.count()
 
@@ -71,7 +73,6 @@ class Request:
     grammar: str | None = None  # constrained decoding (llguidance grammar)
     tools: ToolSpec | None = None  # output is parsed for tool calls when set
     sequences: list["Sequence"] = field(default_factory=list)
-    cancelled: bool = False
 
     @property
     def finished(self) -> bool:
@@ -79,9 +80,10 @@ class Request:
 
 
 class Sequence:
-    """A choice being generated: its tokens, cache blocks and text state."""
+    """A choice being generated: its tokens and cache blocks; `output` turns its tokens into text."""
 
-    def __init__(self, request: Request, index: int, tokenizer, stop_ids: set[int]) -> None:
+    def __init__(self, request: Request, index: int, stop_ids: set[int], matcher: Matcher | None,
+                 output: OutputProcessor) -> None:
         self.seq_id = next(_seq_ids)
         self.request = request
         self.index = index
@@ -90,27 +92,14 @@ class Sequence:
         self.prompt_len = len(request.prompt_ids)
         self.num_cached = 0
         self.block_table: list[int] = []
-        self.stop_ids = stop_ids
+        self.stop_ids = stop_ids  # the sampler masks them until min_tokens
+        self.matcher = matcher  # constrained decoding: masks the logits before sampling
+        self.output = output
         self.finish_reason: FinishReason | None = None
-        self.matched_stop = ""
-        self.detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_ids)
-        self.stop_matcher = StopStringMatcher(request.params.stopping.stop)
         seed = request.params.sampling.seed
         self.generator: torch.Generator | None = None
         if seed is not None:
             self.generator = torch.Generator().manual_seed((seed + index) % (1 << 63))
-        # Filled during a step, drained into a ChunkEvent at its end.
-        self.pending_text = ""
-        self.pending_ids: list[int] = []
-        self.pending_logprobs: list[TokenLogprob] = []
-        # Tool requests: text is held until the end, when it is either tool calls or text.
-        self.held_text = ""
-        self.may_call_tools = request.tools is not None
-        self.tool_calls: list[ToolCall] = []
-        self.pending_tool_deltas: list[ToolCallDelta] = []
-        forced = request.tools is not None and request.tools.forced
-        self.call_streamer = ForcedCallStreamer() if forced else None
-        self.matcher = None  # constraints.Matcher when the request is constrained
         # Sibling choices (n > 1) waiting for this one's prompt to be prefilled.
         self.forks: list[Sequence] = []
         self.final_sent = False

@@ -15,6 +15,7 @@ from grpc_reflection.v1alpha import reflection
 
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc as pb_grpc
+from conduit.v1.contract import ENGINE_SERVICE, ERROR_CODE_METADATA_KEY, MESSAGE_SIZE_OPTIONS, PARAM_METADATA_KEY
 from engine_service import prompts
 from engine_service.convert import EventEncoder, request_params
 from engine_service.engine import Engine
@@ -24,18 +25,15 @@ from engine_service.tools import ToolSpec
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Engine"].full_name
-
-
 async def abort_invalid(context: grpc.aio.ServicerContext, exc: InvalidRequest, input_kind: str | None) -> None:
     """INVALID_ARGUMENT, naming the field at fault in trailing metadata (`conduit-param`,
     a proto field path) and the kind of error (`conduit-error-code`) when known."""
     param = exc.param
     if param == "input" and input_kind:
         param = "chat.messages" if input_kind == "chat" else input_kind
-    metadata = [("conduit-param", param)] if param else []
+    metadata = [(PARAM_METADATA_KEY, param)] if param else []
     if exc.code:
-        metadata.append(("conduit-error-code", exc.code))
+        metadata.append((ERROR_CODE_METADATA_KEY, exc.code))
     context.set_trailing_metadata(metadata)
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
@@ -163,23 +161,23 @@ class BackgroundServer:
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
         server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", 64 << 20),
+            *MESSAGE_SIZE_OPTIONS,
             ("grpc.so_reuseport", 0),  # a port already taken is an error, not a shared listener
         ])
         pb_grpc.add_EngineServicer_to_server(EngineServicer(self.engine), server)
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            (ENGINE_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server)
         if server.add_insecure_port(self.address) == 0:
             raise RuntimeError(f"cannot listen on {self.address}")
         await server.start()
-        for name in ("", SERVICE_NAME):
+        for name in ("", ENGINE_SERVICE):
             await health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("engine serving %s on %s", self.engine.loaded.model_id, self.address)
         self._ready.set()
         await self._stop.wait()
-        for name in ("", SERVICE_NAME):
+        for name in ("", ENGINE_SERVICE):
             await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.stop(grace=2)

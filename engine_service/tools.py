@@ -1,29 +1,26 @@
-"""Tool calling: how tools reach the prompt, how calls are forced, how calls are read back.
+"""Tool calling: how tools reach the prompt, how calls are forced, how they stream back.
 
 Models whose chat template knows `tools` get them through the template; others get a
 system prompt asking for `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
 tool_choice "required" or a named function constrains decoding to exactly that shape
-(so arguments always parse against the schema); "auto" lets the model choose and we
-parse what it wrote: <tool_call> blocks, a bare JSON call, or Python call syntax
-(parsed with `ast`, never evaluated).
+(so arguments always parse against the schema); "auto" lets the model choose, and
+tool_parser reads back what it wrote.
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import re
-import uuid
 from dataclasses import dataclass
 
 from conduit.v1 import engine_pb2 as pb
+from conduit.v1.contract import new_tool_call_id
 
 from engine_service.params import InvalidRequest
+from engine_service.tool_parser import CALL_CLOSE, CALL_OPEN, ParsedCall, parse_tool_calls
 
 # Compact separators: small models otherwise wander into endless whitespace.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-_TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 
 
 @dataclass
@@ -43,44 +40,26 @@ class ToolCallDelta:
     arguments: str
 
 
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-class ForcedCallStreamer:
-    """Streams calls made under the forced-call grammar as they are generated. The grammar fixes
-    their text to `<tool_call>{"name": "NAME", "arguments": ARGS}</tool_call>`, so the header
-    and the argument text can be cut out as they arrive."""
-
-    _HEADER = re.compile(r'<tool_call>\{"name": "([^"]+)", "arguments": ')
-    _CLOSE = "}</tool_call>"
+class CallStreamer:
+    """Streams forced calls as OpenAI deltas while they are generated: a call's id and name once its
+    name is complete, then its argument text as it grows. Fed the parse of the whole output so
+    far; the forced-call grammar makes each parse's arguments extend the previous one's."""
 
     def __init__(self) -> None:
         self.ids: list[str] = []
-        self._sent: list[int] = []  # argument characters already sent, per call
+        self._sent: list[str] = []  # argument text already sent, per call
 
-    def feed(self, text: str, final: bool = False) -> list[ToolCallDelta]:
-        """`text` is the whole output so far; returns what is new. Until a call's closing tag
-        arrives, its last few characters are held back (they may be that tag)."""
+    def feed(self, calls: list[ParsedCall]) -> list[ToolCallDelta]:
         deltas: list[ToolCallDelta] = []
-        headers = list(self._HEADER.finditer(text))
-        for k, header in enumerate(headers):
-            end = headers[k + 1].start() if k + 1 < len(headers) else len(text)
-            region = text[header.end():end]
-            close = region.find(self._CLOSE)
-            if close >= 0:
-                arguments = region[:close]
-            elif final:
-                arguments = region
-            else:
-                arguments = region[:max(0, len(region) - len(self._CLOSE))]
+        for k, call in enumerate(calls):
             if k == len(self.ids):
-                self.ids.append(new_call_id())
-                self._sent.append(0)
-                deltas.append(ToolCallDelta(k, self.ids[k], header.group(1), ""))
-            if len(arguments) > self._sent[k]:
-                deltas.append(ToolCallDelta(k, "", "", arguments[self._sent[k]:]))
-                self._sent[k] = len(arguments)
+                self.ids.append(new_tool_call_id())
+                self._sent.append("")
+                deltas.append(ToolCallDelta(k, self.ids[k], call.name, ""))
+            sent = self._sent[k]
+            if len(call.arguments) > len(sent) and call.arguments.startswith(sent):
+                deltas.append(ToolCallDelta(k, "", "", call.arguments[len(sent):]))
+                self._sent[k] = call.arguments
         return deltas
 
 
@@ -147,9 +126,11 @@ class ToolSpec:
             "required": ["name", "arguments"],
             "additionalProperties": False,
         } for name in names], "x-guidance": JSON_OPTIONS}
-        repeat = ' ("\\n" call)*' if self.parallel else ""
+        # Parallel calls: one per line, and the output may end after any of them (a newline
+        # included), so a model that is done is not pushed into writing another call.
+        repeat = ' ("\\n" call)* "\\n"?' if self.parallel else ""
         return (f"start: call{repeat}\n"
-                f'call: "<tool_call>" body "</tool_call>"\n'
+                f"call: {json.dumps(CALL_OPEN)} body {json.dumps(CALL_CLOSE)}\n"
                 f"body: %json {json.dumps(body)}\n")
 
     def may_be_call(self, text: str) -> bool:
@@ -159,7 +140,7 @@ class ToolSpec:
         head = text.lstrip()
         if not head:
             return True
-        if head[0] in "{[" or "<tool_call>".startswith(head[:11]) or head.startswith("<tool_call>"):
+        if head[0] in "{[" or CALL_OPEN.startswith(head[:len(CALL_OPEN)]) or head.startswith(CALL_OPEN):
             return True
         name = re.match(r"[A-Za-z_][A-Za-z0-9_]*", head)
         if name is None:
@@ -170,53 +151,10 @@ class ToolSpec:
             return any(tool.startswith(word) for tool in self.tools)
         return word in self.tools and rest.startswith("(")
 
-    def parse_truncated(self, text: str) -> list[ToolCall]:
-        """A forced call cut off by max_tokens: its name and the argument text so far (OpenAI returns
-        the partial arguments too, with finish_reason "length")."""
-        match = re.search(r'"name":\s*"([^"]*)"?(?:,\s*"arguments":\s*(.*))?', text, re.S)
-        if self.mode == pb.ToolChoice.MODE_FUNCTION:
-            name = self.function_name
-        else:
-            started = [tool for tool in self.tools if match and tool.startswith(match.group(1))]
-            if len(started) != 1:
-                return []
-            name = started[0]
-        arguments = match.group(2) or "" if match else ""
-        return [ToolCall(id=new_call_id(), name=name, arguments=arguments)]
-
-    def parse(self, text: str) -> list[ToolCall]:
-        """The tool calls in a finished output; [] when it is plain text."""
-        candidates: list[object] = []
-        blocks = _TOOL_CALL_BLOCK.findall(text)
-        if blocks:
-            candidates = [_loads(b) for b in blocks]
-        else:
-            stripped = text.strip()
-            loaded = _loads(stripped)
-            if loaded is not None:
-                candidates = loaded if isinstance(loaded, list) else [loaded]
-            else:
-                candidates = _python_calls(stripped)
-        calls = []
-        for item in candidates:
-            call = self._as_call(item)
-            if call is None:
-                return []  # anything unreadable: treat the whole output as text
-            calls.append(call)
-        return calls if self.parallel else calls[:1]
-
-    def _as_call(self, item: object) -> ToolCall | None:
-        if not isinstance(item, dict):
-            return None
-        name = item.get("name")
-        args = item.get("arguments", item.get("parameters", {}))
-        if name not in self.tools:
-            return None
-        if isinstance(args, str):
-            args = _loads(args)
-        if not isinstance(args, dict):
-            return None
-        return ToolCall(id=new_call_id(), name=name, arguments=json.dumps(args))
+    def parse(self, text: str, truncated: bool = False) -> list[ParsedCall] | None:
+        """The calls in an output (see tool_parser); None when it is plain text."""
+        calls = parse_tool_calls(text, self.tools, truncated)
+        return calls if calls is None or self.parallel else calls[:1]
 
 
 def closed_objects(schema: object) -> object:
@@ -231,29 +169,3 @@ def closed_objects(schema: object) -> object:
     if "properties" in out and "additionalProperties" not in out:
         out["additionalProperties"] = False
     return out
-
-
-def _loads(text: str) -> object:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
-def _python_calls(text: str) -> list[object]:
-    """`get_weather(city="Paris")` or `[f(a=1), g(b=2)]` -> [{"name", "arguments"}]; [] if not that."""
-    try:
-        tree = ast.parse(text, mode="eval").body
-    except SyntaxError:
-        return []
-    nodes = tree.elts if isinstance(tree, (ast.List, ast.Tuple)) else [tree]
-    calls: list[object] = []
-    for node in nodes:
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args):
-            return []
-        try:
-            args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
-        except ValueError:
-            return []
-        calls.append({"name": node.func.id, "arguments": args})
-    return calls

@@ -158,9 +158,14 @@ def test_follow_up_turn_with_the_tool_result(openai_client: openai.OpenAI, strea
     assert text and finish in ("stop", "length")
 
 
-def test_forced_call_cut_by_max_tokens_does_not_leak_markup(openai_client: openai.OpenAI) -> None:
-    """As OpenAI does: finish_reason length, the partial call in tool_calls, no markup as content."""
-    choice = ask_tools(openai_client, tool_choice="required", max_tokens=12).choices[0]
+@pytest.mark.parametrize("max_tokens, calls", [(12, 0), (18, 1)], ids=["name-cut", "arguments-cut"])
+def test_forced_call_cut_by_max_tokens_does_not_leak_markup(openai_client: openai.OpenAI, max_tokens: int,
+                                                            calls: int) -> None:
+    """As OpenAI does: finish_reason length, the partial call in tool_calls (left out while its name is
+    incomplete), no markup as content."""
+    choice = ask_tools(openai_client, tool_choice="required", max_tokens=max_tokens).choices[0]
     assert choice.finish_reason == "length"
-    assert "<tool_call>" not in (choice.message.content or "")
-    assert [call.function.name for call in choice.message.tool_calls] == ["get_weather"]
+    assert not choice.message.content
+    assert [call.function.name for call in choice.message.tool_calls or []] == ["get_weather"] * calls
+    for call in choice.message.tool_calls or []:
+        assert '{"city": '.startswith(call.function.arguments[:9]) and "<" not in call.function.arguments

@@ -1,0 +1,116 @@
+"""What one sequence's sampled tokens become: text with stop strings held back, tool calls,
+and the chunk events that carry them out. The engine feeds each token to the sequence's
+OutputProcessor and learns whether (and why) the sequence finished."""
+
+from __future__ import annotations
+
+import logging
+
+from transformers import PreTrainedTokenizerBase
+
+from engine_service.constraints import Matcher
+from engine_service.detokenizer import IncrementalDetokenizer
+from engine_service.sequence import ChunkEvent, FinishReason, TokenLogprob
+from engine_service.stop_strings import StopStringMatcher
+from engine_service.tools import CallStreamer, ToolCall, ToolCallDelta, ToolSpec
+
+log = logging.getLogger(__name__)
+
+
+class OutputProcessor:
+    def __init__(self, *, index: int, prompt_ids: list[int], tokenizer: PreTrainedTokenizerBase,
+                 stop_ids: set[int], eos_ids: list[int], stop_strings: list[str], min_tokens: int,
+                 max_tokens: int, tools: ToolSpec | None, matcher: Matcher | None) -> None:
+        self.index = index
+        self._prompt_len = len(prompt_ids)
+        self._tokenizer = tokenizer
+        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self._stop_strings = StopStringMatcher(stop_strings)
+        self._stop_ids = stop_ids
+        self._eos_ids = eos_ids
+        self._min_tokens = min_tokens
+        self._max_tokens = max_tokens
+        self._matcher = matcher
+        self._tools = tools
+        # A tool request's text is held while it may still be calls; forced calls stream as deltas.
+        self._may_call = tools is not None
+        self._call_text = ""
+        self._streamer = CallStreamer() if tools is not None and tools.forced else None
+        self.num_tokens = 0
+        self.matched_stop = ""
+        self.tool_calls: list[ToolCall] = []
+        # What the next chunk event carries.
+        self._text = ""
+        self._ids: list[int] = []
+        self._logprobs: list[TokenLogprob] = []
+        self._tool_deltas: list[ToolCallDelta] = []
+
+    def add(self, token: int, logprob: TokenLogprob | None) -> FinishReason | None:
+        """Take one sampled token; returns the finish reason when it ends the sequence."""
+        self.num_tokens += 1
+        self._ids.append(token)
+        if logprob is not None:
+            self._logprobs.append(logprob)
+        if token in self._stop_ids and self.num_tokens > self._min_tokens - 1:
+            self.matched_stop = "" if token in self._eos_ids else self._tokenizer.decode([token])
+            return self._finish(FinishReason.STOP)
+        if self._matcher is not None:
+            self._matcher.consume(token)
+        text, matched = self._stop_strings.feed(self._detokenizer.add(token))
+        self._emit(text)
+        if matched is not None:
+            self.matched_stop = matched
+            return self._finish(FinishReason.STOP, flush=False)  # text after a stop string is dropped
+        if self._matcher is not None and self._matcher.done:
+            return self._finish(FinishReason.STOP)
+        if self.num_tokens >= self._max_tokens:
+            return self._finish(FinishReason.LENGTH)
+        return None
+
+    def chunk(self) -> ChunkEvent | None:
+        """The text, tokens and tool-call pieces since the last chunk (None when nothing is new)."""
+        if not self._ids:
+            return None
+        event = ChunkEvent(self.index, self._text, self._ids, self._logprobs, self._prompt_len, self.num_tokens,
+                           tool_calls=self._tool_deltas)
+        self._text, self._ids, self._logprobs, self._tool_deltas = "", [], [], []
+        return event
+
+    def _emit(self, text: str) -> None:
+        if not self._may_call:
+            self._text += text
+            return
+        self._call_text += text
+        if self._streamer is not None:
+            self._tool_deltas += self._streamer.feed(self._tools.parse(self._call_text, truncated=True) or [])
+        if not self._tools.may_be_call(self._call_text):
+            self._may_call = False
+            self._text += self._call_text
+            self._call_text = ""
+
+    def _finish(self, reason: FinishReason, flush: bool = True) -> FinishReason:
+        if flush:
+            tail, matched = self._stop_strings.feed(self._detokenizer.flush())
+            self._emit(tail if matched else tail + self._stop_strings.flush())
+        if self._may_call:
+            reason = self._resolve_calls(reason)
+        return reason
+
+    def _resolve_calls(self, reason: FinishReason) -> FinishReason:
+        """The held text as tool calls (a last one cut off keeps its partial arguments), or as text."""
+        # Forced output is calls by construction, so any cut (max_tokens, a stop string) truncates one.
+        truncated = self._tools.forced or reason is FinishReason.LENGTH
+        calls = self._tools.parse(self._call_text, truncated)
+        if calls is None:
+            if self._tools.forced:
+                log.warning("forced tool-call output did not parse; returned as text: %r", self._call_text[:200])
+            self._text += self._call_text
+        else:
+            if calls and all(call.complete for call in calls):
+                reason = FinishReason.TOOL_CALLS
+            streamer = self._streamer or CallStreamer()
+            self._tool_deltas += streamer.feed(calls)
+            self.tool_calls = [ToolCall(streamer.ids[k], call.name, call.arguments) for k, call in enumerate(calls)]
+        self._call_text = ""
+        self._may_call = False
+        return reason

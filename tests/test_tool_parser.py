@@ -1,0 +1,117 @@
+"""The tool-call parser on whole and cut-off outputs of each format it reads, and the call streamer
+fed those parses token by token. No model: these run in milliseconds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine_service.tool_parser import ParsedCall, parse_tool_calls
+from engine_service.tools import CallStreamer
+
+TOOLS = {"weather", "get_time"}
+PARIS = '{"city": "Paris"}'
+TAGGED = (f'<tool_call>{{"name": "weather", "arguments": {PARIS}}}</tool_call>\n'
+          f'<tool_call>{{"name": "get_time", "arguments": {{"city": "Rome"}}}}</tool_call>')
+BARE = f'[{{"name": "weather", "arguments": {PARIS}}}, {{"name": "get_time", "arguments": {{"city": "Rome"}}}}]'
+PYTHONIC = '[weather(city="Paris"), get_time(city="Rome")]'
+WHOLE = [ParsedCall("weather", PARIS), ParsedCall("get_time", '{"city": "Rome"}')]
+
+
+@pytest.mark.parametrize("text", [TAGGED, BARE, PYTHONIC, TAGGED + "\n"], ids=["tagged", "bare", "pythonic", "newline"])
+def test_whole_outputs_give_each_call_exactly(text: str) -> None:
+    assert parse_tool_calls(text, TOOLS) == WHOLE
+
+
+@pytest.mark.parametrize("text", [TAGGED, BARE, PYTHONIC], ids=["tagged", "bare", "pythonic"])
+def test_every_cut_of_an_output_keeps_complete_calls_exact_and_markup_out(text: str) -> None:
+    """Cut after each character: complete calls are whole and valid, a last partial call is the
+    start of its final arguments, and no markup reaches a name or arguments."""
+    for cut in range(len(text) + 1):
+        calls = parse_tool_calls(text[:cut], TOOLS, truncated=True)
+        assert calls is not None, text[:cut]
+        assert len(calls) <= 2
+        for k, call in enumerate(calls):
+            assert "<" not in call.arguments and "tool_call" not in call.arguments, text[:cut]
+            assert call.name == WHOLE[k].name
+            if call.complete:
+                assert call == WHOLE[k], text[:cut]
+                json.loads(call.arguments)
+            else:
+                assert k == len(calls) - 1, "only the last call may be partial"
+                assert WHOLE[k].arguments.startswith(call.arguments), (text[:cut], call.arguments)
+
+
+def test_the_issue_7_output_is_four_calls_not_one() -> None:
+    call = '<tool_call>{"name": "weather", "arguments": {"city": "%s"}}</tool_call>'
+    text = "\n".join([call % "Paris"] * 3 + [(call % "Portspring")[:-6]])
+    calls = parse_tool_calls(text, TOOLS, truncated=True)
+    assert [c.arguments for c in calls] == [PARIS, PARIS, PARIS, '{"city": "Portspring"}']
+    assert all(c.complete for c in calls), "a closing tag cut after a complete body leaves the call complete"
+    text = "\n".join([call % "Paris", '<tool_call>{"name": "weather", "arguments": {"city": "Po'])
+    assert parse_tool_calls(text, TOOLS, truncated=True) == [
+        ParsedCall("weather", PARIS), ParsedCall("weather", '{"city": "Po', complete=False)]
+
+
+def test_a_cut_before_the_name_is_complete_leaves_the_call_out() -> None:
+    for text in ['<tool_call>{"name": "weat', "<tool_", '{"na', "[", "weath", '[weather(city="Paris"), get_ti']:
+        calls = parse_tool_calls(text, TOOLS, truncated=True)
+        assert calls is not None and all(c.name != "get_time" for c in calls), text
+        assert not [c for c in calls if not c.complete], text
+
+
+def test_a_cut_pythonic_call_keeps_its_completed_keyword_arguments() -> None:
+    calls = parse_tool_calls('weather(city="Paris", unit="cel', {"weather"}, truncated=True)
+    assert calls == [ParsedCall("weather", PARIS[:-1], complete=False)]
+
+
+@pytest.mark.parametrize("text", [
+    "The weather in Paris is sunny.",
+    '<tool_call>{"name": "unknown", "arguments": {}}</tool_call>',
+    '<tool_call>{"name": "weather", "arguments": {}}</tool_call> and some prose',
+    '<tool_call>not json</tool_call>',
+    '{"name": "weather", "arguments": [1]}',
+    "print(1)",
+    "",
+])
+def test_text_that_is_not_calls_is_none(text: str) -> None:
+    assert parse_tool_calls(text, TOOLS) is None
+
+
+def test_an_unfinished_output_that_was_not_cut_is_not_calls() -> None:
+    assert parse_tool_calls('<tool_call>{"name": "weather", "arguments": {"ci', TOOLS) is None
+    assert parse_tool_calls('<tool_call>{"name": "weather", "arguments": {}}', TOOLS) == [
+        ParsedCall("weather", "{}")], "a model may end without the closing tag"
+
+
+def test_arguments_written_as_a_json_string_are_decoded() -> None:
+    text = '{"name": "weather", "arguments": "{\\"city\\": \\"Paris\\"}"}'
+    assert parse_tool_calls(text, TOOLS) == [ParsedCall("weather", PARIS)]
+
+
+def test_streamed_pieces_concatenate_to_the_final_calls() -> None:
+    """The streamer fed the parse after every character sends each call's id and name once and
+    argument pieces that add up to exactly the final arguments."""
+    streamer = CallStreamer()
+    deltas = []
+    for cut in range(len(TAGGED) + 1):
+        deltas += streamer.feed(parse_tool_calls(TAGGED[:cut], TOOLS, truncated=True))
+    names = {d.index: d.name for d in deltas if d.id}
+    arguments: dict[int, str] = {}
+    for delta in deltas:
+        arguments[delta.index] = arguments.get(delta.index, "") + delta.arguments
+    assert names == {0: "weather", 1: "get_time"}
+    assert [arguments[0], arguments[1]] == [c.arguments for c in WHOLE]
+    assert len(set(streamer.ids)) == 2
+
+
+def test_a_closing_tag_inside_an_unfinished_string_ends_up_in_no_arguments() -> None:
+    """Seen with seed 16: the model forgot the closing quote, wrote its closing tag and went on."""
+    text = '<tool_call>{"name": "weather", "arguments": {"city": "Paris}}</tool_call>All tourist modes to'
+    streamer, deltas = CallStreamer(), []
+    for cut in range(len(text) + 1):
+        calls = parse_tool_calls(text[:cut], TOOLS, truncated=True)
+        deltas += streamer.feed(calls)
+    assert calls == [ParsedCall("weather", '{"city": "Paris}}', complete=False)]
+    assert "".join(d.arguments for d in deltas) == '{"city": "Paris}}'
