@@ -1,4 +1,7 @@
-"""Unit tests for the engine's text pieces: stop strings, incremental detokenization, sampling."""
+"""Unit tests for the engine's text pieces: stop strings, incremental detokenization, sampling.
+
+The detokenizer tests use the default model's tokenizer (converting the model on a first run), so
+they are in the `model` tier; the rest need no model."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from engine_service.stop_strings import StopStringMatcher
 
 @pytest.fixture(scope="module")
 def tokenizer():
+    """The default model's real tokenizer."""
     from transformers import AutoTokenizer
 
     _, folder = resolve_model(DEFAULT_MODEL_ID)
@@ -47,6 +51,7 @@ def test_earliest_of_several_stop_strings_wins():
     assert (text, matched) == ("hel", "lo w")
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("text", ["héllo wörld, naïve café", "日本語のテキスト 世界", "emoji 🎉🚀 mixed ✓ text", "  spaces   kept\n\tand tabs"])
 def test_incremental_detokenizer_matches_full_decode(tokenizer, text):
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -56,40 +61,43 @@ def test_incremental_detokenizer_matches_full_decode(tokenizer, text):
     assert all("\ufffd" not in p for p in pieces)
 
 
+@pytest.mark.model
 def test_token_table_gives_raw_bytes_of_partial_characters(tokenizer):
     ids = tokenizer("🎉", add_special_tokens=False)["input_ids"]
     table = TokenTable(tokenizer)
     assert b"".join(table.text_and_bytes(i)[1] for i in ids) == "🎉".encode()
 
 
-def make_seq(tokenizer, **sampling) -> Sequence:
+def make_seq(**sampling) -> Sequence:
+    """A sequence for the sampler, which reads its parameters and tokens but never makes text: no
+    output processor, so no tokenizer and no model (were one used, these tests would fail on None)."""
     params = RequestParams(SamplingParams(**sampling), StoppingParams())
     request = Request("r", [1, 2, 3], params, max_tokens=10, sink=lambda events: None)
-    return Sequence(request, 0, tokenizer, stop_ids={2})
+    return Sequence(request, 0, stop_ids={2}, matcher=None, output=None)
 
 
-def test_sampler_greedy_top_k_one_and_logit_bias(tokenizer):
+def test_sampler_greedy_top_k_one_and_logit_bias():
     logits = torch.randn(3, 100)
-    greedy = make_seq(tokenizer, temperature=0.0)
-    top1 = make_seq(tokenizer, temperature=1.0, top_k=1)
-    biased = make_seq(tokenizer, temperature=0.0, logit_bias={7: 100.0})
+    greedy = make_seq(temperature=0.0)
+    top1 = make_seq(temperature=1.0, top_k=1)
+    biased = make_seq(temperature=0.0, logit_bias={7: 100.0})
     tokens, _ = sample(logits, [greedy, top1, biased])
     assert tokens[0] == int(logits[0].argmax())
     assert tokens[1] == int(logits[1].argmax())
     assert tokens[2] == 7
 
 
-def test_sampler_seed_gives_same_draws_whatever_the_batch(tokenizer):
+def test_sampler_seed_gives_same_draws_whatever_the_batch():
     logits = torch.randn(4, 1000)
-    alone = [sample(logits[1:2], [make_seq(tokenizer, temperature=1.0, seed=42)])[0][0] for _ in range(1)]
-    seqs = [make_seq(tokenizer, temperature=1.0) for _ in range(4)]
-    seqs[1] = make_seq(tokenizer, temperature=1.0, seed=42)
+    alone = [sample(logits[1:2], [make_seq(temperature=1.0, seed=42)])[0][0] for _ in range(1)]
+    seqs = [make_seq(temperature=1.0) for _ in range(4)]
+    seqs[1] = make_seq(temperature=1.0, seed=42)
     batched, _ = sample(logits, seqs)
     assert batched[1] == alone[0]
 
 
-def test_min_tokens_masks_eos(tokenizer):
-    seq = make_seq(tokenizer, temperature=0.0)
+def test_min_tokens_masks_eos():
+    seq = make_seq(temperature=0.0)
     seq.params.stopping.min_tokens = 5
     logits = torch.zeros(1, 100)
     logits[0, 2] = 50.0  # EOS would win
