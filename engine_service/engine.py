@@ -14,7 +14,8 @@ import torch
 
 from engine_service.constraints import GrammarCompiler
 from engine_service.detokenizer import TokenTable
-from engine_service.kv_cache import BlockAllocator, KVCache
+from engine_service.block_manager import BlockManager
+from engine_service.kv_cache import KVCache
 from engine_service.model_loader import LoadedModel
 from engine_service.model_runner import ModelRunner, StepLogits
 from engine_service.output import OutputProcessor
@@ -58,9 +59,9 @@ class Engine:
         self.kv_capacity_tokens = (num_blocks - 1) * config.block_size
         self.runner = ModelRunner(loaded.model, loaded.device, loaded.dtype, config.block_size, num_blocks,
                                   self.max_model_len)
-        self.scheduler = Scheduler(BlockAllocator(num_blocks - 1),  # the runner keeps one block for padding
-                                   config.block_size, config.max_batch_size,
-                                   config.max_step_tokens)
+        blocks = BlockManager(num_blocks - 1,  # the runner keeps the last block for padding
+                              config.block_size, self.runner.cache.copy_block)
+        self.scheduler = Scheduler(blocks, config.max_batch_size, config.max_step_tokens)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._inbox: list[Request] = []
@@ -233,7 +234,7 @@ class Engine:
                     seq.forks = []
                     continue
                 for fork in seq.forks:  # n > 1: the siblings start from this prefilled prompt
-                    self._fork(seq, fork)
+                    self.scheduler.add_fork(seq, fork)
                     rows.append(row)
                     seqs.append(fork)
                 seq.forks = []
@@ -255,24 +256,6 @@ class Engine:
     def _prompt_event(seq: Sequence) -> PromptEvent:
         return PromptEvent(prompt_ids=list(seq.request.prompt_ids),
                            prompt_logprobs=seq.prompt_logprobs if seq.params.wants_prompt_logprobs else None)
-
-    def _fork(self, leader: Sequence, fork: Sequence) -> None:
-        """A sibling choice shares the leader's full prompt blocks and copies the partial last one."""
-        allocator = self.scheduler.allocator
-        bs = self.config.block_size
-        full = leader.num_cached // bs
-        for block in leader.block_table[:full]:
-            allocator.share(block)
-        fork.block_table = list(leader.block_table[:full])
-        fork.num_cached = leader.num_cached
-        if leader.num_cached % bs:
-            if allocator.num_free:
-                block = allocator.allocate()
-                self.runner.cache.copy_block(leader.block_table[full], block)
-                fork.block_table.append(block)
-            else:
-                fork.num_cached = full * bs  # recompute the tail into a block found later
-        self.scheduler.running.append(fork)
 
     def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
         seq.token_ids.append(token)

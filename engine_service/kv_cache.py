@@ -1,8 +1,7 @@
-"""Paged KV cache: fixed-size blocks in preallocated tensors, handed out per sequence.
+"""Paged KV cache: per layer, K and V in preallocated tensors cut into fixed-size blocks.
 
-The budget is explicit (a number of blocks); a sequence holds a block table (list of
-block ids). Blocks are reference-counted so the n choices of one request can share
-the full blocks of their prompt.
+The budget is explicit (a number of blocks). Which sequence holds which block is the
+BlockManager's business; this module only holds the tensors.
 """
 
 from __future__ import annotations
@@ -40,30 +39,3 @@ class KVCache:
         for k, v in zip(self.keys, self.values):
             k[dst * bs:(dst + 1) * bs] = k[src * bs:(src + 1) * bs]
             v[dst * bs:(dst + 1) * bs] = v[src * bs:(src + 1) * bs]
-
-
-class BlockAllocator:
-    """Hands out block ids; a block returns to the free list when its last holder frees it."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self.num_blocks = num_blocks
-        self._free = list(range(num_blocks - 1, -1, -1))
-        self._refs = [0] * num_blocks
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    def allocate(self) -> int:
-        block = self._free.pop()
-        self._refs[block] = 1
-        return block
-
-    def share(self, block: int) -> None:
-        self._refs[block] += 1
-
-    def free(self, blocks: list[int]) -> None:
-        for block in blocks:
-            self._refs[block] -= 1
-            if self._refs[block] == 0:
-                self._free.append(block)

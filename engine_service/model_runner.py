@@ -1,12 +1,13 @@
-"""Runs one engine step through the model: packs the scheduled tokens, returns logits.
+"""Runs one engine step through the model: a scheduled batch in, logits out.
 
 The whole step is one forward pass over a packed [1, T] sequence (decode tokens
 first, then prompt chunks); the paged attention function keeps sequences apart.
+prepare_decode and prepare_prefill pack the tokens, forward runs the model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +27,41 @@ class StepLogits:
     prompt: dict[int, tuple[int, torch.Tensor]]  # seq_id -> (first position, [chunk, vocab]) for prompt logprobs
 
 
+@dataclass
+class PromptRows:
+    """A prefill chunk whose every logits row is kept (echo with logprobs)."""
+
+    seq_id: int
+    first_position: int
+    first_row: int  # in the kept logits
+    count: int
+
+
+@dataclass
+class PackedBatch:
+    """One step's tokens packed into a single row, where each goes in the cache, and which rows of
+    logits to keep and for whom."""
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)  # flat cache slot of each token
+    decode_tables: list[list[int]] = field(default_factory=list)  # one per decode row
+    decode_lens: list[int] = field(default_factory=list)  # context length of each decode row
+    prefills: list[attention.PrefillChunk] = field(default_factory=list)
+    keep: list[int] = field(default_factory=list)  # packed positions whose logits are computed
+    next_token_rows: dict[int, int] = field(default_factory=dict)  # seq_id -> row in the kept logits
+    prompt_rows: list[PromptRows] = field(default_factory=list)
+
+    def add(self, token: int, position: int, slot: int) -> None:
+        self.input_ids.append(token)
+        self.positions.append(position)
+        self.slots.append(slot)
+
+    def keep_row(self, packed_position: int) -> int:
+        self.keep.append(packed_position)
+        return len(self.keep) - 1
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
                  block_size: int, num_blocks: int, max_positions: int) -> None:
@@ -43,108 +79,98 @@ class ModelRunner:
         )
         self.block_size = block_size
         # The last block is never handed out: padding tokens write there.
-        self.scratch_slot = (num_blocks - 1) * block_size
+        self.scratch_block = num_blocks - 1
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch, wants_prompt_logprobs: set[int]) -> StepLogits:
-        bs = self.block_size
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        keep: list[int] = []  # packed positions whose logits we need
-        owners: list[tuple[Sequence, str]] = []  # what each kept row is for
+    def run(self, scheduled: ScheduledBatch, wants_prompt_logprobs: set[int]) -> StepLogits:
+        batch = PackedBatch()
+        self.prepare_decode(batch, scheduled.decode)
+        padding_row = None
+        if len(scheduled.decode) + sum(length for _, length in scheduled.prefill) < 2:
+            padding_row = self.add_padding_row(batch)
+        self.prepare_prefill(batch, scheduled.prefill, wants_prompt_logprobs)
+        if padding_row is not None:
+            batch.keep_row(padding_row)  # its logits row comes last and is dropped
+        logits = self.forward(batch)
+        return StepLogits(
+            next_token={seq_id: logits[row] for seq_id, row in batch.next_token_rows.items()},
+            prompt={p.seq_id: (p.first_position, logits[p.first_row:p.first_row + p.count])
+                    for p in batch.prompt_rows})
 
-        tables: list[list[int]] = []
-        lens: list[int] = []
-        for seq in batch.decode:
-            pos = seq.num_cached
-            keep.append(len(ids))
-            owners.append((seq, "next"))
-            ids.append(seq.token_ids[pos])
-            positions.append(pos)
-            slots.append(seq.block_table[pos // bs] * bs + pos % bs)
-            tables.append(seq.block_table)
-            lens.append(pos + 1)
-        if len(batch.decode) + sum(length for _, length in batch.prefill) < 2:
-            # One-row matmuls take a different (GEMV) kernel whose rounding differs, so a
-            # sequence running alone would not match itself in a batch. Pad with a dummy
-            # decode row that lives in the scratch block; its logits row comes last and is dropped.
-            dummy_row = len(ids)
-            ids.append(0)
-            positions.append(0)
-            slots.append(self.scratch_slot)
-            tables.append([self.scratch_slot // bs])
-            lens.append(1)
+    def _slot(self, block_table: list[int], position: int) -> int:
+        return block_table[position // self.block_size] * self.block_size + position % self.block_size
 
-        decode_tables = decode_mask = None
-        max_ctx = 0
-        if tables:
-            width = -(-max(lens) // bs)
+    def prepare_decode(self, batch: PackedBatch, seqs: list[Sequence]) -> None:
+        """One token per decoding sequence: its last, not yet cached, token."""
+        for seq in seqs:
+            position = seq.num_cached
+            batch.next_token_rows[seq.seq_id] = batch.keep_row(len(batch.input_ids))
+            batch.add(seq.token_ids[position], position, self._slot(seq.block_table, position))
+            batch.decode_tables.append(seq.block_table)
+            batch.decode_lens.append(position + 1)
+
+    def add_padding_row(self, batch: PackedBatch) -> int:
+        """One-row matmuls take a different (GEMV) kernel whose rounding differs, so a sequence running
+        alone would not match itself in a batch. A dummy decode row in the scratch block makes two.
+        Returns its packed position."""
+        batch.add(0, 0, self.scratch_block * self.block_size)
+        batch.decode_tables.append([self.scratch_block])
+        batch.decode_lens.append(1)
+        return len(batch.input_ids) - 1
+
+    def prepare_prefill(self, batch: PackedBatch, chunks: list[tuple[Sequence, int]],
+                        wants_prompt_logprobs: set[int]) -> None:
+        """Each prompt chunk after the decode rows; logits for the chunk's last token when it ends the
+        prompt, or for all of its tokens when the prompt's logprobs are wanted."""
+        for seq, length in chunks:
+            start, first = len(batch.input_ids), seq.num_cached
+            context = first + length
+            for position in range(first, context):
+                batch.add(seq.token_ids[position], position, self._slot(seq.block_table, position))
+            mask = None
+            if first:  # earlier chunks are in the cache: attend to them, causally within this one
+                mask = (torch.arange(context, device=self.device)[None, :]
+                        <= torch.arange(first, context, device=self.device)[:, None])
+            table = torch.tensor(seq.block_table[:-(-context // self.block_size)], dtype=torch.long,
+                                 device=self.device)
+            batch.prefills.append(attention.PrefillChunk(start, length, context, table, mask))
+            completes_prompt = context == len(seq.token_ids)
+            if seq.seq_id in wants_prompt_logprobs:
+                rows = [batch.keep_row(p) for p in range(start, start + length)]
+                batch.prompt_rows.append(PromptRows(seq.seq_id, first, rows[0], length))
+                if completes_prompt:
+                    batch.next_token_rows[seq.seq_id] = rows[-1]
+            elif completes_prompt:
+                batch.next_token_rows[seq.seq_id] = batch.keep_row(start + length - 1)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        """The model over the packed batch: float32 logits of the kept rows, on the CPU."""
+        device = self.device
+        tables = masks = None
+        max_context = 0
+        if batch.decode_lens:
+            width = -(-max(batch.decode_lens) // self.block_size)
             # Whole blocks: a sequence's softmax then reduces over the same padded length
             # whether it runs alone or beside longer ones, so its output is batch-invariant.
-            max_ctx = width * bs
-            decode_tables = torch.tensor([t[:width] + [0] * (width - len(t[:width])) for t in tables],
-                                         dtype=torch.long, device=self.device)
-            lens_t = torch.tensor(lens, device=self.device)
-            decode_mask = (torch.arange(max_ctx, device=self.device)[None, :] < lens_t[:, None])[:, None, None, :]
-
-        chunks: list[attention.PrefillChunk] = []
-        for seq, length in batch.prefill:
-            start, first = len(ids), seq.num_cached
-            ctx = first + length
-            ids.extend(seq.token_ids[first:ctx])
-            positions.extend(range(first, ctx))
-            slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(first, ctx))
-            mask = None
-            if first:
-                mask = (torch.arange(ctx, device=self.device)[None, :]
-                        <= torch.arange(first, ctx, device=self.device)[:, None])
-            table = torch.tensor(seq.block_table[:-(-ctx // bs)], dtype=torch.long, device=self.device)
-            chunks.append(attention.PrefillChunk(start, length, ctx, table, mask))
-            completes = ctx == len(seq.token_ids)
-            if seq.seq_id in wants_prompt_logprobs:
-                keep.extend(range(start, start + length))
-                owners.append((seq, "prompt"))
-            elif completes:
-                keep.append(start + length - 1)
-                owners.append((seq, "next"))
-
-        if len(tables) > len(batch.decode):
-            keep.append(dummy_row)
-
+            max_context = width * self.block_size
+            tables = torch.tensor([t[:width] + [0] * (width - len(t[:width])) for t in batch.decode_tables],
+                                  dtype=torch.long, device=device)
+            lens = torch.tensor(batch.decode_lens, device=device)
+            masks = (torch.arange(max_context, device=device)[None, :] < lens[:, None])[:, None, None, :]
         layout = attention.StepLayout(
             cache=self.cache,
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
-            num_decode=len(tables),
-            decode_block_tables=decode_tables,
-            decode_mask=decode_mask,
-            max_decode_context=max_ctx,
-            prefills=chunks,
+            slot_mapping=torch.tensor(batch.slots, dtype=torch.long, device=device),
+            num_decode=len(batch.decode_lens),
+            decode_block_tables=tables,
+            decode_mask=masks,
+            max_decode_context=max_context,
+            prefills=batch.prefills,
         )
         out = self.model(
-            input_ids=torch.tensor([ids], device=self.device),
-            position_ids=torch.tensor([positions], device=self.device),
-            logits_to_keep=torch.tensor(keep, device=self.device),
+            input_ids=torch.tensor([batch.input_ids], device=device),
+            position_ids=torch.tensor([batch.positions], device=device),
+            logits_to_keep=torch.tensor(batch.keep, device=device),
             use_cache=False,
             layout=layout,
         )
-        logits = out.logits[0].float().cpu()
-        return self._split(logits, owners, batch)
-
-    @staticmethod
-    def _split(logits: torch.Tensor, owners: list[tuple[Sequence, str]], batch: ScheduledBatch) -> StepLogits:
-        result = StepLogits(next_token={}, prompt={})
-        chunk_len = {seq.seq_id: length for seq, length in batch.prefill}
-        row = 0
-        for seq, purpose in owners:
-            if purpose == "next":
-                result.next_token[seq.seq_id] = logits[row]
-                row += 1
-            else:
-                n = chunk_len[seq.seq_id]
-                rows = logits[row:row + n]
-                result.prompt[seq.seq_id] = (seq.num_cached, rows)
-                if seq.num_cached + n == len(seq.token_ids):
-                    result.next_token[seq.seq_id] = rows[-1]
-                row += n
-        return result
+        return out.logits[0].float().cpu()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine_service.kv_cache import BlockAllocator
+from engine_service.block_manager import BlockManager
 from engine_service.sequence import Sequence
 
 
@@ -26,10 +26,8 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, allocator: BlockAllocator, block_size: int, max_batch_size: int,
-                 max_step_tokens: int) -> None:
-        self.allocator = allocator
-        self.block_size = block_size
+    def __init__(self, blocks: BlockManager, max_batch_size: int, max_step_tokens: int) -> None:
+        self.blocks = blocks
         self.max_batch_size = max_batch_size
         self.max_step_tokens = max_step_tokens
         self.waiting: deque[Sequence] = deque()
@@ -49,13 +47,13 @@ class Scheduler:
                 break
             if not seq.is_decoding:
                 chunk = min(seq.num_uncomputed, budget)
-                if not self._reserve(seq, seq.num_cached + chunk):
+                if not self.blocks.reserve(seq, seq.num_cached + chunk):
                     continue
                 batch.prefill.append((seq, chunk))
                 budget -= chunk
         while self.waiting and budget > 0 and self._batch_slots_used() + self._slots(self.waiting[0]) <= self.max_batch_size:
             seq = self.waiting[0]
-            if not self._reserve(seq, len(seq.token_ids)):
+            if not self.blocks.reserve(seq, len(seq.token_ids)):
                 break
             self.waiting.popleft()
             self.running.append(seq)
@@ -73,19 +71,11 @@ class Scheduler:
 
     def _make_room(self, seq: Sequence) -> bool:
         """Ensure seq has a block for its next token, preempting newer sequences if needed."""
-        while not self._reserve(seq, seq.num_cached + 1):
+        while not self.blocks.reserve(seq, seq.num_cached + 1):
             victim = self.running[-1]
             self.preempt(victim)
             if victim is seq:
                 return False
-        return True
-
-    def _reserve(self, seq: Sequence, num_tokens: int) -> bool:
-        needed = -(-num_tokens // self.block_size) - len(seq.block_table)
-        if needed > self.allocator.num_free:
-            return False
-        for _ in range(max(needed, 0)):
-            seq.block_table.append(self.allocator.allocate())
         return True
 
     def preempt(self, seq: Sequence) -> None:
@@ -94,10 +84,14 @@ class Scheduler:
         seq.num_cached = 0
         self.waiting.appendleft(seq)
 
+    def add_fork(self, parent: Sequence, child: Sequence) -> None:
+        """n > 1: a sibling choice joins the batch from its parent's prefilled prompt."""
+        self.blocks.fork(parent, child)
+        self.running.append(child)
+
     def release(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.allocator.free(seq.block_table)
-        seq.block_table = []
+        self.blocks.free(seq)

@@ -1,0 +1,156 @@
+"""The scheduler and block manager on their own: real Sequences, no model, no processes.
+
+Covers continuous batching (decodes first, then prompt chunks within the step budget),
+chunked prefill, the batch-size cap, preemption when blocks run out, n>1 forking with shared
+prompt blocks, and that every block comes back once sequences are released."""
+
+from __future__ import annotations
+
+from engine_service.block_manager import BlockManager
+from engine_service.params import RequestParams, SamplingParams, StoppingParams
+from engine_service.scheduler import Scheduler
+from engine_service.sequence import Request, Sequence
+
+BLOCK = 4
+
+
+class CopyLog:
+    """Stands in for the KV cache: records which block contents were copied where."""
+
+    def __init__(self) -> None:
+        self.copies: list[tuple[int, int]] = []
+
+    def __call__(self, src: int, dst: int) -> None:
+        self.copies.append((src, dst))
+
+
+def make_seq(prompt_len: int, n: int = 1) -> Sequence:
+    params = RequestParams(SamplingParams(), StoppingParams(), n=n)
+    request = Request("r", list(range(1, prompt_len + 1)), params, max_tokens=100, sink=lambda events: None)
+    seqs = [Sequence(request, i, stop_ids=set(), matcher=None, output=None) for i in range(n)]
+    request.sequences = seqs
+    seqs[0].forks = seqs[1:]
+    return seqs[0]
+
+
+def make_scheduler(num_blocks: int = 64, max_batch: int = 8, step_tokens: int = 32) -> tuple[Scheduler, CopyLog]:
+    copies = CopyLog()
+    return Scheduler(BlockManager(num_blocks, BLOCK, copies), max_batch, step_tokens), copies
+
+
+def run_step(scheduler: Scheduler) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
+    """schedule(), then do what the engine does after the model ran: advance the cache and append a
+    token to each sequence whose prompt is now whole."""
+    batch = scheduler.schedule()
+    for seq in batch.decode:
+        seq.num_cached += 1
+        seq.token_ids.append(7)
+    for seq, length in batch.prefill:
+        seq.num_cached += length
+        if seq.num_cached == len(seq.token_ids):
+            seq.token_ids.append(7)
+    return batch.decode, batch.prefill
+
+
+def test_prompts_are_prefilled_in_chunks_within_the_step_budget_beside_decodes() -> None:
+    scheduler, _ = make_scheduler(step_tokens=10)
+    short, long = make_seq(3), make_seq(25)
+    scheduler.waiting.extend([short, long])
+    decode, prefill = run_step(scheduler)
+    assert decode == [] and [(s, n) for s, n in prefill] == [(short, 3), (long, 7)]
+    decode, prefill = run_step(scheduler)
+    assert decode == [short] and prefill == [(long, 9)], "decodes first, the rest of the budget to the prompt"
+    decode, prefill = run_step(scheduler)
+    assert decode == [short] and prefill == [(long, 9)]
+    decode, prefill = run_step(scheduler)
+    assert set(decode) == {short, long} and prefill == [], "the long prompt is whole and decoding"
+
+
+def test_batch_size_caps_running_sequences_and_the_rest_wait() -> None:
+    scheduler, _ = make_scheduler(max_batch=2)
+    seqs = [make_seq(2) for _ in range(3)]
+    scheduler.waiting.extend(seqs)
+    run_step(scheduler)
+    assert scheduler.running == seqs[:2] and list(scheduler.waiting) == seqs[2:]
+    scheduler.release(seqs[0])  # a finished sequence makes room
+    run_step(scheduler)
+    assert scheduler.running == [seqs[1], seqs[2]]
+
+
+def test_blocks_are_reserved_as_sequences_grow_and_all_return_on_release() -> None:
+    scheduler, _ = make_scheduler(num_blocks=16)
+    seq = make_seq(5)
+    scheduler.waiting.append(seq)
+    run_step(scheduler)
+    assert len(seq.block_table) == 2  # 5 prompt tokens in blocks of 4 (plus room for the first new one)
+    for _ in range(4):
+        run_step(scheduler)
+    assert len(seq.block_table) == -(-seq.num_cached // BLOCK)
+    scheduler.release(seq)
+    assert scheduler.blocks.num_free == 16 and seq.block_table == []
+
+
+def test_out_of_blocks_preempts_the_newest_sequence_which_later_recomputes() -> None:
+    scheduler, _ = make_scheduler(num_blocks=4)
+    old, new = make_seq(4), make_seq(4)
+    scheduler.waiting.extend([old, new])
+    run_step(scheduler)  # both prompts fill one block each
+    steps = 0
+    while new in scheduler.running and steps < 20:
+        run_step(scheduler)
+        steps += 1
+    assert new in scheduler.waiting and new.num_cached == 0 and new.block_table == [], "preempted, cache freed"
+    assert old in scheduler.running, "the older sequence keeps running"
+    scheduler.release(old)
+    tokens = len(new.token_ids)
+    decode, prefill = run_step(scheduler)
+    assert prefill == [(new, tokens)], \
+        "readmitted, it recomputes its prompt and the tokens it had generated"
+
+
+def test_a_request_waits_until_its_prompt_fits_in_free_blocks() -> None:
+    scheduler, _ = make_scheduler(num_blocks=3)
+    big, small = make_seq(13), make_seq(2)
+    scheduler.waiting.extend([big, small])
+    assert run_step(scheduler) == ([], []), "13 tokens need 4 blocks: it waits"
+    assert list(scheduler.waiting) == [big, small], "first come, first served: the small one waits behind it"
+
+
+def test_forks_share_full_prompt_blocks_and_copy_the_partial_one() -> None:
+    scheduler, copies = make_scheduler(num_blocks=16)
+    leader = make_seq(6, n=3)
+    siblings = list(leader.forks)
+    scheduler.waiting.append(leader)
+    run_step(scheduler)
+    assert scheduler.blocks.num_free == 14
+    for sibling in siblings:
+        scheduler.add_fork(leader, sibling)
+    leader.forks = []
+    full, partial = leader.block_table
+    for sibling in siblings:
+        assert sibling.block_table[0] == full, "the full prompt block is shared"
+        assert sibling.block_table[1] != partial and (partial, sibling.block_table[1]) in copies.copies
+        assert sibling.num_cached == leader.num_cached
+    assert scheduler.blocks.num_free == 12, "one copied block per sibling, the full one shared"
+    for seq in [leader, *siblings]:
+        scheduler.release(seq)
+    assert scheduler.blocks.num_free == 16, "the shared block returns once its last holder lets go"
+
+
+def test_a_fork_without_a_free_block_recomputes_its_partial_block() -> None:
+    scheduler, copies = make_scheduler(num_blocks=2)
+    leader = make_seq(6, n=2)
+    sibling = leader.forks[0]
+    scheduler.waiting.append(leader)
+    run_step(scheduler)
+    assert scheduler.blocks.num_free == 0
+    scheduler.add_fork(leader, sibling)
+    assert sibling.block_table == leader.block_table[:1] and sibling.num_cached == BLOCK and not copies.copies
+
+
+def test_n_choices_count_against_the_batch_size_before_they_fork() -> None:
+    scheduler, _ = make_scheduler(max_batch=3)
+    first, second = make_seq(2, n=2), make_seq(2, n=2)
+    scheduler.waiting.extend([first, second])
+    run_step(scheduler)
+    assert scheduler.running == [first] and list(scheduler.waiting) == [second], "2 + 2 choices exceed 3 slots"
