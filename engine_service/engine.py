@@ -191,16 +191,34 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch:
             return
-        wants_prompt = {seq.seq_id for seq, _ in batch.prefill
-                        if seq.params.wants_prompt_logprobs and seq.index == 0 and seq.num_output == 0}
-        logits = self.runner.run(batch, wants_prompt)
-        for seq in batch.decode:
-            seq.num_cached += 1
-        for seq, length in batch.prefill:
-            seq.num_cached += length
+        logits = self.runner.run(batch, self._wanting_prompt_logprobs(batch))
+        self.scheduler.advance(batch)
+        self._postprocess(batch, logits)
+
+    @staticmethod
+    def _wanting_prompt_logprobs(batch: ScheduledBatch) -> set[int]:
+        """Sequences whose prompt chunk needs every logits row (echo with logprobs; once per request)."""
+        return {seq.seq_id for seq, _ in batch.prefill
+                if seq.params.wants_prompt_logprobs and seq.index == 0 and seq.num_output == 0}
+
+    def _postprocess(self, batch: ScheduledBatch, logits: StepLogits) -> None:
+        """Sample the next token of every sequence that has one due, then send each request its events."""
         self._collect_prompt_logprobs(logits, batch)
-        self._postprocess(logits, {seq.seq_id: seq for seq in batch.decode} |
-                          {seq.seq_id: seq for seq, _ in batch.prefill})
+        scheduled = {seq.seq_id: seq for seq in batch.decode} | {seq.seq_id: seq for seq, _ in batch.prefill}
+        rows: list[torch.Tensor] = []
+        seqs: list[Sequence] = []
+        for seq_id, row in logits.next_token.items():
+            seq = scheduled[seq_id]
+            choices = self._start_choices(seq) if seq.num_output == 0 and seq.index == 0 else [seq]
+            rows += [row] * len(choices)
+            seqs += choices
+        if seqs:
+            tokens, logprobs = sample(torch.stack(rows), seqs)
+            for seq, token, logprob in zip(seqs, tokens, logprobs):
+                self._append_token(seq, token, logprob)
+        for request in {scheduled[seq_id].request.request_id: scheduled[seq_id].request
+                        for seq_id in logits.next_token}.values():
+            self._send_events(request)
 
     def _collect_prompt_logprobs(self, logits: StepLogits, batch: ScheduledBatch) -> None:
         """Echo with logprobs: the logprob of each prompt token given the ones before it."""
@@ -217,45 +235,35 @@ class Engine:
             for i, target in enumerate(targets):
                 seq.prompt_logprobs.append(token_logprob(logp[i], target, seq.params.top_logprobs))
 
-    def _postprocess(self, logits: StepLogits, scheduled: dict[int, Sequence]) -> None:
-        rows: list[torch.Tensor] = []
-        seqs: list[Sequence] = []
-        touched: dict[str, Request] = {}
-        events: dict[str, list[Event]] = {}
-        for seq_id, row in logits.next_token.items():
-            seq = scheduled[seq_id]
-            request = seq.request
-            touched[request.request_id] = request
-            if seq.num_output == 0 and seq.index == 0:
-                events.setdefault(request.request_id, []).append(self._prompt_event(seq))
-                if request.max_tokens == 0:  # echo-only scoring: the prompt was all we needed
-                    for choice in [seq, *seq.forks]:
-                        self._finish(choice, FinishReason.LENGTH)
-                    seq.forks = []
-                    continue
-                for fork in seq.forks:  # n > 1: the siblings start from this prefilled prompt
-                    self.scheduler.add_fork(seq, fork)
-                    rows.append(row)
-                    seqs.append(fork)
-                seq.forks = []
-            rows.append(row)
-            seqs.append(seq)
-        if seqs:
-            tokens, logprobs = sample(torch.stack(rows), seqs)
-            for seq, token, logprob in zip(seqs, tokens, logprobs):
-                self._append_token(seq, token, logprob)
-        for request_id, request in touched.items():
-            out = events.setdefault(request_id, [])
-            for seq in request.sequences:
-                out.extend(self._drain(seq))
-            if request.finished:
-                self._requests.pop(request_id, None)
-            request.sink(out)
+    def _start_choices(self, leader: Sequence) -> list[Sequence]:
+        """The prompt is prefilled: announce it, and start the request's choices from it (n > 1 forks
+        share its blocks). Returns the choices that sample a first token now."""
+        request = leader.request
+        request.outbox.append(PromptEvent(
+            prompt_ids=list(request.prompt_ids),
+            prompt_logprobs=leader.prompt_logprobs if leader.params.wants_prompt_logprobs else None))
+        forks, leader.forks = leader.forks, []
+        if request.max_tokens == 0:  # echo-only scoring: the prompt was all we needed
+            for choice in [leader, *forks]:
+                self._finish(choice, FinishReason.LENGTH)
+            return []
+        for fork in forks:
+            self.scheduler.add_fork(leader, fork)
+        return [*forks, leader]
 
-    @staticmethod
-    def _prompt_event(seq: Sequence) -> PromptEvent:
-        return PromptEvent(prompt_ids=list(seq.request.prompt_ids),
-                           prompt_logprobs=seq.prompt_logprobs if seq.params.wants_prompt_logprobs else None)
+    def _send_events(self, request: Request) -> None:
+        events, request.outbox = request.outbox, []
+        for seq in request.sequences:
+            chunk = seq.output.chunk()
+            if chunk is not None:
+                events.append(chunk)
+            if seq.finished and seq.finish_reason is not FinishReason.CANCELLED and not seq.final_sent:
+                seq.final_sent = True
+                events.append(FinalEvent(seq.index, seq.finish_reason, seq.prompt_len, seq.num_output,
+                                         seq.output.matched_stop, tool_calls=seq.output.tool_calls))
+        if request.finished:
+            self._requests.pop(request.request_id, None)
+        request.sink(events)
 
     def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
         seq.token_ids.append(token)
@@ -277,15 +285,3 @@ class Engine:
                 self.scheduler.release(seq)
         self._requests.pop(request.request_id, None)
         request.sink([FinalEvent(s.index, reason, s.prompt_len, s.num_output) for s in request.sequences])
-
-    @staticmethod
-    def _drain(seq: Sequence) -> list[Event]:
-        out: list[Event] = []
-        chunk = seq.output.chunk()
-        if chunk is not None:
-            out.append(chunk)
-        if seq.finished and seq.finish_reason is not FinishReason.CANCELLED and not seq.final_sent:
-            seq.final_sent = True
-            out.append(FinalEvent(seq.index, seq.finish_reason, seq.prompt_len, seq.num_output,
-                                  seq.output.matched_stop, tool_calls=seq.output.tool_calls))
-        return out

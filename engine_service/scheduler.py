@@ -62,6 +62,14 @@ class Scheduler:
             budget -= chunk
         return batch
 
+    @staticmethod
+    def advance(batch: ScheduledBatch) -> None:
+        """After the model ran the batch: its tokens are in the cache."""
+        for seq in batch.decode:
+            seq.num_cached += 1
+        for seq, length in batch.prefill:
+            seq.num_cached += length
+
     def _batch_slots_used(self) -> int:
         return sum(self._slots(seq) for seq in self.running)
 

@@ -73,6 +73,7 @@ class Request:
     grammar: str | None = None  # constrained decoding (llguidance grammar)
     tools: ToolSpec | None = None  # output is parsed for tool calls when set
     sequences: list["Sequence"] = field(default_factory=list)
+    outbox: list[Event] = field(default_factory=list)  # request-level events for the next sink call
 
     @property
     def finished(self) -> bool:

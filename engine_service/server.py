@@ -55,27 +55,24 @@ class EngineServicer(pb_grpc.EngineServicer):
         queue: asyncio.Queue[list] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         try:
-            ids = prompts.prompt_ids(self.engine.tokenizer, request)
-            params = request_params(request)
-            tools = ToolSpec.from_chat(request.chat) if request.WhichOneof("input") == "chat" else None
-            grammar = await asyncio.to_thread(self._grammar, request, tools)
-            job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
-                          max_tokens=0, sink=lambda events: loop.call_soon_threadsafe(queue.put_nowait, events),
-                          grammar=grammar, tools=tools)
-            self.engine.submit(job)
+            job = await self._submit(request, request_id,
+                                     sink=lambda events: loop.call_soon_threadsafe(queue.put_nowait, events))
         except InvalidRequest as exc:
             await abort_invalid(context, exc, request.WhichOneof("input"))
+            return
         except QueueFull as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        encoder = EventEncoder(request_id, self.engine.token_table, echo=params.echo,
+            return
+        encoder = EventEncoder(request_id, self.engine.token_table, echo=job.params.echo,
                                decode=self.engine.tokenizer.decode)
-        remaining = params.n
+        remaining = job.params.n
         try:
             while remaining:
                 for event in await queue.get():
                     if isinstance(event, FinalEvent):
                         if event.finish_reason is FinishReason.CANCELLED:
                             await context.abort(grpc.StatusCode.INTERNAL, "the engine failed while generating")
+                            return
                         remaining -= 1
                     message = encoder.encode(event)
                     if message is not None:
@@ -84,6 +81,17 @@ class EngineServicer(pb_grpc.EngineServicer):
             # Client gone, deadline passed or stream done: the engine frees the slot next step.
             if not job.finished:
                 self.engine.abort(job.request_id)
+
+    async def _submit(self, request: pb.GenerateRequest, request_id: str, sink) -> Request:
+        """The engine's request for a GenerateRequest, queued. Raises InvalidRequest or QueueFull."""
+        ids = prompts.prompt_ids(self.engine.tokenizer, request)
+        params = request_params(request)
+        tools = ToolSpec.from_chat(request.chat) if request.WhichOneof("input") == "chat" else None
+        grammar = await asyncio.to_thread(self._grammar, request, tools)
+        job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
+                      max_tokens=0, sink=sink, grammar=grammar, tools=tools)
+        self.engine.submit(job)
+        return job
 
     def _grammar(self, request: pb.GenerateRequest, tools: ToolSpec | None) -> str | None:
         """The request's constraint, or the forced tool-call shape; validated (may take ~100 ms)."""

@@ -39,14 +39,11 @@ def make_scheduler(num_blocks: int = 64, max_batch: int = 8, step_tokens: int = 
 
 
 def run_step(scheduler: Scheduler) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
-    """schedule(), then do what the engine does after the model ran: advance the cache and append a
-    token to each sequence whose prompt is now whole."""
+    """schedule(), advance(), then what the engine's sampler does: a token for each sequence that
+    decoded or whose prompt is now whole."""
     batch = scheduler.schedule()
-    for seq in batch.decode:
-        seq.num_cached += 1
-        seq.token_ids.append(7)
-    for seq, length in batch.prefill:
-        seq.num_cached += length
+    scheduler.advance(batch)
+    for seq in [*batch.decode, *(seq for seq, _ in batch.prefill)]:
         if seq.num_cached == len(seq.token_ids):
             seq.token_ids.append(7)
     return batch.decode, batch.prefill
