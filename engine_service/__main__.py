@@ -13,7 +13,7 @@ if __name__ == "__main__":
 
     die_with_parent()
 
-from engine_service.engine import Engine, EngineConfig  # noqa: E402
+from engine_service.core.engine import Engine, EngineConfig  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -44,8 +44,8 @@ def main() -> None:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import torch  # after logging is set up; slow to import
 
-    from engine_service.model_loader import load_model
-    from engine_service.server import BackgroundServer
+    from engine_service.model.loader import load_model
+    from engine_service.serving.server import BackgroundServer
 
     if args.threads:
         torch.set_num_threads(args.threads)

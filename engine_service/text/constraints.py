@@ -17,8 +17,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from conduit.v1 import engine_pb2 as pb
-from engine_service.params import InvalidRequest
-from engine_service.tools import JSON_OPTIONS, closed_objects
+from engine_service.core.params import InvalidRequest
+from engine_service.text.tools import JSON_OPTIONS, closed_objects
 
 
 class GrammarCompiler:

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine_service import attention
-from engine_service.packed_linear import pack_linears
-from engine_service.rotary import install_rotary_table
-from engine_service.kv_cache import CacheShape, KVCache
-from engine_service.scheduler import ScheduledBatch
-from engine_service.sequence import Sequence
+from engine_service.model import attention
+from engine_service.model.packed_linear import pack_linears
+from engine_service.model.rotary import install_rotary_table
+from engine_service.model.kv_cache import CacheShape, KVCache
+from engine_service.core.scheduler import ScheduledBatch
+from engine_service.core.sequence import Sequence
 
 
 @dataclass

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from engine_service.sequence import Sequence, TokenLogprob
+from engine_service.core.events import TokenLogprob
+from engine_service.core.sequence import Sequence
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:

@@ -12,25 +12,18 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_service.constraints import GrammarCompiler
-from engine_service.detokenizer import TokenTable
-from engine_service.block_manager import BlockManager
-from engine_service.kv_cache import KVCache
-from engine_service.model_loader import LoadedModel
-from engine_service.model_runner import ModelRunner, StepLogits
-from engine_service.output import OutputProcessor
-from engine_service.params import InvalidRequest, QueueFull, RequestParams
-from engine_service.sampler import sample, token_logprob
-from engine_service.scheduler import ScheduledBatch, Scheduler
-from engine_service.sequence import (
-    Event,
-    FinalEvent,
-    FinishReason,
-    PromptEvent,
-    Request,
-    Sequence,
-    TokenLogprob,
-)
+from engine_service.text.constraints import GrammarCompiler
+from engine_service.text.detokenizer import TokenTable
+from engine_service.core.block_manager import BlockManager
+from engine_service.model.kv_cache import KVCache
+from engine_service.model.loader import LoadedModel
+from engine_service.model.runner import ModelRunner, StepLogits
+from engine_service.text.output import OutputProcessor
+from engine_service.core.params import InvalidRequest, QueueFull, RequestParams
+from engine_service.core.sampler import sample, token_logprob
+from engine_service.core.scheduler import ScheduledBatch, Scheduler
+from engine_service.core.events import FinalEvent, FinishReason, PromptEvent, TokenLogprob
+from engine_service.core.sequence import Request, Sequence
 
 log = logging.getLogger(__name__)
 

@@ -2,65 +2,21 @@
 
 from __future__ import annotations
 
-import enum
 import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from engine_service.params import RequestParams
-from engine_service.tools import ToolCall, ToolCallDelta, ToolSpec
+from engine_service.core.events import Event, FinishReason, TokenLogprob
+from engine_service.core.params import RequestParams
+from engine_service.text.tools import ToolSpec
 
 if TYPE_CHECKING:
-    from engine_service.constraints import Matcher
-    from engine_service.output import OutputProcessor
+    from engine_service.text.constraints import Matcher
+    from engine_service.text.output import OutputProcessor
 
 _seq_ids = itertools.count()
-
-
-class FinishReason(enum.Enum):
-    STOP = "stop"
-    LENGTH = "length"
-    TOOL_CALLS = "tool_calls"
-    CANCELLED = "cancelled"
-
-
-@dataclass
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
-
-
-@dataclass
-class PromptEvent:
-    prompt_ids: list[int]
-    prompt_logprobs: list[TokenLogprob | None] | None
-
-
-@dataclass
-class ChunkEvent:
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[TokenLogprob]
-    prompt_tokens: int
-    completion_tokens: int
-    tool_calls: list[ToolCallDelta] = field(default_factory=list)
-
-
-@dataclass
-class FinalEvent:
-    index: int
-    finish_reason: FinishReason
-    prompt_tokens: int
-    completion_tokens: int
-    matched_stop: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-
-
-Event = PromptEvent | ChunkEvent | FinalEvent
 
 
 @dataclass

@@ -8,8 +8,8 @@ from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from conduit.v1 import engine_pb2 as pb
-from engine_service.params import InvalidRequest
-from engine_service.tools import ToolSpec
+from engine_service.core.params import InvalidRequest
+from engine_service.text.tools import ToolSpec
 
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 

@@ -16,12 +16,13 @@ from grpc_reflection.v1alpha import reflection
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc as pb_grpc
 from conduit.v1.contract import ENGINE_SERVICE, ERROR_CODE_METADATA_KEY, MESSAGE_SIZE_OPTIONS, PARAM_METADATA_KEY
-from engine_service import prompts
-from engine_service.convert import EventEncoder, request_params
-from engine_service.engine import Engine
-from engine_service.params import InvalidRequest, QueueFull
-from engine_service.sequence import FinalEvent, FinishReason, Request
-from engine_service.tools import ToolSpec
+from engine_service.text import prompts
+from engine_service.serving.convert import EventEncoder, request_params
+from engine_service.core.engine import Engine
+from engine_service.core.params import InvalidRequest, QueueFull
+from engine_service.core.events import FinalEvent, FinishReason
+from engine_service.core.sequence import Request
+from engine_service.text.tools import ToolSpec
 
 log = logging.getLogger(__name__)
 

@@ -10,16 +10,9 @@ from google.protobuf.message import Message
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import FINISH_REASONS
 
-from engine_service.detokenizer import TokenTable
-from engine_service.params import RequestParams, SamplingParams, StoppingParams
-from engine_service.sequence import (
-    ChunkEvent,
-    Event,
-    FinalEvent,
-    FinishReason,
-    PromptEvent,
-    TokenLogprob,
-)
+from engine_service.text.detokenizer import TokenTable
+from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
+from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReason, PromptEvent, TokenLogprob
 
 
 def _set_optional_fields(message: Message) -> dict[str, Any]:

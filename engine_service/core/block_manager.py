@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine_service.sequence import Sequence
+from engine_service.core.sequence import Sequence
 
 
 class BlockManager:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import new_tool_call_id
 
-from engine_service.params import InvalidRequest
-from engine_service.tool_parser import CALL_CLOSE, CALL_OPEN, ParsedCall, parse_tool_calls
+from engine_service.core.params import InvalidRequest
+from engine_service.text.tool_parser import CALL_CLOSE, CALL_OPEN, ParsedCall, parse_tool_calls
 
 # Compact separators: small models otherwise wander into endless whitespace.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine_service.block_manager import BlockManager
-from engine_service.sequence import Sequence
+from engine_service.core.block_manager import BlockManager
+from engine_service.core.sequence import Sequence
 
 
 @dataclass

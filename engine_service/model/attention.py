@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from engine_service.kv_cache import KVCache
+from engine_service.model.kv_cache import KVCache
 
 ATTENTION_NAME = "conduit_paged"
 

@@ -1,0 +1,52 @@
+"""What the engine tells a request's sink: the prompt once, chunks of new output, a final per choice."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine_service.text.tools import ToolCall, ToolCallDelta
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class PromptEvent:
+    prompt_ids: list[int]
+    prompt_logprobs: list[TokenLogprob | None] | None
+
+
+@dataclass
+class ChunkEvent:
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob]
+    prompt_tokens: int
+    completion_tokens: int
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+
+
+@dataclass
+class FinalEvent:
+    index: int
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    matched_stop: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+Event = PromptEvent | ChunkEvent | FinalEvent

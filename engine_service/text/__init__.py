@@ -1,0 +1,1 @@
+"""Text in and out: prompts and chat templates, detokenization, stop strings, constraints, tool calls."""
