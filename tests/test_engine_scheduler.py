@@ -6,10 +6,10 @@ prompt blocks, and that every block comes back once sequences are released."""
 
 from __future__ import annotations
 
-from engine_service.block_manager import BlockManager
-from engine_service.params import RequestParams, SamplingParams, StoppingParams
-from engine_service.scheduler import Scheduler
-from engine_service.sequence import Request, Sequence
+from engine_service.core.block_manager import BlockManager
+from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
+from engine_service.core.scheduler import Scheduler
+from engine_service.core.sequence import Request, Sequence
 
 BLOCK = 4
 

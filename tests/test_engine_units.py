@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_service.model_loader import DEFAULT_MODEL_ID, resolve_model
-from engine_service.detokenizer import IncrementalDetokenizer, TokenTable
-from engine_service.params import InvalidRequest, RequestParams, SamplingParams, StoppingParams
-from engine_service.sampler import sample
-from engine_service.sequence import Request, Sequence
-from engine_service.stop_strings import StopStringMatcher
+from engine_service.model.loader import DEFAULT_MODEL_ID, resolve_model
+from engine_service.text.detokenizer import IncrementalDetokenizer, TokenTable
+from engine_service.core.params import InvalidRequest, RequestParams, SamplingParams, StoppingParams
+from engine_service.core.sampler import sample
+from engine_service.core.sequence import Request, Sequence
+from engine_service.text.stop_strings import StopStringMatcher
 
 
 @pytest.fixture(scope="module")

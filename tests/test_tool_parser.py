@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from engine_service.tool_parser import ParsedCall, parse_tool_calls
-from engine_service.tools import CallStreamer
+from engine_service.text.tool_parser import ParsedCall, parse_tool_calls
+from engine_service.text.tools import CallStreamer
 
 TOOLS = {"weather", "get_time"}
 PARIS = '{"city": "Paris"}'
