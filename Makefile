@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
 protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
 
-.PHONY: install protos check-protos run-stack test test-fast bench clean
+.PHONY: install protos check-protos run-stack test test-fast bench soak clean
 
 install: $(STAMP)
 
@@ -48,6 +48,10 @@ test-fast: $(STAMP) check-protos
 # Regenerates benchmarks/RESULTS.md (its Notes section is kept); BENCH_ARGS='--skip-peer' etc.
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench --json benchmarks/out/results.json --write-results benchmarks/RESULTS.md $(BENCH_ARGS)
+
+# A few minutes of mixed load at 4x, then 10x the batch size in flight; SOAK_ARGS='--seconds 60' etc.
+soak: $(STAMP)
+	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info protos/*.egg-info .pytest_cache
