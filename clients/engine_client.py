@@ -6,11 +6,16 @@ subclasses instead of `grpc.RpcError`. A Generate stream that is closed early
 (or garbage collected) cancels its call, which stops generation in the engine.
 Channels allow the contract's 64 MiB messages unless `options` say otherwise.
 The blocking client also serves the HTTP shim, under gevent.
+
+A secured engine: `token=` sends `authorization: Bearer <token>` with every call; `tls_ca=`
+(the CA that signed the engine's certificate; `tls=True` alone trusts the system's CAs) makes
+the channel TLS, and `tls_cert=`/`tls_key=` present a client certificate (mutual TLS).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -21,15 +26,42 @@ from clients.request_builder import Message, build_request, tokenize_request
 from clients.results import Completion, CompletionBuilder
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
-from conduit.v1.contract import ENGINE_SERVICE, MESSAGE_SIZE_OPTIONS
+from conduit.v1.contract import AUTHORIZATION_METADATA_KEY, ENGINE_SERVICE, MESSAGE_SIZE_OPTIONS
 
 Metadata = Sequence[tuple[str, str]]
 ChannelOptions = Sequence[tuple[str, Any]]
+PathLike = str | Path
 
 
-def _channel_options(options: ChannelOptions) -> list[tuple[str, Any]]:
+def _channel_options(options: ChannelOptions, tls_server_name: str | None = None) -> list[tuple[str, Any]]:
     """The contract's message size limits, overridden by the caller's `options`."""
-    return list({**dict(MESSAGE_SIZE_OPTIONS), **dict(options)}.items())
+    extra = {"grpc.ssl_target_name_override": tls_server_name} if tls_server_name else {}
+    return list({**dict(MESSAGE_SIZE_OPTIONS), **extra, **dict(options)}.items())
+
+
+def tls_credentials(ca: PathLike | None = None, cert: PathLike | None = None,
+                    key: PathLike | None = None) -> grpc.ChannelCredentials:
+    """TLS channel credentials from PEM files: `ca` verifies the engine (None: the system's
+    CAs); `cert` and `key` are this client's certificate for mutual TLS."""
+    if bool(cert) != bool(key):
+        raise ValueError("a client certificate (tls_cert) needs its key (tls_key), and the other way round")
+
+    def read(path: PathLike | None) -> bytes | None:
+        return Path(path).read_bytes() if path else None
+
+    return grpc.ssl_channel_credentials(root_certificates=read(ca), private_key=read(key),
+                                        certificate_chain=read(cert))
+
+
+def _security(credentials: grpc.ChannelCredentials | None, token: str | None, tls: bool, tls_ca: PathLike | None,
+              tls_cert: PathLike | None, tls_key: PathLike | None,
+              metadata: Metadata) -> tuple[grpc.ChannelCredentials | None, Metadata]:
+    """The channel's credentials (None: plaintext) and the default metadata, with the token."""
+    if credentials is None and (tls or tls_ca or tls_cert or tls_key):
+        credentials = tls_credentials(tls_ca, tls_cert, tls_key)
+    if token:
+        metadata = [(AUTHORIZATION_METADATA_KEY, f"Bearer {token}"), *metadata]
+    return credentials, metadata
 
 
 class _Options:
@@ -82,11 +114,18 @@ class EngineClient:
     """Blocking client. Use as a context manager, or call `close()`."""
 
     def __init__(self, target: str = "127.0.0.1:50051", *,
+                 token: str | None = None, tls: bool = False, tls_ca: PathLike | None = None,
+                 tls_cert: PathLike | None = None, tls_key: PathLike | None = None,
+                 tls_server_name: str | None = None,
                  credentials: grpc.ChannelCredentials | None = None,
                  options: ChannelOptions = (),
                  timeout: float | None = None, metadata: Metadata = ()) -> None:
-        """`timeout` (seconds) and `metadata` apply to every call unless a call overrides them."""
-        options = _channel_options(options)
+        """`timeout` (seconds) and `metadata` apply to every call unless a call overrides them.
+        `token`, `tls*` reach a secured engine (see the module docstring); `tls_server_name`
+        is the name to expect in its certificate when `target` does not carry it; `credentials`
+        replace the ones the tls_* files would make."""
+        credentials, metadata = _security(credentials, token, tls, tls_ca, tls_cert, tls_key, metadata)
+        options = _channel_options(options, tls_server_name)
         self._channel = (grpc.secure_channel(target, credentials, options) if credentials
                          else grpc.insecure_channel(target, options))
         self._stub = engine_pb2_grpc.EngineStub(self._channel)
@@ -184,10 +223,15 @@ class AsyncEngineClient:
     """asyncio client over grpc.aio; create it inside the running event loop."""
 
     def __init__(self, target: str = "127.0.0.1:50051", *,
+                 token: str | None = None, tls: bool = False, tls_ca: PathLike | None = None,
+                 tls_cert: PathLike | None = None, tls_key: PathLike | None = None,
+                 tls_server_name: str | None = None,
                  credentials: grpc.ChannelCredentials | None = None,
                  options: ChannelOptions = (),
                  timeout: float | None = None, metadata: Metadata = ()) -> None:
-        options = _channel_options(options)
+        """The same arguments as EngineClient's."""
+        credentials, metadata = _security(credentials, token, tls, tls_ca, tls_cert, tls_key, metadata)
+        options = _channel_options(options, tls_server_name)
         self._channel = (grpc.aio.secure_channel(target, credentials, options) if credentials
                          else grpc.aio.insecure_channel(target, options))
         self._stub = engine_pb2_grpc.EngineStub(self._channel)

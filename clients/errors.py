@@ -57,6 +57,14 @@ class Cancelled(ConduitError):
     """The call was cancelled; the engine stopped generating."""
 
 
+class Unauthenticated(ConduitError):
+    """The engine requires a token (or a client certificate) and the call had none that it accepts."""
+
+
+class Internal(ConduitError):
+    """The engine failed while serving the call; the message names the request id its log uses."""
+
+
 _BY_CODE: dict[grpc.StatusCode, type[ConduitError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.NOT_FOUND: NotFound,
@@ -64,6 +72,8 @@ _BY_CODE: dict[grpc.StatusCode, type[ConduitError]] = {
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.CANCELLED: Cancelled,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.INTERNAL: Internal,
 }
 
 

@@ -3,6 +3,11 @@
 Used by `make run-stack` (`python -m clients.launch`), by the end-to-end tests and
 by the benchmarks. Each process writes stdout and stderr to a log file; when one
 fails to come up, the error carries the tail of its log.
+
+A secured stack: `token` is required by the engine and sent by the shim (both learn it from
+their environment, not their command line, so `ps` does not show it); `tls` makes the engine
+serve TLS with the given certificate and the shim verify it with the CA, and with a client
+certificate, mutual TLS (the engine then requires certificates signed by the same CA).
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from clients.engine_client import EngineClient
 from clients.errors import ConduitError
 from clients.lifetime import child_env
+from conduit.v1.contract import ENGINE_TOKEN_ENV, ENGINE_TOKENS_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOG_TAIL_LINES = 40
@@ -58,22 +66,58 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return ""
 
 
+@dataclass(frozen=True)
+class TLSFiles:
+    """PEM files for a TLS stack: the CA, the engine's certificate and key, and optionally a
+    client certificate and key (signed by the same CA) for mutual TLS. The engine's
+    certificate must name the host the shim dials (e.g. an IP SAN 127.0.0.1)."""
+
+    ca: str
+    server_cert: str
+    server_key: str
+    client_cert: str | None = None
+    client_key: str | None = None
+
+    @property
+    def mutual(self) -> bool:
+        return self.client_cert is not None
+
+    def engine_args(self) -> list[str]:
+        args = ["--tls-cert", self.server_cert, "--tls-key", self.server_key]
+        return args + ["--tls-client-ca", self.ca] if self.mutual else args
+
+    def shim_args(self) -> list[str]:
+        args = ["--engine-tls-ca", self.ca]
+        if self.mutual:
+            args += ["--engine-tls-cert", str(self.client_cert), "--engine-tls-key", str(self.client_key)]
+        return args
+
+    def client_kwargs(self) -> dict[str, Any]:
+        return {"tls_ca": self.ca, "tls_cert": self.client_cert, "tls_key": self.client_key}
+
+
 class Stack:
     """The engine (`python -m engine_service`) and the shim (`python -m http_shim`) on loopback.
 
     Ports of 0 are replaced by free ports. Use as a context manager, or call
-    `start()` and `stop()`.
+    `start()` and `stop()`. `token` and `tls` secure the engine's port (see the module
+    docstring); `engine_env` adds to the engine's environment only.
     """
 
     def __init__(self, *, model: str | None = None, host: str = "127.0.0.1", engine_port: int = 0,
                  shim_port: int = 0, engine_args: Sequence[str] = (), shim_args: Sequence[str] = (),
-                 log_dir: Path | str | None = None, startup_timeout: float = 300.0) -> None:
+                 log_dir: Path | str | None = None, startup_timeout: float = 300.0,
+                 token: str | None = None, tls: TLSFiles | None = None,
+                 engine_env: Mapping[str, str] | None = None) -> None:
         self.model = model
         self.host = host
         self.engine_port = engine_port or free_port(host)
         self.shim_port = shim_port or free_port(host)
         self.engine_args = list(engine_args)
         self.shim_args = list(shim_args)
+        self.token = token
+        self.tls = tls
+        self.engine_env = dict(engine_env or {})
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="conduit-stack-"))
         self.startup_timeout = startup_timeout
         self.engine: subprocess.Popen[bytes] | None = None
@@ -102,21 +146,41 @@ class Stack:
         return self.log_dir / "shim.log"
 
     def engine_command(self) -> list[str]:
+        tls = self.tls.engine_args() if self.tls else []
         command = [sys.executable, "-m", "engine_service", "--host", self.host,
-                   "--port", str(self.engine_port), *self.engine_args]
+                   "--port", str(self.engine_port), *tls, *self.engine_args]
         return command + ["--model", self.model] if self.model else command
 
     def shim_command(self) -> list[str]:
+        tls = self.tls.shim_args() if self.tls else []
         return [sys.executable, "-m", "http_shim", "--engine", self.engine_address,
-                "--host", self.host, "--port", str(self.shim_port), *self.shim_args]
+                "--host", self.host, "--port", str(self.shim_port), *tls, *self.shim_args]
+
+    def engine_environment(self) -> dict[str, str]:
+        env = {**os.environ, **self.engine_env}
+        if self.token:
+            env[ENGINE_TOKENS_ENV] = self.token
+        return env
+
+    def shim_environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.token:
+            env[ENGINE_TOKEN_ENV] = self.token
+        return env
+
+    def client(self, **kwargs: Any) -> EngineClient:
+        """An EngineClient for this stack's engine, with its token and TLS files; `kwargs` add
+        to (or override) them."""
+        security: dict[str, Any] = {"token": self.token, **(self.tls.client_kwargs() if self.tls else {})}
+        return EngineClient(self.engine_address, **{**security, **kwargs})
 
     def start(self) -> Stack:
         """Start both processes and block until both are ready; StackError (both stopped) if not."""
         for port in (self.engine_port, self.shim_port):
             ensure_port_free(self.host, port)
         try:
-            self.engine = spawn(self.engine_command(), self.engine_log)
-            self.shim = spawn(self.shim_command(), self.shim_log)
+            self.engine = spawn(self.engine_command(), self.engine_log, self.engine_environment())
+            self.shim = spawn(self.shim_command(), self.shim_log, self.shim_environment())
             self._wait_ready()
         except BaseException:
             self.stop()
@@ -145,7 +209,7 @@ class Stack:
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
         engine_ready = shim_ready = False
-        with EngineClient(self.engine_address, timeout=2.0) as client:
+        with self.client(timeout=2.0) as client:
             while not (engine_ready and shim_ready):
                 self.check_alive()
                 if time.monotonic() > deadline:
@@ -160,8 +224,9 @@ class Stack:
                     time.sleep(0.25)
 
 
-def spawn(cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-    """Start one process of the stack, its stdout and stderr going to `log_path`.
+def spawn(cmd: list[str], log_path: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start one process of the stack, its stdout and stderr going to `log_path`, with `env`
+    (default: this process's environment).
 
     The child dies with this process, even when this one is SIGKILLed: `child_env` asks it to, and
     `python -m engine_service` / `python -m http_shim` act on that first thing (clients/lifetime.py).
@@ -171,7 +236,8 @@ def spawn(cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         return subprocess.Popen(cmd, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, env=child_env({**os.environ, "PYTHONUNBUFFERED": "1"}),
+                                stderr=subprocess.STDOUT,
+                                env=child_env({**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}),
                                 start_new_session=True)
 
 
@@ -212,13 +278,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shim-port", type=int, default=int(os.environ.get("SHIM_PORT") or 8000),
                         help="HTTP port (env SHIM_PORT; default 8000)")
     parser.add_argument("--log-dir", help="where engine.log and shim.log go (default: a new temp folder)")
+    env = os.environ.get
+    parser.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT") or 0),
+                        help="engine Prometheus metrics port (env METRICS_PORT; default 0: off)")
+    parser.add_argument("--token", default=env("ENGINE_TOKEN") or None,
+                        help="engine token, required by the engine and sent by the shim (env ENGINE_TOKEN)")
+    parser.add_argument("--tls-ca", default=env("ENGINE_TLS_CA") or None,
+                        help="with --tls-cert/--tls-key: the CA the shim verifies the engine with (env ENGINE_TLS_CA)")
+    parser.add_argument("--tls-cert", default=env("ENGINE_TLS_CERT") or None,
+                        help="the engine's TLS certificate (env ENGINE_TLS_CERT)")
+    parser.add_argument("--tls-key", default=env("ENGINE_TLS_KEY") or None,
+                        help="its private key (env ENGINE_TLS_KEY)")
+    parser.add_argument("--tls-client-cert", default=env("ENGINE_TLS_CLIENT_CERT") or None,
+                        help="mutual TLS: the shim's client certificate, signed by --tls-ca (env ENGINE_TLS_CLIENT_CERT)")
+    parser.add_argument("--tls-client-key", default=env("ENGINE_TLS_CLIENT_KEY") or None,
+                        help="its private key (env ENGINE_TLS_CLIENT_KEY)")
     parser.add_argument("engine_args", nargs=argparse.REMAINDER,
                         help="after `--`: extra engine flags, e.g. -- --max-batch-size 8")
     args = parser.parse_args(argv)
     engine_args = args.engine_args[1:] if args.engine_args[:1] == ["--"] else args.engine_args
+    if args.metrics_port:
+        engine_args = ["--metrics-port", str(args.metrics_port), *engine_args]
+    tls = None
+    if args.tls_cert or args.tls_key or args.tls_ca:
+        if not (args.tls_cert and args.tls_key and args.tls_ca):
+            parser.error("TLS needs --tls-ca, --tls-cert and --tls-key together")
+        if bool(args.tls_client_cert) != bool(args.tls_client_key):
+            parser.error("mutual TLS needs --tls-client-cert and --tls-client-key together")
+        tls = TLSFiles(args.tls_ca, args.tls_cert, args.tls_key, args.tls_client_cert, args.tls_client_key)
 
     stack = Stack(model=args.model, host=args.host, engine_port=args.engine_port,
-                  shim_port=args.shim_port, engine_args=engine_args, log_dir=args.log_dir)
+                  shim_port=args.shim_port, engine_args=engine_args, log_dir=args.log_dir,
+                  token=args.token, tls=tls)
     # Ctrl-C and `kill` stop the stack, even when started from a shell that ignores SIGINT.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -226,9 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"(logs in {stack.log_dir})...", flush=True)
     try:
         stack.start()
-        with EngineClient(stack.engine_address, timeout=10) as client:
+        with stack.client(timeout=10) as client:
             model_id = client.list_models()[0].id
-        print(_ready_banner(stack, model_id), flush=True)
+        print(_ready_banner(stack, model_id, args.metrics_port), flush=True)
         while True:
             stack.check_alive()
             time.sleep(1.0)
@@ -242,12 +333,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         stack.stop()
 
 
-def _ready_banner(stack: Stack, model_id: str) -> str:
+def _ready_banner(stack: Stack, model_id: str, metrics_port: int = 0) -> str:
     body = json.dumps({"model": model_id,
                        "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    security = ", ".join(part for part in ("mutual TLS" if stack.tls and stack.tls.mutual else "TLS" if stack.tls
+                                           else "", "token required" if stack.token else "") if part)
+    metrics = f"  engine metrics:  http://{stack.host}:{metrics_port}/metrics\n" if metrics_port else ""
     return (f"Conduit is up, serving {model_id}.\n"
             f"  OpenAI base URL: {stack.base_url}\n"
-            f"  engine gRPC:     {stack.engine_address}\n"
+            f"  engine gRPC:     {stack.engine_address}{f' ({security})' if security else ''}\n"
+            f"{metrics}"
             f"Try:\n"
             f"  curl {stack.base_url}/chat/completions -H 'Content-Type: application/json' \\\n"
             f"    -d '{body}'\n"

@@ -1,4 +1,9 @@
-"""python -m engine_service --model PATH_OR_DEFAULT --host 127.0.0.1 --port 50051"""
+"""python -m engine_service --model PATH_OR_DEFAULT --host 127.0.0.1 --port 50051
+
+SIGTERM or SIGINT drains: health turns NOT_SERVING, new Generate calls get UNAVAILABLE, queued
+and running requests finish within --drain-seconds (what is left then ends with UNAVAILABLE),
+and the process exits 0. A second signal ends the drain at once.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ import argparse
 import logging
 import os
 import signal
+import sys
+import time
 
 if __name__ == "__main__":
     # First, before torch loads: a launcher killed meanwhile must not leave this engine running.
@@ -13,7 +20,10 @@ if __name__ == "__main__":
 
     die_with_parent()
 
+from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
 from engine_service.core.engine import Engine, EngineConfig  # noqa: E402
+from engine_service.logs import LOG_FORMATS, setup_logging  # noqa: E402
+from engine_service.serving.security import ServerSecurity, collect_tokens  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -36,16 +46,40 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=0, help="default: the model's context length")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads; default: all cores")
     p.add_argument("--log-level", default="INFO")
-    return p.parse_args()
+    p.add_argument("--log-format", default="text", choices=LOG_FORMATS,
+                   help="text, or json: one object per line (ts, level, logger, msg, request_id)")
+    p.add_argument("--drain-seconds", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT, how long queued and running requests get to finish")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve Prometheus metrics over HTTP on this port (same host as gRPC); 0: off")
+    security = p.add_argument_group("security", "tokens and TLS for the gRPC port (health and reflection stay open)")
+    security.add_argument("--auth-token", action="append", default=[], metavar="TOKEN",
+                          help=f"accept 'authorization: Bearer TOKEN' (repeatable; also env {ENGINE_TOKENS_ENV}, "
+                               "comma-separated); with any token, calls without one get UNAUTHENTICATED")
+    security.add_argument("--auth-token-file", metavar="PATH", help="tokens, one per line")
+    security.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate (chain)")
+    security.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    security.add_argument("--tls-client-ca", metavar="PEM",
+                          help="mutual TLS: require client certificates signed by this CA")
+    args = p.parse_args()
+    try:
+        args.security = ServerSecurity(collect_tokens(args.auth_token, args.auth_token_file), args.tls_cert,
+                                       args.tls_key, args.tls_client_ca)
+        args.security.credentials()  # read the files now: a bad path fails here, not at serve time
+    except (OSError, ValueError) as exc:
+        p.error(str(exc))
+    return args
 
 
 def main() -> None:
     args = parse_args()
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level, args.log_format)
     import torch  # after logging is set up; slow to import
 
+    from engine_service.core.metrics import EngineMetrics
     from engine_service.model.loader import load_model
-    from engine_service.serving.server import BackgroundServer
+    from engine_service.serving.background import BackgroundServer
+    from engine_service.serving.server import EngineServicer
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -54,15 +88,32 @@ def main() -> None:
                           max_step_tokens=args.max_step_tokens, block_size=args.block_size,
                           kv_cache_tokens=args.kv_cache_tokens, kv_cache_gb=args.kv_cache_gb,
                           max_model_len=args.max_model_len)
-    engine = Engine(loaded, config)
-    server = BackgroundServer(engine, args.host, args.port)
+    metrics = EngineMetrics(loaded.model_id) if args.metrics_port else None
+    engine = Engine(loaded, config, metrics)
+    if metrics is not None:
+        metrics.serve(args.metrics_port, args.host)
+        logging.getLogger(__name__).info("metrics on http://%s:%d/metrics", args.host, args.metrics_port)
+    server = BackgroundServer(EngineServicer(engine), args.host, args.port, security=args.security,
+                              description=loaded.model_id)
     server.start()
+
+    signals: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        # Nothing here may take a lock the interrupted main thread could hold: the server's loop
+        # does the work (BackgroundServer.begin_drain only queues it).
+        seconds = 0.0 if signals else args.drain_seconds  # a second signal ends the drain now
+        signals.append(signum)
+        server.begin_drain(time.monotonic() + seconds)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: engine.stop())
+        signal.signal(sig, on_signal)
     try:
-        engine.run()  # the main thread: see Engine.run
+        engine.run()  # the main thread, until the drain is over: see Engine.run
     finally:
-        server.stop()
+        server.stop(grace=5.0)
+    logging.getLogger(__name__).info("engine stopped")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -2,12 +2,26 @@
 
 It runs on its own thread. Other threads submit requests and aborts through a small
 inbox; each step's new text goes back through the request's sink callback.
+
+A step that raises fails only the request at fault, when it can tell which: a step of one
+request fails that request; otherwise the step's requests are rewound (their cache is
+recomputed, as after a preemption) and become suspects, which later steps hold at most one of
+at a time, so the next failure names one request. Requests failed so end with
+FinishReason.ERROR (INTERNAL), with the traceback in the log under their id. A fault that does
+not come back costs only the recomputation.
+
+Draining (drain()) stops admitting, finishes what runs and waits by a deadline, then cuts
+what is left (FinishReason.SHUTDOWN: UNAVAILABLE) and returns from run().
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
+import time
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -19,13 +33,24 @@ from engine_service.model.kv_cache import KVCache
 from engine_service.model.loader import LoadedModel
 from engine_service.model.runner import ModelRunner, StepLogits
 from engine_service.text.output import OutputProcessor
-from engine_service.core.params import InvalidRequest, QueueFull, RequestParams
+from engine_service.core.metrics import EngineMetrics
+from engine_service.core.params import Draining, InvalidRequest, QueueFull, RequestParams
 from engine_service.core.sampler import sample, token_logprob
 from engine_service.core.scheduler import ScheduledBatch, Scheduler
 from engine_service.core.events import FinalEvent, FinishReason, PromptEvent, TokenLogprob
 from engine_service.core.sequence import Request, Sequence
+from engine_service.logs import request_extra
 
 log = logging.getLogger(__name__)
+
+# Fault injection, for tests of failure handling on real processes: when set, a step that
+# holds a request whose prompt (decoded) contains this text raises InjectedFault, after the
+# forward pass. Read once, at start; never set it in production.
+FAULT_INJECT_ENV = "CONDUIT_FAULT_INJECT_PROMPT"
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a step that holds a request marked for fault injection (FAULT_INJECT_ENV)."""
 
 
 @dataclass
@@ -40,7 +65,7 @@ class EngineConfig:
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, metrics: EngineMetrics | None = None) -> None:
         self.loaded = loaded
         self.config = config
         self.tokenizer = loaded.tokenizer
@@ -61,7 +86,20 @@ class Engine:
         self._aborts: list[str] = []
         self._requests: dict[str, Request] = {}
         self._stopping = False
+        self._draining = False  # no new requests; run() returns once the rest are done or cut
+        self._drain_deadline = math.inf  # time.monotonic()
         self._thread: threading.Thread | None = None
+        self.metrics = metrics
+        self._finished_reasons: Counter[str] = Counter()  # since the last metrics update
+        self._finished_arrivals: Counter[float] = Counter()
+        self._prompt_tokens = 0
+        self._generated = 0
+        self._preemptions_seen = 0
+        self._fault_marker = os.environ.get(FAULT_INJECT_ENV) or None
+        self._faulty: set[str] = set()  # request ids whose prompt holds the fault marker
+        if self._fault_marker:
+            log.warning("fault injection is ON (%s): steps holding a prompt with %r will fail",
+                        FAULT_INJECT_ENV, self._fault_marker)
         log.info("KV cache: %d blocks of %d tokens (%d tokens), max batch %d, max model len %d",
                  num_blocks, config.block_size, self.kv_capacity_tokens, config.max_batch_size, self.max_model_len)
 
@@ -80,20 +118,29 @@ class Engine:
     # ------------------------------------------------------------ threads
 
     def run(self) -> None:
-        """Run the loop in the calling thread until stop(). Prefer the main thread: torch's CPU
-        kernels ran about 35% slower per step on a secondary thread here."""
-        while not self._stopping:
+        """Run the loop in the calling thread until stop(), or until a drain is over. Prefer the
+        main thread: torch's CPU kernels ran about 35% slower per step on a secondary thread here."""
+        while True:
+            draining = self._draining  # read first: what was admitted before the drain is in the inbox
             self._drain_inbox()
+            if self._stopping or (draining and (not self.scheduler.has_work()
+                                                or time.monotonic() >= self._drain_deadline)):
+                break
             if not self.scheduler.has_work():
+                self._update_metrics(None)
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
                 continue
+            started = time.perf_counter()
             try:
                 self.step()
-            except Exception:  # a bug must not kill the engine: fail the step's requests instead
-                log.exception("engine step failed; aborting running requests")
-                for seq in list(self.scheduler.running):
-                    self._finish_request(seq.request, FinishReason.CANCELLED)
+            except Exception:  # outside a step's batch (step() handles those): fail all, not loop on it
+                log.exception("engine loop failed outside a step; failing every queued and running request")
+                for request in list(self._requests.values()):
+                    if request.sequences:
+                        self._finish_request(request, FinishReason.ERROR)
+            self._update_metrics(time.perf_counter() - started)
+        self._close()
 
     def start(self) -> None:
         """Run the loop on a background thread (for embedding the engine in another program)."""
@@ -101,14 +148,42 @@ class Engine:
         self._thread.start()
 
     def stop(self) -> None:
-        """Ask the loop to end (safe from a signal handler); waits for a background loop."""
+        """End the loop now; requests still there end with FinishReason.SHUTDOWN. Waits for a
+        background loop. Not for signal handlers (it takes a lock): see drain()."""
         self._stopping = True
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 
+    def drain(self, deadline: float) -> None:
+        """Refuse new requests (Draining) from now on, finish the queued and running ones, and
+        make run() return when they are done, or at `deadline` (time.monotonic()) with the rest
+        ended by FinishReason.SHUTDOWN. A later call may bring the deadline forward. Any thread
+        but a signal handler's."""
+        with self._lock:
+            self._draining = True
+            self._drain_deadline = min(self._drain_deadline, deadline)
+        self._wake.set()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def _close(self) -> None:
+        """The loop is over: end every request still here with SHUTDOWN."""
+        with self._lock:
+            self._draining = True  # submit() refuses from now on
+            self._inbox = []  # what is still there is in self._requests too
+        left = list(self._requests.values())
+        if left:
+            log.warning("engine stopping with %d request(s) unfinished; ending them with UNAVAILABLE", len(left))
+        for request in left:  # those still in `inbox` have no sequences yet: _finish_request copes
+            log.warning("request cut by shutdown", extra=request_extra(request.log_id))
+            self._finish_request(request, FinishReason.SHUTDOWN)
+        self._update_metrics(None)
+
     def submit(self, request: Request) -> None:
-        """Queue a request (any thread). Raises InvalidRequest or QueueFull at once."""
+        """Queue a request (any thread). Raises InvalidRequest, QueueFull or Draining at once."""
         prompt_len = len(request.prompt_ids)
         if prompt_len == 0:
             raise InvalidRequest("the prompt is empty", "input")
@@ -130,12 +205,20 @@ class Engine:
                 f"({prompt_len} in the prompt, {wanted} for the completion); lower max_tokens",
                 "stopping.max_tokens", "context_length_exceeded")
         request.max_tokens = limit - prompt_len if wanted is None else wanted
+        request.arrival = time.monotonic()
+        request.log_id = request.log_id or request.request_id
+        faulty = self._fault_marker is not None and self._fault_marker in self.tokenizer.decode(request.prompt_ids)
         with self._lock:
+            if self._draining:
+                raise Draining("the engine is draining (shutting down) and takes no new requests; "
+                               "retry on another replica")
             if len(self.scheduler.waiting) + len(self._inbox) >= self.config.max_waiting:
                 raise QueueFull(f"the engine's queue is full ({self.config.max_waiting} waiting); retry later")
             if request.request_id in self._requests:
                 raise InvalidRequest(f"request_id {request.request_id!r} is already running", "request_id")
             self._requests[request.request_id] = request
+            if faulty:
+                self._faulty.add(request.request_id)
             self._inbox.append(request)
         self._wake.set()
 
@@ -184,9 +267,69 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch:
             return
-        logits = self.runner.run(batch, self._wanting_prompt_logprobs(batch))
-        self.scheduler.advance(batch)
-        self._postprocess(batch, logits)
+        try:
+            logits = self.runner.run(batch, self._wanting_prompt_logprobs(batch))
+            self.scheduler.advance(batch)
+            if self._faulty:
+                self._inject_fault(batch)
+            sampled = self._postprocess(batch, logits)
+        except Exception:
+            self._step_failed(batch)
+            return
+        if self.scheduler.suspects:  # a suspect that got a token through is cleared
+            self.scheduler.suspects.difference_update(seq.request.request_id for seq in sampled)
+
+    def _inject_fault(self, batch: ScheduledBatch) -> None:
+        marked = [seq.request.log_id for seq in _batch_sequences(batch) if seq.request.request_id in self._faulty]
+        if marked:
+            raise InjectedFault(f"injected fault ({FAULT_INJECT_ENV}) for request(s) {', '.join(sorted(set(marked)))}")
+
+    def _step_failed(self, batch: ScheduledBatch) -> None:
+        """Fail the request at fault when it is known; otherwise rewind the step's requests and
+        suspect them all (see the module docstring). Logs the traceback under the request ids."""
+        requests = {seq.request.request_id: seq.request for seq in _batch_sequences(batch)}
+        suspects = [r for r in requests.values() if r.request_id in self.scheduler.suspects]
+        if len(requests) == 1:
+            culprits = list(requests.values())
+        elif len(suspects) == 1:  # the scheduler lets at most one suspect into a step
+            culprits = suspects
+        else:
+            culprits = []
+        ids = ", ".join(r.log_id for r in requests.values())
+        if culprits:
+            log.exception("engine step failed; failing request %s (its step held: %s)", culprits[0].log_id, ids,
+                          extra=request_extra(culprits[0].log_id))
+        else:
+            log.exception("engine step failed; retrying its requests (%s) one suspect at a time", ids)
+        for request in culprits:
+            self.scheduler.suspects.discard(request.request_id)
+            self._finish_request(request, FinishReason.ERROR)
+        for request in requests.values():
+            if request not in culprits:
+                if not culprits:
+                    self.scheduler.suspects.add(request.request_id)
+                self._rewind(request)
+
+    def _rewind(self, request: Request) -> None:
+        """Undo what a failed step may have half done to `request`: a request whose choices have
+        started is recomputed from its tokens (as after a preemption) and gets the events the
+        step produced for it; one whose first token was not sampled starts over."""
+        if request.request_id not in self._requests:  # finished and told before the failure
+            return
+        leader = request.sequences[0]
+        if leader.num_output == 0:  # nothing of it was sent but maybe a PromptEvent, still in the outbox
+            for seq in request.sequences:
+                self.scheduler.release(seq)
+            request.outbox = []
+            request.sequences = [self._new_sequence(request, i) for i in range(request.params.n)]
+            leader = request.sequences[0]
+            leader.forks = request.sequences[1:]
+            self.scheduler.waiting.appendleft(leader)
+            return
+        for seq in request.sequences:
+            if not seq.finished:
+                self.scheduler.preempt(seq)
+        self._send_events(request)
 
     @staticmethod
     def _wanting_prompt_logprobs(batch: ScheduledBatch) -> set[int]:
@@ -194,8 +337,9 @@ class Engine:
         return {seq.seq_id for seq, _ in batch.prefill
                 if seq.params.wants_prompt_logprobs and seq.index == 0 and seq.num_output == 0}
 
-    def _postprocess(self, batch: ScheduledBatch, logits: StepLogits) -> None:
-        """Sample the next token of every sequence that has one due, then send each request its events."""
+    def _postprocess(self, batch: ScheduledBatch, logits: StepLogits) -> list[Sequence]:
+        """Sample the next token of every sequence that has one due, then send each request its
+        events. Returns the sequences that got a token."""
         self._collect_prompt_logprobs(logits, batch)
         scheduled = {seq.seq_id: seq for seq in batch.decode} | {seq.seq_id: seq for seq, _ in batch.prefill}
         rows: list[torch.Tensor] = []
@@ -209,9 +353,13 @@ class Engine:
             tokens, logprobs = sample(torch.stack(rows), seqs)
             for seq, token, logprob in zip(seqs, tokens, logprobs):
                 self._append_token(seq, token, logprob)
+            self._generated += len(seqs)
+            if self.metrics is not None:
+                self._record_token_times(seqs)
         for request in {scheduled[seq_id].request.request_id: scheduled[seq_id].request
                         for seq_id in logits.next_token}.values():
             self._send_events(request)
+        return seqs
 
     def _collect_prompt_logprobs(self, logits: StepLogits, batch: ScheduledBatch) -> None:
         """Echo with logprobs: the logprob of each prompt token given the ones before it."""
@@ -235,6 +383,7 @@ class Engine:
         request.outbox.append(PromptEvent(
             prompt_ids=list(request.prompt_ids),
             prompt_logprobs=leader.prompt_logprobs if leader.params.wants_prompt_logprobs else None))
+        self._prompt_tokens += len(request.prompt_ids)
         forks, leader.forks = leader.forks, []
         if request.max_tokens == 0:  # echo-only scoring: the prompt was all we needed
             for choice in [leader, *forks]:
@@ -250,13 +399,15 @@ class Engine:
             chunk = seq.output.chunk()
             if chunk is not None:
                 events.append(chunk)
-            if seq.finished and seq.finish_reason is not FinishReason.CANCELLED and not seq.final_sent:
+            if seq.finished and not seq.finish_reason.abnormal and not seq.final_sent:
                 seq.final_sent = True
                 events.append(FinalEvent(seq.index, seq.finish_reason, seq.prompt_len, seq.num_output,
                                          seq.output.matched_stop, tool_calls=seq.output.tool_calls))
         if request.finished:
             self._requests.pop(request.request_id, None)
-        request.sink(events)
+            self._faulty.discard(request.request_id)
+        if events:
+            request.sink(events)
 
     def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
         seq.token_ids.append(token)
@@ -267,8 +418,12 @@ class Engine:
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.finish_reason = reason
         self.scheduler.release(seq)
+        self._finished_reasons[reason.value] += 1
+        self._finished_arrivals[seq.request.arrival] += 1
 
     def _finish_request(self, request: Request, reason: FinishReason) -> None:
+        """End every unfinished choice of `request` with `reason` (CANCELLED, ERROR, SHUTDOWN) and
+        tell its sink; a request not yet in the scheduler (no sequences) gets a final per choice."""
         for seq in request.sequences:
             for fork in seq.forks:
                 fork.finish_reason = reason
@@ -276,5 +431,65 @@ class Engine:
             if not seq.finished:
                 seq.finish_reason = reason
                 self.scheduler.release(seq)
+        unfinished = (sum(1 for s in request.sequences if s.finish_reason is reason) if request.sequences
+                      else request.params.n)
+        self._finished_reasons[reason.value] += unfinished
+        self._finished_arrivals[request.arrival] += unfinished
         self._requests.pop(request.request_id, None)
-        request.sink([FinalEvent(s.index, reason, s.prompt_len, s.num_output) for s in request.sequences])
+        self._faulty.discard(request.request_id)
+        finals = [FinalEvent(s.index, reason, s.prompt_len, s.num_output) for s in request.sequences]
+        request.sink(finals or [FinalEvent(i, reason, len(request.prompt_ids), 0) for i in range(request.params.n)])
+
+    # ------------------------------------------------------------ metrics
+
+    def _record_token_times(self, seqs: list[Sequence]) -> None:
+        """Time to first token and inter-token latency of this step's tokens, observed in bulk."""
+        now = time.monotonic()
+        first: Counter[float] = Counter()
+        previous: Counter[float] = Counter()
+        for seq in seqs:
+            if seq.num_output == 1:
+                first[seq.request.arrival] += 1
+            else:
+                previous[seq.last_token_time] += 1
+            seq.last_token_time = now
+        if first:
+            self.metrics.ttft.observe_many((now - t, k) for t, k in first.items())
+        if previous:
+            self.metrics.itl.observe_many((now - t, k) for t, k in previous.items())
+
+    def _update_metrics(self, step_seconds: float | None) -> None:
+        """Publish what changed since the last call: once per step (or idle wake), not per token."""
+        metrics = self.metrics
+        if metrics is None:
+            self._finished_reasons.clear()
+            self._finished_arrivals.clear()
+            self._prompt_tokens = self._generated = 0
+            return
+        if step_seconds is not None:
+            metrics.step.observe(step_seconds)
+        running = {seq.request.request_id for seq in self.scheduler.running}
+        waiting = {seq.request.request_id for seq in self.scheduler.waiting} - running
+        metrics.running.set(len(running))
+        metrics.waiting.set(len(waiting) + len(self._inbox))
+        blocks = self.scheduler.blocks
+        metrics.kv_usage.set(1.0 - blocks.num_free / blocks.num_blocks)
+        if self.scheduler.num_preemptions != self._preemptions_seen:
+            metrics.preemptions.inc(self.scheduler.num_preemptions - self._preemptions_seen)
+            self._preemptions_seen = self.scheduler.num_preemptions
+        if self._prompt_tokens:
+            metrics.prompt_tokens.inc(self._prompt_tokens)
+            self._prompt_tokens = 0
+        if self._generated:
+            metrics.generation_tokens.inc(self._generated)
+            self._generated = 0
+        if self._finished_reasons:
+            metrics.finished(self._finished_reasons)
+            now = time.monotonic()
+            metrics.e2e.observe_many((now - t, k) for t, k in self._finished_arrivals.items())
+            self._finished_reasons.clear()
+            self._finished_arrivals.clear()
+
+
+def _batch_sequences(batch: ScheduledBatch) -> list[Sequence]:
+    return [*batch.decode, *(seq for seq, _ in batch.prefill)]

@@ -12,7 +12,14 @@ class FinishReason(enum.Enum):
     STOP = "stop"
     LENGTH = "length"
     TOOL_CALLS = "tool_calls"
-    CANCELLED = "cancelled"
+    # The three below end a request without a normal Final: the servicer ends the call with a status.
+    CANCELLED = "cancelled"  # the caller went away (cancellation, deadline): CANCELLED
+    ERROR = "error"  # an engine step failed on this request: INTERNAL
+    SHUTDOWN = "shutdown"  # the engine stopped (drain deadline passed) before it finished: UNAVAILABLE
+
+    @property
+    def abnormal(self) -> bool:
+        return self in (FinishReason.CANCELLED, FinishReason.ERROR, FinishReason.SHUTDOWN)
 
 
 @dataclass

@@ -26,6 +26,10 @@ class QueueFull(Exception):
     """The engine's waiting queue is at its limit: mapped to RESOURCE_EXHAUSTED."""
 
 
+class Draining(Exception):
+    """The engine is shutting down and takes no new requests: mapped to UNAVAILABLE."""
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0

@@ -5,6 +5,10 @@ budget goes to prompt chunks (in-progress prefills first, then newly admitted
 requests), so a long prompt is spread over several steps instead of stalling
 everyone's decoding. When the KV cache runs out of blocks, the newest running
 sequence is preempted: its blocks are freed and it is recomputed later.
+
+After a step fails, the engine names the requests it suspects (`suspects`, by request id):
+a step then holds the sequences of at most one suspect, beside any others, so the next
+failure points at one request.
 """
 
 from __future__ import annotations
@@ -32,20 +36,23 @@ class Scheduler:
         self.max_step_tokens = max_step_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
+        self.suspects: set[str] = set()  # request ids; see the module docstring
+        self.num_preemptions = 0  # for lack of KV-cache blocks, since the start
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
+        allowed = _OneSuspect(self.suspects)
         for seq in list(self.running):
-            if seq.is_decoding and self._make_room(seq):
+            if seq.is_decoding and allowed(seq) and self._make_room(seq):
                 batch.decode.append(seq)
         budget = self.max_step_tokens - len(batch.decode)
         for seq in self.running:
             if budget <= 0:
                 break
-            if not seq.is_decoding:
+            if not seq.is_decoding and allowed(seq):
                 chunk = min(seq.num_uncomputed, budget)
                 if not self.blocks.reserve(seq, seq.num_cached + chunk):
                     continue
@@ -53,7 +60,7 @@ class Scheduler:
                 budget -= chunk
         while self.waiting and budget > 0 and self._batch_slots_used() + self._slots(self.waiting[0]) <= self.max_batch_size:
             seq = self.waiting[0]
-            if not self.blocks.reserve(seq, len(seq.token_ids)):
+            if not allowed(seq) or not self.blocks.reserve(seq, len(seq.token_ids)):
                 break
             self.waiting.popleft()
             self.running.append(seq)
@@ -82,6 +89,7 @@ class Scheduler:
         while not self.blocks.reserve(seq, seq.num_cached + 1):
             victim = self.running[-1]
             self.preempt(victim)
+            self.num_preemptions += 1
             if victim is seq:
                 return False
         return True
@@ -103,3 +111,22 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.blocks.free(seq)
+
+
+class _OneSuspect:
+    """Admits every sequence of the first suspected request it is asked about, and none of the
+    other suspects' (a no-op without suspects)."""
+
+    def __init__(self, suspects: set[str]) -> None:
+        self.suspects = suspects
+        self.chosen: str | None = None
+
+    def __call__(self, seq: Sequence) -> bool:
+        if not self.suspects:
+            return True
+        request_id = seq.request.request_id
+        if request_id not in self.suspects:
+            return True
+        if self.chosen is None:
+            self.chosen = request_id
+        return self.chosen == request_id

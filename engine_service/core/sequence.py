@@ -30,6 +30,8 @@ class Request:
     tools: ToolSpec | None = None  # output is parsed for tool calls when set
     sequences: list["Sequence"] = field(default_factory=list)
     outbox: list[Event] = field(default_factory=list)  # request-level events for the next sink call
+    log_id: str = ""  # the id the caller knows (x-request-id, else its request_id): in log lines about it
+    arrival: float = 0.0  # time.monotonic() at submit, for latency metrics
 
     @property
     def finished(self) -> bool:
@@ -60,6 +62,7 @@ class Sequence:
         # Sibling choices (n > 1) waiting for this one's prompt to be prefilled.
         self.forks: list[Sequence] = []
         self.final_sent = False
+        self.last_token_time = 0.0  # time.monotonic() of its last token (kept only with metrics on)
         # Echo with logprobs: one entry per prompt token (None for the first).
         self.prompt_logprobs: list[TokenLogprob | None] = [None]
 

@@ -64,7 +64,7 @@ class EventEncoder:
                                                          arguments=delta.arguments))
             return pb.GenerateResponse(request_id=self.request_id, chunk=chunk)
         if isinstance(event, FinalEvent):
-            if event.finish_reason is FinishReason.CANCELLED:
+            if event.finish_reason.abnormal:  # the servicer ends the call with a status instead
                 return None
             return pb.GenerateResponse(request_id=self.request_id, final=pb.Final(
                 index=event.index, finish_reason=FINISH_REASONS[event.finish_reason.value],

@@ -1,30 +1,44 @@
-"""The gRPC face of the engine: conduit.v1.Engine, grpc.health.v1 and reflection."""
+"""The gRPC face of the engine: the conduit.v1.Engine servicer (background.py serves it, with
+health and reflection).
+
+Generate names each call for the logs by its `x-request-id` metadata, else its request_id, else
+an id of its own; every line logged while serving the call carries it (engine_service/logs.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 import uuid
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc as pb_grpc
-from conduit.v1.contract import ENGINE_SERVICE, ERROR_CODE_METADATA_KEY, MESSAGE_SIZE_OPTIONS, PARAM_METADATA_KEY
+from conduit.v1.contract import ERROR_CODE_METADATA_KEY, PARAM_METADATA_KEY, REQUEST_ID_METADATA_KEY
+from engine_service.logs import request_id_var
 from engine_service.text import prompts
 from engine_service.serving.convert import EventEncoder, request_params
 from engine_service.core.engine import Engine
-from engine_service.core.params import InvalidRequest, QueueFull
+from engine_service.core.params import Draining, InvalidRequest, QueueFull
 from engine_service.core.events import FinalEvent, FinishReason
 from engine_service.core.sequence import Request
 from engine_service.text.tools import ToolSpec
 
 log = logging.getLogger(__name__)
+
+MAX_REQUEST_ID_CHARS = 128
+DRAINING_MESSAGE = "the engine is draining (shutting down) and takes no new requests; retry on another replica"
+
+
+def caller_request_id(context: grpc.aio.ServicerContext) -> str:
+    """The call's x-request-id metadata (printable, at most MAX_REQUEST_ID_CHARS), or ""."""
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_METADATA_KEY and isinstance(value, str):
+            return "".join(c for c in value if c.isprintable())[:MAX_REQUEST_ID_CHARS]
+    return ""
+
 
 async def abort_invalid(context: grpc.aio.ServicerContext, exc: InvalidRequest, input_kind: str | None) -> None:
     """INVALID_ARGUMENT, naming the field at fault in trailing metadata (`conduit-param`,
@@ -44,6 +58,12 @@ class EngineServicer(pb_grpc.EngineServicer):
         self.engine = engine
         self.loaded = engine.loaded
         self.created = int(time.time())
+        self.draining = False
+
+    def begin_drain(self, deadline: float) -> None:
+        """New Generate calls get UNAVAILABLE; the engine finishes the rest by `deadline`."""
+        self.draining = True
+        self.engine.drain(deadline)
 
     async def _check_model(self, model: str, context: grpc.aio.ServicerContext) -> None:
         if model and model != self.loaded.model_id:
@@ -51,46 +71,82 @@ class EngineServicer(pb_grpc.EngineServicer):
                                 f"model {model!r} is not served here; this engine serves {self.loaded.model_id!r}")
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+        # Responses echo request.request_id; logs use the caller's x-request-id when it sent one.
+        metadata_id = caller_request_id(context)
+        own_id = "" if request.request_id or metadata_id else f"gen-{uuid.uuid4().hex}"
+        request_id = request.request_id or metadata_id or own_id
+        log_id = metadata_id or request_id
+        request_id_var.set(log_id)  # this call's task only: every line logged below names it
+        if self.draining:
+            log.info("refused: draining")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
         await self._check_model(request.model, context)
-        request_id = request.request_id or f"gen-{uuid.uuid4().hex}"
         queue: asyncio.Queue[list] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         try:
-            job = await self._submit(request, request_id,
+            job = await self._submit(request, request_id, log_id,
                                      sink=lambda events: loop.call_soon_threadsafe(queue.put_nowait, events))
         except InvalidRequest as exc:
+            log.info("invalid: %s", exc)
             await abort_invalid(context, exc, request.WhichOneof("input"))
             return
         except QueueFull as exc:
+            log.warning("refused: %s", exc)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             return
+        except Draining:
+            log.info("refused: draining")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
+            return
+        log.info("generate: %d prompt tokens, n=%d, max_tokens=%d%s", len(job.prompt_ids), job.params.n,
+                 job.max_tokens, f" (request_id {request_id})" if request_id != log_id else "")
         encoder = EventEncoder(request_id, self.engine.token_table, echo=job.params.echo,
                                decode=self.engine.tokenizer.decode)
         remaining = job.params.n
+        finals: list[FinalEvent] = []
         try:
             while remaining:
                 for event in await queue.get():
                     if isinstance(event, FinalEvent):
-                        if event.finish_reason is FinishReason.CANCELLED:
-                            await context.abort(grpc.StatusCode.INTERNAL, "the engine failed while generating")
+                        if event.finish_reason.abnormal:
+                            await self._abort_abnormal(context, event.finish_reason, log_id)
                             return
                         remaining -= 1
+                        finals.append(event)
                     message = encoder.encode(event)
                     if message is not None:
                         yield message
+            log.info("finished: %s, %d completion tokens, %.3fs",
+                     "/".join(f.finish_reason.value for f in sorted(finals, key=lambda f: f.index)),
+                     sum(f.completion_tokens for f in finals), time.monotonic() - job.arrival)
         finally:
             # Client gone, deadline passed or stream done: the engine frees the slot next step.
             if not job.finished:
+                log.info("cancelled by the caller after %.3fs", time.monotonic() - job.arrival)
                 self.engine.abort(job.request_id)
 
-    async def _submit(self, request: pb.GenerateRequest, request_id: str, sink) -> Request:
-        """The engine's request for a GenerateRequest, queued. Raises InvalidRequest or QueueFull."""
+    @staticmethod
+    async def _abort_abnormal(context: grpc.aio.ServicerContext, reason: FinishReason, log_id: str) -> None:
+        if reason is FinishReason.ERROR:
+            log.error("failed in the engine: INTERNAL")
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"the engine failed while generating request {log_id}; its log has the details "
+                                "under that id")
+        if reason is FinishReason.SHUTDOWN:
+            log.warning("cut by shutdown: UNAVAILABLE")
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"the engine shut down before request {log_id} finished (drain deadline passed); "
+                                "retry on another replica")
+        await context.abort(grpc.StatusCode.CANCELLED, f"request {log_id} was cancelled")
+
+    async def _submit(self, request: pb.GenerateRequest, request_id: str, log_id: str, sink) -> Request:
+        """The engine's request for a GenerateRequest, queued. Raises InvalidRequest, QueueFull or Draining."""
         ids = prompts.prompt_ids(self.engine.tokenizer, request)
         params = request_params(request)
         tools = ToolSpec.from_chat(request.chat) if request.WhichOneof("input") == "chat" else None
         grammar = await asyncio.to_thread(self._grammar, request, tools)
         job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
-                      max_tokens=0, sink=sink, grammar=grammar, tools=tools)
+                      max_tokens=0, sink=sink, grammar=grammar, tools=tools, log_id=log_id)
         self.engine.submit(job)
         return job
 
@@ -134,59 +190,3 @@ class EngineServicer(pb_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"token ids {bad[:5]} are outside the vocabulary (size {self.engine.vocab_size})")
         return pb.DetokenizeResponse(text=self.engine.tokenizer.decode(list(request.token_ids)))
-
-
-class BackgroundServer:
-    """The gRPC server on its own asyncio loop and thread, so the engine loop can own the main
-    thread. start() returns once it listens and reports SERVING (or raises why it cannot)."""
-
-    def __init__(self, engine: Engine, host: str, port: int) -> None:
-        self.engine = engine
-        self.address = f"{host}:{port}"
-        self._loop = asyncio.new_event_loop()
-        self._stop: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="grpc-server", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            raise self._error
-
-    def stop(self) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        try:
-            self._loop.run_until_complete(self._serve())
-        except BaseException as exc:  # reported to start() when it happens before ready
-            self._error = exc
-            self._ready.set()
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
-        server = grpc.aio.server(options=[
-            *MESSAGE_SIZE_OPTIONS,
-            ("grpc.so_reuseport", 0),  # a port already taken is an error, not a shared listener
-        ])
-        pb_grpc.add_EngineServicer_to_server(EngineServicer(self.engine), server)
-        health = HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        reflection.enable_server_reflection(
-            (ENGINE_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            server)
-        if server.add_insecure_port(self.address) == 0:
-            raise RuntimeError(f"cannot listen on {self.address}")
-        await server.start()
-        for name in ("", ENGINE_SERVICE):
-            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("engine serving %s on %s", self.engine.loaded.model_id, self.address)
-        self._ready.set()
-        await self._stop.wait()
-        for name in ("", ENGINE_SERVICE):
-            await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await server.stop(grace=2)

@@ -30,6 +30,25 @@ MESSAGE_SIZE_OPTIONS: tuple[tuple[str, int], ...] = (
 PARAM_METADATA_KEY = "conduit-param"
 ERROR_CODE_METADATA_KEY = "conduit-error-code"
 
+# ------------------------------------------------------------------ call metadata and security
+
+# Request metadata naming the request in the engine's logs (and its INTERNAL error messages);
+# without it the engine uses GenerateRequest.request_id, or an id of its own.
+REQUEST_ID_METADATA_KEY = "x-request-id"
+# Request metadata carrying "Bearer <token>" when the engine requires a token.
+AUTHORIZATION_METADATA_KEY = "authorization"
+# Services an engine with a token still serves without one: probes (Kubernetes' gRPC probe
+# cannot send metadata) and the schema, which is this public contract anyway.
+OPEN_SERVICES: tuple[str, ...] = (
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1alpha.ServerReflection",
+    "grpc.reflection.v1.ServerReflection",
+)
+# Environment variables: the engine's accepted tokens (comma-separated), and the one token a
+# client (the HTTP shim, the launcher) sends.
+ENGINE_TOKENS_ENV = "CONDUIT_ENGINE_TOKENS"
+ENGINE_TOKEN_ENV = "CONDUIT_ENGINE_TOKEN"
+
 # ------------------------------------------------------------------ request limits
 
 

@@ -1,0 +1,111 @@
+"""Prometheus metrics of the engine, named after vLLM's with a `conduit:` prefix (and vLLM's
+`model_name` label), so dashboards port by a prefix change.
+
+The engine loop records each step once (`record_step`), not each token: counters move by the
+step's totals, and the latency histograms take a step's observations in bulk (every sequence
+decoded in a step waited the same time since the previous step). So the histograms here are a
+small collector of their own: prometheus_client's Histogram observes one value per call.
+
+Served by `serve()` on `--metrics-port` (off by default), from its own registry.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+# vLLM's buckets for the same metrics.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class BulkHistogram(Collector):
+    """A histogram with one label value that takes many observations in one call."""
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float], label: tuple[str, str]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = list(buckets)
+        self.label = label
+        self._counts = [0] * (len(self.bounds) + 1)  # the last is +Inf
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, value: float, count: int = 1) -> None:
+        with self._lock:
+            self._counts[bisect.bisect_left(self.bounds, value)] += count
+            self._sum += value * count
+
+    def observe_many(self, values: Iterable[tuple[float, int]]) -> None:
+        """(value, how many times) pairs, under one lock."""
+        with self._lock:
+            for value, count in values:
+                self._counts[bisect.bisect_left(self.bounds, value)] += count
+                self._sum += value * count
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label[0]])
+        cumulative, buckets = 0, []
+        for bound, count in zip([*map(str, self.bounds), "+Inf"], counts):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        family.add_metric([self.label[1]], buckets, total)
+        yield family
+
+
+class EngineMetrics:
+    """The engine's metrics for one served model, in a registry of their own."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        label = ("model_name", model_name)
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, [label[0]], registry=r).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, [label[0]], registry=r).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: Sequence[float]) -> BulkHistogram:
+            h = BulkHistogram(name, doc, buckets, label)
+            r.register(h)
+            return h
+
+        self.running = gauge("conduit:num_requests_running", "Requests with a sequence in the running batch.")
+        self.waiting = gauge("conduit:num_requests_waiting", "Requests waiting to be (re)admitted to the batch.")
+        self.kv_usage = gauge("conduit:kv_cache_usage_perc", "KV-cache usage: 1 means every block is in use.")
+        self.preemptions = counter("conduit:num_preemptions", "Sequences preempted because the KV cache was full.")
+        self.prompt_tokens = counter("conduit:prompt_tokens", "Prompt tokens of requests whose prefill completed.")
+        self.generation_tokens = counter("conduit:generation_tokens", "Generated tokens (all choices).")
+        self._success = Counter("conduit:request_success", "Finished choices (n > 1 counts each), by reason.",
+                                [label[0], "finished_reason"], registry=r)
+        self._model_name = model_name
+        self.ttft = histogram("conduit:time_to_first_token_seconds",
+                              "Time from arrival to a choice's first token.", TTFT_BUCKETS)
+        self.itl = histogram("conduit:inter_token_latency_seconds",
+                             "Time between two tokens of a choice.", ITL_BUCKETS)
+        self.e2e = histogram("conduit:e2e_request_latency_seconds",
+                             "Time from arrival to a choice's end.", E2E_BUCKETS)
+        self.step = histogram("conduit:step_duration_seconds",
+                              "Time of one engine step (schedule, forward, sample, send).", STEP_BUCKETS)
+
+    def finished(self, reasons: dict[str, int]) -> None:
+        for reason, count in reasons.items():
+            self._success.labels(self._model_name, reason).inc(count)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        """Serve /metrics (any path, in fact) over HTTP on a background thread."""
+        start_http_server(port, addr=host, registry=self.registry)
