@@ -17,15 +17,15 @@ if __name__ == "__main__":
     die_with_parent()
 
 import argparse  # noqa: E402
-import logging  # noqa: E402
 import os  # noqa: E402
-import signal  # noqa: E402
 
-import gevent  # noqa: E402
-from gevent.pywsgi import WSGIServer  # noqa: E402
+from clients.engine_client import EngineClient  # noqa: E402
+from conduit.v1.contract import ENGINE_TOKEN_ENV  # noqa: E402
 
-from .app import ShimConfig, create_app  # noqa: E402
-from .connection import SocketExposingHandler  # noqa: E402
+from .app import ENGINE_CHANNEL_OPTIONS, ShimConfig, create_app  # noqa: E402
+from .logs import configure_logging  # noqa: E402
+from .options import add_hardening_args, hardening_config  # noqa: E402
+from .server import serve  # noqa: E402
 
 
 def _parse_args() -> argparse.Namespace:
@@ -46,28 +46,48 @@ def _parse_args() -> argparse.Namespace:
         default=float(env("CONDUIT_REQUEST_TIMEOUT_S", "0")),
         help="deadline of each generation in seconds; 0 means none",
     )
-    parser.add_argument(
-        "--api-key", default=env("CONDUIT_API_KEY"), help="require 'Authorization: Bearer KEY' on /v1 routes"
-    )
     parser.add_argument("--log-level", default=env("CONDUIT_LOG_LEVEL", "INFO"))
-    return parser.parse_args()
+    add_hardening_args(parser)  # keys, limits, drain, log format (options.py)
+    _add_engine_security_args(parser)
+    args = parser.parse_args()
+    args.hardening = hardening_config(parser, args)
+    return args
+
+
+def _add_engine_security_args(parser: argparse.ArgumentParser) -> None:
+    """How the shim reaches an engine that requires a token and/or TLS (engine_service --auth-token, --tls-*)."""
+    env = os.environ.get
+    group = parser.add_argument_group("secured engine")
+    group.add_argument("--engine-token", default=env(ENGINE_TOKEN_ENV),
+                       help=f"sent as 'authorization: Bearer TOKEN' on every engine call (env {ENGINE_TOKEN_ENV})")
+    group.add_argument("--engine-tls-ca", default=env("CONDUIT_ENGINE_TLS_CA"),
+                       help="TLS to the engine, verified with this CA's PEM (env CONDUIT_ENGINE_TLS_CA)")
+    group.add_argument("--engine-tls-cert", default=env("CONDUIT_ENGINE_TLS_CERT"),
+                       help="mutual TLS: the shim's client certificate (env CONDUIT_ENGINE_TLS_CERT)")
+    group.add_argument("--engine-tls-key", default=env("CONDUIT_ENGINE_TLS_KEY"),
+                       help="its private key (env CONDUIT_ENGINE_TLS_KEY)")
+
+
+def _engine_client(args: argparse.Namespace) -> EngineClient:
+    return EngineClient(args.engine, options=ENGINE_CHANNEL_OPTIONS, token=args.engine_token or None,
+                        tls_ca=args.engine_tls_ca, tls_cert=args.engine_tls_cert, tls_key=args.engine_tls_key)
 
 
 def main() -> None:
     args = _parse_args()
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging(args.log_level, args.log_format)
     config = ShimConfig(
         engine=args.engine,
         heartbeat_s=args.heartbeat_interval,
         request_timeout_s=args.request_timeout or None,
-        api_key=args.api_key or None,
+        **args.hardening,
     )
-    server = WSGIServer((args.host, args.port), create_app(config), handler_class=SocketExposingHandler)
-    server.start()
-    gevent.signal_handler(signal.SIGTERM, server.stop, 5)
-    gevent.signal_handler(signal.SIGINT, server.stop, 5)
-    print(f"http_shim listening on http://{args.host}:{server.server_port} (engine {args.engine})", flush=True)
-    server.serve_forever()
+
+    def listening(port: int) -> None:
+        print(f"http_shim listening on http://{args.host}:{port} (engine {args.engine})", flush=True)
+
+    # SIGTERM/SIGINT drain: running generations finish (up to --drain-seconds), then exit 0.
+    serve(create_app(config, _engine_client(args)), args.host, args.port, args.drain_seconds, listening)
 
 
 if __name__ == "__main__":

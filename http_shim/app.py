@@ -1,33 +1,40 @@
 """The Flask app: OpenAI routes over the engine's gRPC API.
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{id},
-GET /health. Errors always come back as OpenAI error JSON (see errors.py).
+GET /health, GET /metrics, GET /openapi.json. Errors always come back as OpenAI error JSON (see
+errors.py). `create_app` returns the WSGI app to serve: the Flask app inside the middleware that
+stamps request ids and records metrics (observe.py); its `state` holds the drain and the metrics.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from flask import Flask, Response, request
-from werkzeug.exceptions import HTTPException
+from flask import Flask, Response, current_app, g, request
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from clients.engine_client import EngineClient
 from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
+from conduit.v1.contract import REQUEST_ID_METADATA_KEY
 
 from . import sse
-from .connection import client_gone
+from .auth import KeyChecker
+from .connection import ABANDON_BODY_KEY, client_gone
+from .drain import Drain
 from .engine_stream import IDLE, EngineStream
-from .errors import APIError, from_engine_error
+from .errors import APIError, from_engine_error, internal_error_message
+from .metrics import ShimMetrics
 from .models import ServedModels
-from .openai_to_proto import GenerationPlan, parse_chat, parse_completion, check_body
+from .observe import REQUEST_ID_KEY, ROUTE_KEY, ObservedApp
+from .openai_to_proto import DEFAULT_LIMITS, GenerationPlan, RequestLimits, check_body, parse_chat, parse_completion
+from .openapi import openapi_document
 from .proto_to_openai import (
     ChatStreamTranslator,
     Collector,
@@ -40,6 +47,15 @@ log = logging.getLogger("http_shim")
 
 # /health must answer a probe quickly, also when the engine does not.
 HEALTH_TIMEOUT_S = 2.0
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# The shim's channel retries a lost engine at least this often (gRPC's default backoff grows to
+# two minutes), so it serves again within seconds of the engine's return.
+ENGINE_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+_GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions")
 
 
 @dataclass
@@ -49,9 +65,34 @@ class ShimConfig:
     heartbeat_s: float = 5.0
     # gRPC deadline of each Generate call; None waits as long as the engine works.
     request_timeout_s: float | None = None
-    # When set, requests to /v1 need "Authorization: Bearer <api_key>".
-    api_key: str | None = None
-    max_body_bytes: int = 32 * 1024 * 1024
+    # When any is set, requests to /v1 need "Authorization: Bearer <one of them>".
+    api_keys: tuple[str, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    limits: RequestLimits = DEFAULT_LIMITS
+    # EngineClient's security arguments for a secured engine: token, tls, tls_ca, tls_cert, tls_key.
+    engine_security: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ShimState:
+    """What the server around the app needs: the drain (signals) and the metrics."""
+
+    drain: Drain
+    metrics: ShimMetrics
+
+
+def connect_engine(config: ShimConfig) -> EngineClient:
+    """The shim's one engine client (and channel)."""
+    return EngineClient(config.engine, options=ENGINE_CHANNEL_OPTIONS, **config.engine_security)
+
+
+def _request_id() -> str:
+    return request.environ.get(REQUEST_ID_KEY, "")
+
+
+def _metadata() -> list[tuple[str, str]]:
+    """gRPC metadata of every engine call: the HTTP request's id."""
+    return [(REQUEST_ID_METADATA_KEY, _request_id())]
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -62,9 +103,24 @@ def _error(error: APIError) -> Response:
     return _json(error.body(), error.status, error.headers)
 
 
+def _read_body(limit: int) -> bytes:
+    """The request body, refused (413) past `limit` bytes whether Content-Length announced it or
+    not: werkzeug's own reader silently truncates a chunked body at the limit."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise RequestEntityTooLarge()
+    stream = request.environ["wsgi.input"]  # gevent's: ends at Content-Length, or at a chunked body's end
+    data = bytearray()
+    while piece := stream.read(min(64 * 1024, limit + 1 - len(data))):
+        data += piece
+        if len(data) > limit:
+            raise RequestEntityTooLarge()
+    return bytes(data)
+
+
 def _body() -> dict:
     try:
-        body = json.loads(request.get_data())
+        body = json.loads(_read_body(current_app.config["MAX_CONTENT_LENGTH"]))
     except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, absurd nesting
         raise APIError(
             400, "We could not parse the JSON body of your request.", "invalid_request_error", None, "invalid_json"
@@ -82,12 +138,16 @@ def _model_object(info: pb.ModelInfo, started: int) -> dict[str, Any]:
     }
 
 
-def create_app(config: ShimConfig, client: EngineClient | None = None) -> Flask:
+def create_app(config: ShimConfig, client: EngineClient | None = None) -> ObservedApp:
     app = Flask("http_shim")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
-    engine = client or EngineClient(config.engine)
+    engine = client or connect_engine(config)
     models = ServedModels(engine)
     started = int(time.time())
+    metrics = ShimMetrics()
+    drain = Drain(metrics)
+    keys = KeyChecker(config.api_keys)
+    document = openapi_document(config.limits, keys.enabled)
 
     @app.errorhandler(APIError)
     def on_api_error(error: APIError) -> Response:
@@ -99,7 +159,7 @@ def create_app(config: ShimConfig, client: EngineClient | None = None) -> Flask:
 
     @app.errorhandler(ConduitError)
     def on_engine_error(error: ConduitError) -> Response:
-        return on_api_error(from_engine_error(error))
+        return on_api_error(from_engine_error(error, _request_id()))
 
     @app.errorhandler(HTTPException)
     def on_http_error(error: HTTPException) -> Response:
@@ -109,7 +169,10 @@ def create_app(config: ShimConfig, client: EngineClient | None = None) -> Flask:
             413: (f"The request body is larger than {config.max_body_bytes} bytes.", "request_too_large"),
         }
         message, code = messages.get(error.code or 400, (error.description or error.name, None))
-        headers = {"Allow": ", ".join(error.valid_methods)} if getattr(error, "valid_methods", None) else None
+        headers = {"Allow": ", ".join(error.valid_methods)} if getattr(error, "valid_methods", None) else {}
+        if error.code == 413:  # the rest of the body is not read: this connection cannot carry another request
+            request.environ[ABANDON_BODY_KEY] = True
+            headers["Connection"] = "close"
         return _json(
             {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}},
             error.code or 400,
@@ -119,45 +182,80 @@ def create_app(config: ShimConfig, client: EngineClient | None = None) -> Flask:
     @app.errorhandler(Exception)
     def on_bug(error: Exception) -> Response:
         log.exception("internal error")
-        return _error(APIError(500, "The server had an internal error.", "server_error", None, "internal_error"))
+        message = internal_error_message("The server had an internal error.", _request_id())
+        return _error(APIError(500, message, "server_error", None, "internal_error"))
+
+    @app.before_request
+    def note_route() -> None:
+        # For metrics: the rule, not the path, so label values stay few.
+        request.environ[ROUTE_KEY] = request.url_rule.rule if request.url_rule else None
 
     @app.before_request
     def check_api_key() -> Response | None:
-        if config.api_key is None or not request.path.startswith("/v1"):
+        if not keys.enabled or not request.path.startswith("/v1"):
             return None
-        given = request.headers.get("Authorization", "")
-        if hmac.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
+        authorization = request.headers.get("Authorization")
+        if keys.check(authorization):
             return None
-        return _error(APIError(401, "Incorrect API key provided.", "invalid_request_error", None, "invalid_api_key"))
+        if not authorization:
+            message = (
+                "You didn't provide an API key. You need to provide your API key in an Authorization header "
+                "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+            )
+        else:
+            message = "Incorrect API key provided."
+        error = APIError(401, message, "invalid_request_error", None, "invalid_api_key")
+        return _json(error.body(), 401, {"WWW-Authenticate": "Bearer"})
+
+    @app.before_request
+    def refuse_while_draining() -> None:
+        if request.path in _GENERATION_ROUTES:
+            g.admitted = drain.admit()
+
+    @app.teardown_request
+    def release_admission(_: BaseException | None) -> None:
+        # Runs before a stream's body is sent: by then the stream is tracked by itself.
+        admitted = g.pop("admitted", None)
+        if admitted is not None:
+            drain.discard(admitted)
 
     @app.get("/health")
     def health() -> Response:
+        if drain.draining:
+            return _json({"status": "draining", "engine": None}, 503)
         try:
-            status = engine.health(timeout=HEALTH_TIMEOUT_S)  # SERVING, NOT_SERVING, ...
+            status = engine.health(timeout=HEALTH_TIMEOUT_S, metadata=_metadata())  # SERVING, NOT_SERVING, ...
         except ConduitError:
             status = "UNREACHABLE"
         ok = status == "SERVING"
         return _json({"status": "ok" if ok else "unavailable", "engine": status}, 200 if ok else 503)
 
+    @app.get("/metrics")
+    def metrics_text() -> Response:
+        body, content_type = metrics.exposition()
+        return Response(body, 200, content_type=content_type)
+
+    @app.get("/openapi.json")
+    def openapi() -> Response:
+        return _json(document)
+
     @app.get("/v1/models")
     def list_models() -> Response:
-        return _json({"object": "list", "data": [_model_object(m, started) for m in models.list()]})
+        return _json({"object": "list", "data": [_model_object(m, started) for m in models.list(metadata=_metadata())]})
 
     @app.get("/v1/models/<path:model_id>")
     def get_model(model_id: str) -> Response:
-        return _json(_model_object(models.info(model_id), started))
+        return _json(_model_object(models.info(model_id, metadata=_metadata()), started))
 
     @app.post("/v1/chat/completions")
     def chat_completions() -> Response:
-        response_id = f"chatcmpl-{uuid.uuid4().hex}"
-        plan = parse_chat(_body(), response_id)
-        return _generate(plan, response_id, ChatStreamTranslator, chat_response)
+        plan = parse_chat(_body(), _request_id(), config.limits)
+        return _generate(plan, f"chatcmpl-{uuid.uuid4().hex}", ChatStreamTranslator, chat_response)
 
     @app.post("/v1/completions")
     def completions() -> Response:
-        response_id = f"cmpl-{uuid.uuid4().hex}"
-        plan = parse_completion(_body(), response_id)
-        return _generate(plan, response_id, CompletionStreamTranslator, completion_response)
+        plan = parse_completion(_body(), _request_id(), config.limits)
+        return _generate(plan, f"cmpl-{uuid.uuid4().hex}", CompletionStreamTranslator, completion_response)
 
     def _generate(
         plan: GenerationPlan,
@@ -165,24 +263,30 @@ def create_app(config: ShimConfig, client: EngineClient | None = None) -> Flask:
         translator_class: type[ChatStreamTranslator] | type[CompletionStreamTranslator],
         build: Callable[[str, int, str, GenerationPlan, Collector], dict[str, Any]],
     ) -> Response:
-        model = models.resolve(plan.model).id
+        model = models.resolve(plan.model, metadata=_metadata()).id
         created = int(time.time())
         environ = request.environ
-        stream = EngineStream(engine, plan.requests, config.request_timeout_s)
-        headers = {"X-Request-Id": response_id}
+        route = environ.get(ROUTE_KEY) or ""
+        stream = EngineStream(engine, plan.requests, config.request_timeout_s, _metadata(), _request_id())
+        drain.add(stream)  # until its last byte: a drain waits for it, or cuts it at the deadline
+
+        def end() -> None:
+            stream.cancel()
+            drain.discard(stream)
+
         if plan.stream:
             # Wait briefly for the engine's first answer so early failures (bad argument, queue
             # full) still get a real HTTP status rather than an error event inside a 200.
             try:
                 first = stream.next(config.heartbeat_s)
                 translator = translator_class(response_id, created, model, plan)
-                body = _sse_body(stream, first, translator, environ, config.heartbeat_s)
-                response = Response(body, 200, {**sse.HEADERS, **headers}, content_type=sse.CONTENT_TYPE)
+                body = _sse_body(stream, first, translator, environ, config.heartbeat_s, metrics, route)
+                response = Response(body, 200, sse.HEADERS, content_type=sse.CONTENT_TYPE)
             except BaseException:
-                stream.cancel()
+                end()
                 raise
             # Also when the body was never iterated (its finally clause then never runs).
-            response.call_on_close(stream.cancel)
+            response.call_on_close(end)
             return response
         collected = Collector()
         next_check = time.monotonic() + config.heartbeat_s
@@ -193,15 +297,16 @@ def create_app(config: ShimConfig, client: EngineClient | None = None) -> Flask:
                 if item is IDLE or time.monotonic() >= next_check:
                     next_check = time.monotonic() + config.heartbeat_s
                     if client_gone(environ):
+                        metrics.client_disconnects.labels(route).inc()
                         log.info("%s: client left before the answer; cancelled", response_id)
                         return Response(status=499)
                 if item is not IDLE:
                     collected.add(*item)
         finally:
-            stream.cancel()
-        return _json(build(response_id, created, model, plan, collected), 200, headers)
+            end()
+        return _json(build(response_id, created, model, plan, collected))
 
-    return app
+    return ObservedApp(app, metrics, ShimState(drain, metrics))
 
 
 def _sse_body(
@@ -210,10 +315,17 @@ def _sse_body(
     translator: ChatStreamTranslator | CompletionStreamTranslator,
     environ: dict[str, Any],
     heartbeat_s: float,
+    metrics: ShimMetrics,
+    route: str,
 ) -> Iterator[bytes]:
     """The SSE stream. The finally clause runs when the client leaves (the failed write closes
-    this generator), and cancels the engine call so generation stops."""
+    this generator), and cancels the engine call so generation stops.
+
+    A stream that fails (engine error, deadline, shutdown) ends with an OpenAI error event and no
+    `data: [DONE]`: [DONE] means the answer is complete."""
     last_write = time.monotonic()
+    ended = False  # the stream reached its end, answer or error; not ended: the client left
+    metrics.streams_in_flight.inc()
     try:
         item = first
         while item is not None:
@@ -229,14 +341,19 @@ def _sse_body(
         for chunk in translator.finish():
             yield sse.event(chunk)
         yield sse.DONE
+        ended = True
     except APIError as error:
+        log.info("stream ended by an error: %s %s", error.status, error.message)
         yield sse.event(error.body())
-        yield sse.DONE
+        ended = True
     except Exception:
         log.exception("internal error while streaming")
-        yield sse.event(
-            APIError(500, "The server had an internal error.", "server_error", None, "internal_error").body()
-        )
-        yield sse.DONE
+        message = internal_error_message("The server had an internal error.", environ.get(REQUEST_ID_KEY))
+        yield sse.event(APIError(500, message, "server_error", None, "internal_error").body())
+        ended = True
     finally:
+        metrics.streams_in_flight.dec()
+        if not ended:
+            metrics.client_disconnects.labels(route).inc()
+            log.info("client left mid-stream; cancelled")
         stream.cancel()

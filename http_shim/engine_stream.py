@@ -2,7 +2,8 @@
 
 A /v1/completions prompt list becomes one call per prompt; each is drained by its own greenlet
 into one queue, so the request handler can wait with a timeout (to send heartbeats or notice a
-departed client) and cancel every call at once.
+departed client) and cancel every call at once. A drain past its deadline interrupts the stream:
+the next `next` raises the error it was given.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from __future__ import annotations
 import gevent
 from gevent.queue import Empty, Queue
 
-from clients.engine_client import EngineClient, GenerateStream
+from clients.engine_client import EngineClient, GenerateStream, Metadata
 from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
 
-from .errors import from_engine_error
+from .errors import APIError, from_engine_error
 
 _END = object()
+_INTERRUPTED = object()
 Item = tuple[int, pb.GenerateResponse]
 
 
@@ -28,10 +30,20 @@ IDLE = Idle()
 
 
 class EngineStream:
-    def __init__(self, client: EngineClient, requests: list[pb.GenerateRequest], timeout_s: float | None) -> None:
-        """`timeout_s` is each call's deadline; None waits as long as the engine works."""
+    def __init__(
+        self,
+        client: EngineClient,
+        requests: list[pb.GenerateRequest],
+        timeout_s: float | None,
+        metadata: Metadata = (),
+        request_id: str | None = None,
+    ) -> None:
+        """`timeout_s` is each call's deadline; None waits as long as the engine works.
+        `request_id` (the HTTP request's) goes into the messages of engine failures."""
         self._queue: Queue = Queue()
-        self._streams = [client.generate(r, timeout=timeout_s) for r in requests]
+        self._request_id = request_id
+        self._interrupted: APIError | None = None
+        self._streams = [client.generate(r, timeout=timeout_s, metadata=metadata) for r in requests]
         self._open = len(self._streams)
         for i, stream in enumerate(self._streams):
             gevent.spawn(self._drain, i, stream)
@@ -47,21 +59,33 @@ class EngineStream:
     def next(self, timeout_s: float) -> Item | Idle | None:
         """The next (prompt_index, response); IDLE after timeout_s of silence; None once all calls ended.
 
-        Raises APIError when any call fails (the others are cancelled).
+        Raises APIError when any call fails (the others are cancelled) or the stream was interrupted.
         """
         while self._open:
+            if self._interrupted is not None:
+                raise self._interrupted
             try:
                 prompt_index, item = self._queue.get(timeout=timeout_s)
             except Empty:
                 return IDLE
             if item is _END:
                 self._open -= 1
+            elif item is _INTERRUPTED:
+                continue
             elif isinstance(item, ConduitError):
                 self.cancel()
-                raise from_engine_error(item)
+                if self._interrupted is not None:  # the cancellation we caused, not an engine failure
+                    raise self._interrupted
+                raise from_engine_error(item, self._request_id)
             else:
                 return prompt_index, item
         return None
+
+    def interrupt(self, error: APIError) -> None:
+        """Makes the waiting (or next) `next` raise `error`, and cancels the engine calls."""
+        self._interrupted = error
+        self._queue.put((-1, _INTERRUPTED))  # wakes a `next` waiting on the queue
+        self.cancel()
 
     def cancel(self) -> None:
         """Cancels calls still running; the engine stops generating for them within one step.
@@ -71,3 +95,4 @@ class EngineStream:
         """
         for stream in self._streams:
             stream.close()
+

@@ -41,6 +41,13 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
     return APIError(400, message, "invalid_request_error", param, code)
 
 
+def internal_error_message(message: str, request_id: str | None) -> str:
+    """A 500's message, naming the request id (unless it already does) so the failure can be found in the logs."""
+    if request_id and request_id not in message:
+        return f"{message} (request id: {request_id})"
+    return message
+
+
 def model_not_found(model: str) -> APIError:
     return APIError(404, f"The model '{model}' does not exist.", "invalid_request_error", "model", "model_not_found")
 
@@ -68,13 +75,16 @@ _GRPC_TO_HTTP: dict[grpc.StatusCode, tuple[int, str, str | None]] = {
 }
 
 
-def from_engine_error(error: ConduitError) -> APIError:
-    """Translate a failed engine call; codes not listed (INTERNAL, UNKNOWN, ...) are engine bugs: 500."""
+def from_engine_error(error: ConduitError, request_id: str | None = None) -> APIError:
+    """Translate a failed engine call; codes not listed (INTERNAL, UNKNOWN, ...) are engine bugs: 500,
+    whose message names `request_id` (the HTTP request's), the key to the shim's and engine's logs."""
     code = error.code
     details = error.message or code.name
     status, kind, err_code = _GRPC_TO_HTTP.get(code, (500, "server_error", "engine_error"))
     if code == grpc.StatusCode.UNAVAILABLE:
         details = f"The engine is unavailable: {details}"
+    if status == 500:
+        details = internal_error_message(f"The engine failed: {details}", request_id)
     headers = {"Retry-After": _retry_after(error)} if status in (429, 503) else {}
     param = "model" if code == grpc.StatusCode.NOT_FOUND else openai_param(error.param or "")
     return APIError(status, details, kind, param, error.error_code or err_code, headers)

@@ -38,6 +38,31 @@ _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
+@dataclass(frozen=True)
+class RequestLimits:
+    """The operator's caps on one request (flags --max-tokens-limit, --max-n, ...); each refused as a
+    400 naming the parameter. n and stop cannot exceed the engine's own limits."""
+
+    max_tokens: int | None = None  # max_tokens / max_completion_tokens; None: what the context leaves
+    max_n: int = MAX_N  # n, and best_of for /v1/completions
+    max_stop: int = MAX_STOP_STRINGS  # stop strings
+    max_messages: int = 2048  # chat messages
+    max_prompt_chars: int = 1_000_000  # characters of prompt text (see prompt_chars)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None and not 1 <= self.max_tokens <= _UINT32_MAX:
+            raise ValueError(f"max_tokens limit must be between 1 and {_UINT32_MAX}")
+        if not 1 <= self.max_n <= MAX_N:
+            raise ValueError(f"max_n must be between 1 and {MAX_N} (the engine's limit)")
+        if not 0 <= self.max_stop <= MAX_STOP_STRINGS:
+            raise ValueError(f"max_stop must be between 0 and {MAX_STOP_STRINGS} (the engine's limit)")
+        if self.max_messages < 1 or self.max_prompt_chars < 1:
+            raise ValueError("max_messages and max_prompt_chars must be positive")
+
+
+DEFAULT_LIMITS = RequestLimits()
+
+
 @dataclass
 class GenerationPlan:
     """What one HTTP request asks of the engine: one GenerateRequest per prompt, plus how to answer."""
@@ -184,20 +209,20 @@ def _sampling(body: dict) -> pb.SamplingParams:
     return params
 
 
-def _stop(body: dict) -> list[str]:
+def _stop(body: dict, max_stop: int) -> list[str]:
     value = body.get("stop")
     if value is None:
         return []
     stops = [value] if isinstance(value, str) else _list(value, "stop", allow_empty=True)
-    if len(stops) > MAX_STOP_STRINGS:
-        raise invalid(f"'stop' may hold at most {MAX_STOP_STRINGS} strings, got {len(stops)}.", "stop")
+    if len(stops) > max_stop:
+        raise invalid(f"'stop' may hold at most {max_stop} strings on this server, got {len(stops)}.", "stop")
     for stop in stops:
         _str(stop, "stop", allow_empty=False)
     return stops
 
 
-def _stopping(body: dict, max_tokens: int | None) -> pb.StoppingParams:
-    params = pb.StoppingParams(stop=_stop(body))
+def _stopping(body: dict, max_tokens: int | None, limits: RequestLimits) -> pb.StoppingParams:
+    params = pb.StoppingParams(stop=_stop(body, limits.max_stop))
     if max_tokens is not None:
         params.max_tokens = max_tokens
     params.min_tokens = _int(body, "min_tokens", 0, _UINT32_MAX) or 0
@@ -381,31 +406,73 @@ def _reject_legacy_functions(body: dict) -> None:
             raise invalid(f"'{key}' is deprecated and not supported; use 'tools' and 'tool_choice'.", key)
 
 
-def parse_chat(body: dict, request_id: str) -> GenerationPlan:
+def _max_tokens(body: dict, keys: tuple[str, ...], lo: int, limits: RequestLimits) -> int | None:
+    """The first of `keys` that is set, within [lo, the operator's cap]."""
+    for key in keys:
+        value = _int(body, key, lo, _UINT32_MAX)
+        if value is None:
+            continue
+        if limits.max_tokens is not None and value > limits.max_tokens:
+            raise invalid(f"'{key}' may be at most {limits.max_tokens} on this server, got {value}.", key)
+        return value
+    return None
+
+
+def _n(body: dict, key: str, limits: RequestLimits) -> int | None:
+    value = _int(body, key, 1, _UINT32_MAX)
+    if value is not None and value > limits.max_n:
+        raise invalid(f"'{key}' may be at most {limits.max_n} on this server, got {value}.", key)
+    return value
+
+
+def _check_prompt_chars(chars: int, param: str, limits: RequestLimits) -> None:
+    if chars > limits.max_prompt_chars:
+        raise invalid(
+            f"'{param}' may hold at most {limits.max_prompt_chars} characters of prompt text on this server, "
+            f"got {chars}.",
+            param,
+        )
+
+
+def chat_prompt_chars(messages: list[pb.ChatMessage], tools: list[pb.Tool]) -> int:
+    """Characters the chat prompt is rendered from: message contents, names and tool-call
+    arguments, and the tools' names, descriptions and parameter schemas."""
+    chars = sum(len(t.name) + len(t.description) + len(t.parameters_json) for t in tools)
+    for m in messages:
+        chars += len(m.content) + len(m.name) + sum(len(c.name) + len(c.arguments) for c in m.tool_calls)
+    return chars
+
+
+def parse_chat(body: dict, request_id: str, limits: RequestLimits = DEFAULT_LIMITS) -> GenerationPlan:
     """Validate a /v1/chat/completions body and build its single GenerateRequest."""
     model = _model(body)
     _reject_legacy_functions(body)
-    messages = [_message(m, i) for i, m in enumerate(_list(body.get("messages"), "messages"))]
+    items = _list(body.get("messages"), "messages")
+    if len(items) > limits.max_messages:
+        raise invalid(
+            f"'messages' may hold at most {limits.max_messages} messages on this server, got {len(items)}.",
+            "messages",
+        )
+    messages = [_message(m, i) for i, m in enumerate(items)]
     tools = _tools(body)
+    _check_prompt_chars(chat_prompt_chars(messages, tools), "messages", limits)
     chat = pb.ChatInput(messages=messages, tools=tools, tool_choice=_tool_choice(body, tools))
     parallel = _bool(body, "parallel_tool_calls")
     if parallel is not None:
         chat.parallel_tool_calls = parallel
     stream, include_usage = _stream(body)
-    n = _int(body, "n", 1, MAX_N) or 1
+    n = _n(body, "n", limits) or 1
     logprobs = bool(_bool(body, "logprobs"))
     top_logprobs = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
     if top_logprobs and not logprobs:
         raise invalid("'logprobs' must be true when 'top_logprobs' is set.", "logprobs")
-    max_tokens = _int(body, "max_completion_tokens", 1, _UINT32_MAX)
-    if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", 1, _UINT32_MAX)
+    max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"), 1, limits)
     request = pb.GenerateRequest(
         request_id=request_id,
         model=model,
         chat=chat,
         sampling=_sampling(body),
-        stopping=_stopping(body, max_tokens),
+        stopping=_stopping(body, max_tokens, limits),
         n=n,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
@@ -442,16 +509,18 @@ def _prompts(value: Any) -> list[str | list[int]]:
     return prompts
 
 
-def parse_completion(body: dict, request_id: str) -> GenerationPlan:
+def parse_completion(body: dict, request_id: str, limits: RequestLimits = DEFAULT_LIMITS) -> GenerationPlan:
     """Validate a /v1/completions body and build one GenerateRequest per prompt."""
     model = _model(body)
     prompts = _prompts(body.get("prompt"))
+    # Token-id prompts count one per id.
+    _check_prompt_chars(sum(len(p) for p in prompts), "prompt", limits)
     suffix = body.get("suffix")
     if suffix is not None and _str(suffix, "suffix"):
         raise invalid("'suffix' is not supported: the model has no fill-in-the-middle support.", "suffix")
     stream, include_usage = _stream(body)
-    n = _int(body, "n", 1, MAX_N) or 1
-    best_of = _int(body, "best_of", 1, MAX_N)
+    n = _n(body, "n", limits) or 1
+    best_of = _n(body, "best_of", limits)
     if best_of is None:
         best_of = n
     if best_of < n:
@@ -460,11 +529,12 @@ def parse_completion(body: dict, request_id: str) -> GenerationPlan:
         raise invalid("'best_of' greater than 'n' cannot be used with 'stream'.", "best_of")
     top = _int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
     echo = bool(_bool(body, "echo"))
-    max_tokens = _int(body, "max_tokens", 0, _UINT32_MAX)
-    sampling, stopping = (
-        _sampling(body),
-        _stopping(body, DEFAULT_COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens),
-    )
+    max_tokens = _max_tokens(body, ("max_tokens",), 0, limits)
+    if max_tokens is None:
+        max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
+        if limits.max_tokens is not None:
+            max_tokens = min(max_tokens, limits.max_tokens)
+    sampling, stopping = _sampling(body), _stopping(body, max_tokens, limits)
     constraint = _constraint(body)
     requests = []
     for i, prompt in enumerate(prompts):

@@ -10,15 +10,20 @@ The script is chosen by the input's last text (the last chat message, or the pro
   "tools"               a streamed get_weather tool call, finish TOOL_CALLS
   "unicode"             multi-byte text
   anything else         "Hello from choice {i}." in five tokens, honouring max_tokens
-It records every request and which ones were cancelled, and its health status can be flipped.
-`start_shim` runs the real shim as a process against any engine address.
+It records every request, the call metadata each came with (by request id), and which ones were
+cancelled, and its health status can be flipped. `start_shim` runs the real shim as a process
+against any engine address; `start_fake_engine_process` runs this fake as a process of its own
+(`python tests/fake_engine.py --port N`), for tests that kill the engine.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -64,6 +69,7 @@ def _logprob(token_id: int, token: str, value: float, top: int) -> pb.TokenLogpr
 class FakeEngine(engine_pb2_grpc.EngineServicer):
     def __init__(self) -> None:
         self.requests: list[pb.GenerateRequest] = []
+        self.metadata: dict[str, dict[str, str]] = {}  # request_id -> the call's invocation metadata
         self.cancelled: set[str] = set()
         self._changed = threading.Condition()
 
@@ -111,6 +117,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
         with self._changed:
             self.requests.append(request)
+            self.metadata[request.request_id] = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
         # A cancelled call may never resume this generator (grpc drops it while sending), so the
         # termination callback is what reliably sees a cancellation.
         ended: list[bool] = []
@@ -216,15 +223,15 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
 
 
 class FakeEngineServer:
-    """The fake on a real gRPC server on a free loopback port, in this process's threads."""
+    """The fake on a real gRPC server on a loopback port (0: a free one), in this process's threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.engine = FakeEngine()
         self.health = health.HealthServicer()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
         engine_pb2_grpc.add_EngineServicer_to_server(self.engine, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
         self.address = f"127.0.0.1:{self.port}"
         self.set_serving(True)
 
@@ -241,8 +248,42 @@ class FakeEngineServer:
         self._server.stop(grace=None)
 
 
-def start_shim(engine_address: str, *extra_args: str, timeout_s: float = 60.0) -> tuple[subprocess.Popen, str]:
-    """Starts `python -m http_shim` on a free loopback port; returns the process and its base URL."""
+def _first_line(process: subprocess.Popen, timeout_s: float) -> str:
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(process.stdout.readline()), daemon=True).start()
+    try:
+        return lines.get(timeout=timeout_s)
+    except queue.Empty:
+        process.kill()
+        raise RuntimeError(f"{process.args} did not report its port") from None
+
+
+def start_fake_engine_process(port: int = 0, timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
+    """This fake as a process of its own (so a test can SIGKILL it); returns it and its address."""
+    process = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--port", str(port)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    line = _first_line(process, timeout_s)
+    match = re.search(r"listening on (127\.0\.0\.1:\d+)", line)
+    if not match:
+        process.kill()
+        raise RuntimeError(f"unexpected fake engine output: {line!r}")
+    return process, match.group(1)
+
+
+def start_shim(
+    engine_address: str,
+    *extra_args: str,
+    timeout_s: float = 60.0,
+    stderr: int | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen, str]:
+    """Starts `python -m http_shim` on a free loopback port; returns the process and its base URL.
+    `stderr=subprocess.PIPE` captures its logs (read them after it exits); `env` adds variables."""
     process = subprocess.Popen(
         [
             sys.executable,
@@ -258,16 +299,11 @@ def start_shim(engine_address: str, *extra_args: str, timeout_s: float = 60.0) -
         ],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
+        stderr=stderr,
         text=True,
-        env=child_env(),  # the shim dies with this process, even a SIGKILLed test run
+        env=child_env({**os.environ, **(env or {})}),  # the shim dies with this process, even a SIGKILLed test run
     )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: lines.put(process.stdout.readline()), daemon=True).start()
-    try:
-        line = lines.get(timeout=timeout_s)
-    except queue.Empty:
-        process.kill()
-        raise RuntimeError("the shim did not report its port") from None
+    line = _first_line(process, timeout_s)
     match = re.search(r"http://[\d.]+:(\d+)", line)
     if not match:
         process.kill()
@@ -282,3 +318,22 @@ def stop_process(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def _main() -> None:
+    """`python tests/fake_engine.py --port N`: serve the fake until SIGTERM (or the parent's death)."""
+    from clients.lifetime import die_with_parent
+
+    die_with_parent()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, default=0)
+    server = FakeEngineServer(parser.parse_args().port).start()
+    print(f"fake engine listening on {server.address}", flush=True)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    stopped.wait()
+    server.stop()
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,115 @@
+"""Graceful drain: once asked to stop, refuse new generations, let running ones finish, then stop.
+
+The shim counts the generations it is running (a stream counts until its last byte). Draining
+makes /health answer 503 and new generation requests 503 with Retry-After, so load balancers
+and clients move on, while what runs finishes normally (streams end with `data: [DONE]`). At the
+deadline the generations still running are cut: each ends with an OpenAI error (a stream's last
+event is that error, never [DONE], so a cut answer never looks complete).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from gevent.event import Event
+
+from .errors import APIError
+from .metrics import ShimMetrics
+
+# Retry-After (seconds) of a generation refused while draining: another replica can take it now.
+DRAIN_RETRY_AFTER_S = 1
+
+
+def draining_error() -> APIError:
+    return APIError(
+        503,
+        "The server is shutting down and accepts no new requests; retry (another replica will answer).",
+        "server_error",
+        None,
+        "server_shutting_down",
+        {"Retry-After": str(DRAIN_RETRY_AFTER_S), "Connection": "close"},
+    )
+
+
+def cut_error() -> APIError:
+    return APIError(
+        503,
+        "The server shut down before this answer was complete; retry the request.",
+        "server_error",
+        None,
+        "server_shutting_down",
+        {"Retry-After": str(DRAIN_RETRY_AFTER_S), "Connection": "close"},
+    )
+
+
+class Interruptible:
+    """What a running generation exposes so a drain past its deadline can end it."""
+
+    def interrupt(self, error: APIError) -> None:  # pragma: no cover - the protocol
+        raise NotImplementedError
+
+
+class _Admitted:
+    """A generation request between its admission and the start of its engine calls."""
+
+    def interrupt(self, error: APIError) -> None:
+        pass  # it checks nothing more before it starts; its engine calls are interrupted then
+
+
+class Drain:
+    """Shared by the request handlers (admit, track) and the signal handler (start, wait, cut)."""
+
+    def __init__(self, metrics: ShimMetrics | None = None) -> None:
+        self.draining = False
+        self._running: set[Interruptible] = set()
+        self._idle = Event()
+        self._idle.set()
+        self._metrics = metrics
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def admit(self) -> Interruptible:
+        """Raises the 503 a new generation gets while draining; otherwise a token to `discard`
+        once the request has registered its engine calls (no drain may finish in between)."""
+        if self.draining:
+            raise draining_error()
+        token = _Admitted()
+        self.add(token)
+        return token
+
+    def add(self, job: Interruptible) -> None:
+        self._running.add(job)
+        self._idle.clear()
+
+    def discard(self, job: Interruptible) -> None:
+        """Idempotent: a job may end through several paths (stream end, response close)."""
+        self._running.discard(job)
+        if not self._running:
+            self._idle.set()
+
+    @contextmanager
+    def tracking(self, job: Interruptible) -> Iterator[None]:
+        self.add(job)
+        try:
+            yield
+        finally:
+            self.discard(job)
+
+    def start(self) -> None:
+        self.draining = True
+        if self._metrics is not None:
+            self._metrics.draining.set(1)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """True once nothing runs; False when `timeout_s` passed first."""
+        return self._idle.wait(timeout_s)
+
+    def cut(self) -> int:
+        """Ends every running generation with `cut_error()`; returns how many there were."""
+        jobs = list(self._running)
+        for job in jobs:
+            job.interrupt(cut_error())
+        return len(jobs)

@@ -1,0 +1,57 @@
+"""The shim's Prometheus metrics, in a registry of its own (served at GET /metrics).
+
+Names carry the `conduit:` prefix the engine uses, after vLLM's `vllm:` convention, so
+dashboards port by a prefix change. `route` is the Flask rule (`/v1/models/<path:model_id>`), or
+`other` for URLs no route matches, so label values stay few whatever clients send.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+UNMATCHED_ROUTE = "other"
+# Streams last as long as generation does: the buckets reach minutes.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class ShimMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "conduit:http_requests",
+            "HTTP requests answered, by route, method and status code (streams when they end).",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "conduit:http_request_duration_seconds",
+            "Seconds from a request's arrival to the end of its response (a stream's last byte).",
+            ["route"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.requests_in_flight = Gauge(
+            "conduit:http_requests_in_flight",
+            "Requests being answered, streams included.",
+            registry=self.registry,
+        )
+        self.streams_in_flight = Gauge(
+            "conduit:http_streams_in_flight",
+            "Server-sent event streams open.",
+            registry=self.registry,
+        )
+        self.client_disconnects = Counter(
+            "conduit:http_client_disconnects",
+            "Clients that left before their answer was complete (their engine calls were cancelled).",
+            ["route"],
+            registry=self.registry,
+        )
+        self.draining = Gauge(
+            "conduit:http_draining",
+            "1 once the shim was asked to stop and refuses new generations, else 0.",
+            registry=self.registry,
+        )
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text exposition format and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

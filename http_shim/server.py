@@ -1,0 +1,66 @@
+"""Serving the app on gevent's WSGIServer, and stopping it gracefully.
+
+SIGTERM or SIGINT starts a drain (drain.py): /health and new generations answer 503 at once,
+running generations finish, then the server stops and the process exits 0. Past `drain_s` the
+generations still running are cut (each ends with an OpenAI error, a stream without [DONE]); a
+second signal cuts them at once (Ctrl-C twice, or a launcher escalating SIGINT to SIGTERM).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable
+
+import gevent
+from gevent.pywsgi import WSGIServer
+
+from .connection import SocketExposingHandler
+from .observe import ObservedApp
+
+log = logging.getLogger("http_shim.server")
+
+DEFAULT_DRAIN_S = 30.0
+# After a cut, how long the cut streams get to write their error event before the server stops.
+CUT_GRACE_S = 2.0
+# How long server.stop waits for connection handlers (idle keep-alive ones) before killing them.
+STOP_TIMEOUT_S = 1.0
+
+
+def serve(
+    app: ObservedApp,
+    host: str,
+    port: int,
+    drain_s: float = DEFAULT_DRAIN_S,
+    on_listening: Callable[[int], None] | None = None,
+) -> None:
+    """Serves until a signal's drain ends. `on_listening` gets the bound port."""
+    server = WSGIServer(
+        (host, port),
+        app,
+        handler_class=SocketExposingHandler,
+        log=None,  # the access log is the app's (observe.py): it carries the request id
+        error_log=logging.getLogger("http_shim.wsgi"),
+    )
+    server.start()
+    drain = app.state.drain
+
+    def stop_gracefully(name: str) -> None:
+        if drain.draining:
+            log.warning("%s again: cutting %d running generations now", name, drain.cut())
+            return
+        drain.start()
+        log.info("%s: draining (%d generations running, up to %.0fs)", name, drain.running, drain_s)
+        if not drain.wait_idle(drain_s):
+            log.warning("drain deadline passed: cutting %d running generations", drain.cut())
+        if not drain.wait_idle(CUT_GRACE_S):
+            log.warning("%d generations still running at stop", drain.running)
+        log.info("drained; stopping")
+        server.stop(timeout=STOP_TIMEOUT_S)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        name = signal.Signals(signum).name
+        gevent.signal_handler(signum, lambda name=name: gevent.spawn(stop_gracefully, name))
+    if on_listening is not None:
+        on_listening(server.server_port)
+    server.serve_forever()
