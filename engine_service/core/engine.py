@@ -302,12 +302,12 @@ class Engine:
         else:
             log.exception("engine step failed; retrying its requests (%s) one suspect at a time", ids)
         for request in culprits:
-            self.scheduler.suspects.discard(request.request_id)
             self._finish_request(request, FinishReason.ERROR)
-        for request in requests.values():
-            if request not in culprits:
-                if not culprits:
-                    self.scheduler.suspects.add(request.request_id)
+        for request_id, request in requests.items():
+            if not culprits:
+                self.scheduler.suspects.add(request_id)
+                self._rewind(request)
+            elif request is not culprits[0]:
                 self._rewind(request)
 
     def _rewind(self, request: Request) -> None:
@@ -404,8 +404,7 @@ class Engine:
                 events.append(FinalEvent(seq.index, seq.finish_reason, seq.prompt_len, seq.num_output,
                                          seq.output.matched_stop, tool_calls=seq.output.tool_calls))
         if request.finished:
-            self._requests.pop(request.request_id, None)
-            self._faulty.discard(request.request_id)
+            self._forget(request)
         if events:
             request.sink(events)
 
@@ -435,10 +434,14 @@ class Engine:
                       else request.params.n)
         self._finished_reasons[reason.value] += unfinished
         self._finished_arrivals[request.arrival] += unfinished
-        self._requests.pop(request.request_id, None)
-        self._faulty.discard(request.request_id)
+        self._forget(request)
         finals = [FinalEvent(s.index, reason, s.prompt_len, s.num_output) for s in request.sequences]
         request.sink(finals or [FinalEvent(i, reason, len(request.prompt_ids), 0) for i in range(request.params.n)])
+
+    def _forget(self, request: Request) -> None:
+        self._requests.pop(request.request_id, None)
+        self._faulty.discard(request.request_id)
+        self.scheduler.suspects.discard(request.request_id)
 
     # ------------------------------------------------------------ metrics
 
