@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
 protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
 
-.PHONY: install protos check-protos run-stack test test-fast bench soak clean
+.PHONY: install protos check-protos run-stack test test-fast fuzz bench soak clean
 
 install: $(STAMP)
 
@@ -46,6 +46,14 @@ test: $(STAMP) check-protos
 # The tier that loads no model and starts no real engine (the shim runs against tests/fake_engine.py).
 test-fast: $(STAMP) check-protos
 	$(BIN)/python -m pytest -m "not model" $(PYTEST_ARGS)
+
+# Fuzzes the shim from its OpenAPI document (schemathesis; boundary, invalid and random requests, no
+# 5xx allowed): in front of the fake engine, then on the real stack. FUZZ_EXAMPLES random requests
+# per operation (half that on the real stack); `make test` runs the same tests with a few.
+FUZZ_EXAMPLES ?= 200
+fuzz: $(STAMP)
+	CONDUIT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) CONDUIT_FUZZ_PHASES=examples,coverage,fuzzing \
+		$(BIN)/python -m pytest -o timeout=3600 tests/test_shim_fuzz.py tests/test_stack_fuzz.py $(PYTEST_ARGS)
 
 # Regenerates benchmarks/RESULTS.md (its Notes section is kept); BENCH_ARGS='--skip-peer' etc.
 bench: $(STAMP)

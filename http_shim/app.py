@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Flask, Response, current_app, g, request
@@ -69,8 +69,6 @@ class ShimConfig:
     api_keys: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     limits: RequestLimits = DEFAULT_LIMITS
-    # EngineClient's security arguments for a secured engine: token, tls, tls_ca, tls_cert, tls_key.
-    engine_security: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -83,7 +81,7 @@ class ShimState:
 
 def connect_engine(config: ShimConfig) -> EngineClient:
     """The shim's one engine client (and channel)."""
-    return EngineClient(config.engine, options=ENGINE_CHANNEL_OPTIONS, **config.engine_security)
+    return EngineClient(config.engine, options=ENGINE_CHANNEL_OPTIONS)
 
 
 def _request_id() -> str:

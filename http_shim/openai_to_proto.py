@@ -43,7 +43,9 @@ class RequestLimits:
     """The operator's caps on one request (flags --max-tokens-limit, --max-n, ...); each refused as a
     400 naming the parameter. n and stop cannot exceed the engine's own limits."""
 
-    max_tokens: int | None = None  # max_tokens / max_completion_tokens; None: what the context leaves
+    # max_tokens / max_completion_tokens, and the default when a request sets neither;
+    # None: what the context leaves.
+    max_tokens: int | None = None
     max_n: int = MAX_N  # n, and best_of for /v1/completions
     max_stop: int = MAX_STOP_STRINGS  # stop strings
     max_messages: int = 2048  # chat messages
@@ -467,6 +469,8 @@ def parse_chat(body: dict, request_id: str, limits: RequestLimits = DEFAULT_LIMI
     if top_logprobs and not logprobs:
         raise invalid("'logprobs' must be true when 'top_logprobs' is set.", "logprobs")
     max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"), 1, limits)
+    if max_tokens is None:
+        max_tokens = limits.max_tokens  # the cap bounds a request that names no limit too
     request = pb.GenerateRequest(
         request_id=request_id,
         model=model,

@@ -250,6 +250,9 @@ def test_requests_at_the_caps_are_served(client, fake):
     assert seen["stopping"]["max_tokens"] == CAPS["max_tokens"] and seen["n"] == CAPS["n"]
     completion = client.completions.create(model=MODEL_ID, prompt="z" * CAPS["prompt_chars"], best_of=CAPS["n"])
     assert completion.choices[0].text
+    # Without max_tokens the cap is the limit.
+    unbounded = client.chat.completions.create(model=MODEL_ID, messages=say("echo-request"))
+    assert json.loads(unbounded.choices[0].message.content)["stopping"]["max_tokens"] == CAPS["max_tokens"]
 
 
 def test_the_schema_states_the_caps(shim):

@@ -1,0 +1,106 @@
+"""Fuzzing the shim from its own OpenAPI document (GET /openapi.json) with schemathesis: a real shim
+process in front of the fake engine (tests/fake_engine.py), requests built from the schema (valid
+and invalid ones), and no answer may be a 5xx; every error is OpenAI-shaped, and the shim still
+serves afterwards.
+
+A few random requests per operation here, so the fast tier stays fast; `make fuzz` adds
+schemathesis's coverage phase (boundary and invalid values of every field, about a thousand
+requests; env CONDUIT_FUZZ_PHASES), raises the number of random ones (env CONDUIT_FUZZ_EXAMPLES)
+and fuzzes the real stack too (tests/test_stack_fuzz.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from typing import Any
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+
+from fake_engine import MODEL_ID, FakeEngineServer, start_shim, stop_process
+from http_shim.openai_to_proto import DEFAULT_LIMITS
+from http_shim.openapi import openapi_document
+
+MAX_EXAMPLES = int(os.environ.get("CONDUIT_FUZZ_EXAMPLES", "10"))
+API_KEY = "fuzz-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def fuzzable(document: dict[str, Any], model: str) -> dict[str, Any]:
+    """The shim's document, with `model` pinned to the served one so requests reach the engine
+    (random names would all stop at a 404). Used on the real stack too."""
+    schemas = document["components"]["schemas"]
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        schemas[name]["properties"]["model"] = {"type": "string", "enum": [model]}
+    return document
+
+
+def load_schema(document: dict[str, Any], model: str, phases: list[str]) -> schemathesis.BaseSchema:
+    """`phases`: schemathesis's "examples", "coverage" (boundary and invalid values of every field,
+    about a thousand requests here) and "fuzzing" (random requests, `MAX_EXAMPLES` per operation)."""
+    schema = schemathesis.openapi.from_dict(fuzzable(document, model))
+    schema.config.phases.update(phases=phases)
+    schema.config.max_stream_events = 100_000  # read streams to their end (schemathesis stops at 20 events)
+    return schema
+
+
+def check_answer(case: schemathesis.Case, response: Any) -> None:
+    """No 5xx; errors in OpenAI's shape; streams end with [DONE] or an error event."""
+    try:
+        _check_answer(case, response)
+    except AssertionError:
+        print(f"failing request: {case.method} {case.path} headers={case.headers} body={json.dumps(case.body)}")
+        raise
+
+
+def _check_answer(case: schemathesis.Case, response: Any) -> None:
+    assert response.status_code < 500, f"{response.status_code} for {case.method} {case.path}: {response.text[:500]}"
+    if response.status_code >= 400 and case.path not in ("/health",):
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+    content_type = (response.headers.get("content-type") or [""])[0]  # schemathesis: header -> values
+    if content_type.startswith("text/event-stream"):
+        events = [line for line in response.text.split("\n") if line.startswith("data: ")]
+        assert not any('"error"' in event for event in events[:-1])
+        if not response.stream_cut_short:  # not left by the client
+            assert events and (events[-1] == "data: [DONE]" or '"error"' in events[-1]), response.text[-500:]
+
+
+@pytest.fixture(scope="module")
+def shim_url():
+    fake = FakeEngineServer().start()
+    # The request timeout bounds any request a fuzzer would make hang (none should).
+    process, url = start_shim(fake.address, "--api-key", API_KEY, "--request-timeout", "30")
+    yield url
+    # Still serving after everything the fuzzer sent.
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        json.dumps({"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}]}).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert json.load(response)["choices"][0]["message"]["content"] == "Hello from choice 0."
+    assert process.poll() is None
+    stop_process(process)
+    fake.stop()
+
+
+def test_the_fuzzed_document_is_the_served_one(shim_url):
+    with urllib.request.urlopen(f"{shim_url}/openapi.json", timeout=30) as response:
+        assert json.load(response) == DOCUMENT
+
+
+# Built in-process (schemathesis's pytest plugin loads schemas at collection time, before any shim
+# runs; its lazy loader does not work with this pytest), and checked above against the served one.
+DOCUMENT = openapi_document(DEFAULT_LIMITS, auth_required=True)
+PHASES = os.environ.get("CONDUIT_FUZZ_PHASES", "examples,fuzzing").split(",")
+schema = load_schema(json.loads(json.dumps(DOCUMENT)), MODEL_ID, PHASES)
+
+
+@schema.parametrize()
+@settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+def test_no_request_gets_a_server_error(case, shim_url):
+    check_answer(case, case.call(base_url=shim_url, headers=AUTH, timeout=60))

@@ -1,0 +1,58 @@
+"""Fuzzing the real stack (default model) from the shim's OpenAPI document, as tests/test_shim_fuzz.py
+does against the fake engine: random constraints, tools, logit biases, prompts and token ids reach
+the real engine, and no answer may be a 5xx. The shim caps max_tokens and n so each request stays
+short on a CPU. A few requests per operation in `make test`; `make fuzz` raises the number
+(env CONDUIT_FUZZ_EXAMPLES) and adds the coverage phase (env CONDUIT_FUZZ_PHASES)."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from clients.launch import Stack
+from common import ANSWER, MODEL, QUESTION
+from conftest import STARTUP_TIMEOUT_S
+from http_shim.openai_to_proto import RequestLimits
+from http_shim.openapi import openapi_document
+from test_shim_fuzz import MAX_EXAMPLES, PHASES, check_answer, load_schema
+
+pytestmark = pytest.mark.model
+
+LIMITS = RequestLimits(max_tokens=8, max_n=2)
+SHIM_ARGS = ["--max-tokens-limit", str(LIMITS.max_tokens), "--max-n", str(LIMITS.max_n), "--request-timeout", "120"]
+EXAMPLES = int(os.environ.get("CONDUIT_STACK_FUZZ_EXAMPLES", str(max(1, MAX_EXAMPLES // 2))))
+
+
+@pytest.fixture(scope="module")
+def fuzzed_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with Stack(shim_args=SHIM_ARGS, log_dir=tmp_path_factory.mktemp("logs"),
+               startup_timeout=STARTUP_TIMEOUT_S) as stack:
+        yield stack
+        # Both processes survived, and the stack still answers.
+        stack.check_alive()
+        request = urllib.request.Request(
+            f"{stack.base_url}/chat/completions",
+            json.dumps({"model": MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": 8}).encode(),
+            {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            assert ANSWER.startswith(json.load(response)["choices"][0]["message"]["content"])
+
+
+def test_the_fuzzed_document_is_the_served_one(fuzzed_stack: Stack) -> None:
+    with urllib.request.urlopen(f"{fuzzed_stack.shim_url}/openapi.json", timeout=30) as response:
+        assert json.load(response) == DOCUMENT
+
+
+DOCUMENT = openapi_document(LIMITS, auth_required=False)
+schema = load_schema(json.loads(json.dumps(DOCUMENT)), MODEL, PHASES)
+
+
+@schema.parametrize()
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+def test_no_request_gets_a_server_error(case, fuzzed_stack: Stack) -> None:
+    check_answer(case, case.call(base_url=fuzzed_stack.shim_url, timeout=180))
