@@ -123,7 +123,8 @@ def _body() -> dict:
         raise APIError(
             400, "We could not parse the JSON body of your request.", "invalid_request_error", None, "invalid_json"
         ) from None
-    return check_body(body)
+    g.body = check_body(body)
+    return g.body
 
 
 def _model_object(info: pb.ModelInfo, started: int) -> dict[str, Any]:
@@ -150,7 +151,7 @@ def create_app(config: ShimConfig, client: EngineClient | None = None) -> Observ
     @app.errorhandler(APIError)
     def on_api_error(error: APIError) -> Response:
         if error.param == "response_format":  # the engine says "constraint": name the field the user sent
-            body = request.get_json(silent=True)
+            body = g.get("body")  # the parsed request body, when it was read
             if isinstance(body, dict) and "structured_outputs" in body:
                 error.param = "structured_outputs"
         return _error(error)

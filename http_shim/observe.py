@@ -50,7 +50,7 @@ class ObservedApp:
             self.metrics.requests_in_flight.dec()
             self.metrics.requests.labels(route, method, status[0]).inc()
             self.metrics.duration.labels(route).observe(seconds)
-            access_log.info("%s %s %s %.3fs", method, environ.get("PATH_INFO", ""), status[0], seconds)
+            access_log.info("%s %s %s %.3fs", method, _path(environ), status[0], seconds)
             try:
                 REQUEST_ID.reset(token)
             except ValueError:  # closed from another context (a killed greenlet): nothing to restore
@@ -62,6 +62,15 @@ class ObservedApp:
             finish()
             raise
         return _Closing(body, finish)
+
+
+def _path(environ: dict[str, Any]) -> str:
+    """PATH_INFO as the client wrote it (WSGI hands it over as latin-1 decoded bytes)."""
+    path = environ.get("PATH_INFO", "")
+    try:
+        return path.encode("latin-1").decode("utf-8", "replace")
+    except UnicodeEncodeError:
+        return path
 
 
 class _Closing:

@@ -3,6 +3,7 @@
 The script is chosen by the input's last text (the last chat message, or the prompt):
   "echo-request"        the output text is the received GenerateRequest as JSON
   "error:CODE:message"  the call fails with grpc.StatusCode.CODE before any response
+  "bad-field:PATH"      INVALID_ARGUMENT naming the GenerateRequest field PATH (trailing metadata)
   "midstream-error"     PromptInfo and one chunk, then INTERNAL
   "hang"                PromptInfo, then nothing until the caller cancels
   "slow:SECONDS"        PromptInfo, a pause, then the default answer
@@ -39,6 +40,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from clients.lifetime import child_env
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
+from conduit.v1.contract import PARAM_METADATA_KEY
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_ID = "fake-model"
@@ -135,6 +137,10 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         if script.startswith("error:"):
             _, code, message = script.split(":", 2)
             context.abort(grpc.StatusCode[code], message)
+        if script.startswith("bad-field:"):
+            path = script.split(":", 1)[1]
+            context.set_trailing_metadata(((PARAM_METADATA_KEY, path),))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the engine refuses {path}")
         n = request.n if request.HasField("n") else 1
         prompt_tokens = len(script.split()) or 1
         yield pb.GenerateResponse(request_id=rid, prompt=self._prompt_info(request, script, prompt_tokens))

@@ -420,6 +420,21 @@ def test_bad_input_is_400_naming_the_param(client):
     assert info.value.body["param"] == "messages[0].content[0].type"
 
 
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),  # the field the user sent
+        ({"top_p": 0.5}, "top_p"),
+    ],
+)
+def test_fields_the_engine_refuses_are_named_as_sent(shim, fields, param):
+    path = {"response_format": "constraint", "structured_outputs": "constraint", "top_p": "sampling.top_p"}[param]
+    status, _, raw = post(shim, "/v1/chat/completions",
+                          {"model": MODEL_ID, "messages": say(f"bad-field:{path}"), **fields})
+    assert status == 400 and error_of(raw)["param"] == param
+
+
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize(
     "code, status",

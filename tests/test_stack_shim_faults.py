@@ -46,6 +46,8 @@ def http_status(url: str, body: bytes | None = None) -> tuple[int, dict[str, str
             return response.status, dict(response.headers)
     except urllib.error.HTTPError as error:
         return error.code, dict(error.headers)
+    except (urllib.error.URLError, OSError):  # not listening (yet)
+        return 0, {}
 
 
 def wait_until(condition, what: str, timeout_s: float = WAIT_S) -> None:
