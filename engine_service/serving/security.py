@@ -94,7 +94,7 @@ class ServerSecurity:
     """What the engine's port requires: tokens, and TLS (with client certificates when
     `client_ca_file` is set: mutual TLS)."""
 
-    tokens: list[str] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list, repr=False)  # never in logs or reprs
     cert_file: str | None = None
     key_file: str | None = None
     client_ca_file: str | None = None
