@@ -9,9 +9,6 @@ event is that error, never [DONE], so a cut answer never looks complete).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 from gevent.event import Event
 
 from .errors import APIError
@@ -89,14 +86,6 @@ class Drain:
         self._running.discard(job)
         if not self._running:
             self._idle.set()
-
-    @contextmanager
-    def tracking(self, job: Interruptible) -> Iterator[None]:
-        self.add(job)
-        try:
-            yield
-        finally:
-            self.discard(job)
 
     def start(self) -> None:
         self.draining = True
