@@ -64,8 +64,9 @@ _GRPC_TO_HTTP: dict[grpc.StatusCode, tuple[int, str, str | None]] = {
     grpc.StatusCode.FAILED_PRECONDITION: (400, "invalid_request_error", None),
     grpc.StatusCode.OUT_OF_RANGE: (400, "invalid_request_error", None),
     grpc.StatusCode.NOT_FOUND: (404, "invalid_request_error", "model_not_found"),
-    grpc.StatusCode.UNAUTHENTICATED: (401, "invalid_request_error", "invalid_api_key"),
-    grpc.StatusCode.PERMISSION_DENIED: (403, "invalid_request_error", None),
+    # The engine refused the shim's own credentials: the operator's problem, not the user's key.
+    grpc.StatusCode.UNAUTHENTICATED: (502, "server_error", "engine_auth_failed"),
+    grpc.StatusCode.PERMISSION_DENIED: (502, "server_error", "engine_auth_failed"),
     grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error", "rate_limit_exceeded"),
     # nginx's "client closed request": the call was cancelled, normally because the client left.
     grpc.StatusCode.CANCELLED: (499, "invalid_request_error", "request_cancelled"),
@@ -83,6 +84,8 @@ def from_engine_error(error: ConduitError, request_id: str | None = None) -> API
     status, kind, err_code = _GRPC_TO_HTTP.get(code, (500, "server_error", "engine_error"))
     if code == grpc.StatusCode.UNAVAILABLE:
         details = f"The engine is unavailable: {details}"
+    if status == 502:
+        details = f"The engine refused this server's credentials (check --engine-token and TLS): {details}"
     if status == 500:
         details = internal_error_message(f"The engine failed: {details}", request_id)
     headers = {"Retry-After": _retry_after(error)} if status in (429, 503) else {}

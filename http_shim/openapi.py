@@ -294,6 +294,7 @@ def _error_responses(*statuses: int) -> dict[str, Any]:
         413: "request body over the server's limit",
         429: "the engine's queue is full (Retry-After)",
         500: "internal error (the message names the request id)",
+        502: "the engine refused this server's credentials (an operator's error)",
         503: "the engine is unavailable, or this server is shutting down (Retry-After)",
         504: "the request's deadline passed",
     }
@@ -309,7 +310,7 @@ def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, An
         "description": "names the request in logs and in the engine; printable ASCII, at most 128 characters",
         "schema": {"type": "string"},
     }
-    generation_errors = _error_responses(400, 401, 404, 413, 429, 500, 503, 504)
+    generation_errors = _error_responses(400, 401, 404, 413, 429, 500, 502, 503, 504)
 
     def generation(summary: str, request: str, response: str) -> dict[str, Any]:
         return {

@@ -177,7 +177,8 @@ def test_shim_without_the_engine_token_cannot_generate(token_server: BackgroundS
         with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30) as client:
             with pytest.raises(openai.APIStatusError) as caught:
                 client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "?"}])
-        assert caught.value.status_code >= 400
+        assert caught.value.status_code == 502, "the shim's credentials are not the user's API key"
+        assert caught.value.code == "engine_auth_failed" and "credentials" in caught.value.message
     finally:
         stop_process(process)
 
