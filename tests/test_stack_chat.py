@@ -71,3 +71,11 @@ def test_greedy_n_choices_are_identical(openai_client: openai.OpenAI) -> None:
     # Greedy decoding: both choices are the same text.
     assert response.choices[0].message.content == response.choices[1].message.content
     assert response.usage.completion_tokens == 10
+
+
+def test_a_prompt_longer_than_one_step_on_an_idle_engine(openai_client: openai.OpenAI) -> None:
+    """Its first steps prefill chunks that keep no logits at all (found by the fuzzer: a 500)."""
+    response = openai_client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello " * 600}], max_tokens=4, temperature=0)
+    assert response.usage.prompt_tokens > 512, "longer than the default step budget"
+    assert response.choices[0].finish_reason in ("stop", "length")

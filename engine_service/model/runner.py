@@ -169,7 +169,8 @@ class ModelRunner:
         out = self.model(
             input_ids=torch.tensor([batch.input_ids], device=device),
             position_ids=torch.tensor([batch.positions], device=device),
-            logits_to_keep=torch.tensor(batch.keep, device=device),
+            # Empty when the step only prefills the middle of a prompt: no logits then.
+            logits_to_keep=torch.tensor(batch.keep, dtype=torch.long, device=device),
             use_cache=False,
             layout=layout,
         )
