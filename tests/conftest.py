@@ -10,9 +10,18 @@ import pytest
 
 from clients import AsyncEngineClient, EngineClient
 from clients.launch import Stack
+from fake_engine import FakeEngineServer
 
 # Below pytest's own timeout (300 s), so a stack that never comes up fails with its logs.
 STARTUP_TIMEOUT_S = 180
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeEngineServer]:
+    """A scripted fake engine (tests/fake_engine.py) on loopback, for shim tests that need no model."""
+    server = FakeEngineServer().start()
+    yield server
+    server.stop()
+
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:

@@ -10,16 +10,16 @@ import pytest
 from clients.launch import Stack
 from common import MODEL, QUESTION, WEATHER_QUESTION
 
-# Use the bundled model price map instead of fetching it from the network at import.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-litellm = pytest.importorskip("litellm")
-
 pytestmark = pytest.mark.model
 
 LITELLM_MODEL = f"openai/{MODEL}"  # the model through LiteLLM's OpenAI-compatible provider
 
 
 def complete(stack: Stack, **params):
+    # Imported here, not at collection: litellm takes ~3 s to import, which the fast tier should not pay.
+    # Its bundled model price map, instead of fetching one from the network at import.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    litellm = pytest.importorskip("litellm")
     request = {"model": LITELLM_MODEL, "api_base": stack.base_url, "api_key": "unused", "messages": QUESTION,
                "temperature": 0, "max_tokens": 20, "num_retries": 0, "timeout": 120, **params}
     return litellm.completion(**request)

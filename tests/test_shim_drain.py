@@ -15,17 +15,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fake_engine import MODEL_ID, FakeEngineServer, start_shim, stop_process
+from fake_engine import MODEL_ID, start_shim, stop_process
 from test_shim_http import error_of, open_raw_stream, post, read_until, request, say
 
 EXIT_TIMEOUT_S = 20
-
-
-@pytest.fixture(scope="module")
-def fake():
-    server = FakeEngineServer().start()
-    yield server
-    server.stop()
 
 
 def started_shim(fake, *args: str) -> tuple[subprocess.Popen, str]:

@@ -16,16 +16,9 @@ from urllib.parse import urlparse
 import openai
 import pytest
 
-from fake_engine import MODEL_CREATED, MODEL_ID, FakeEngineServer, start_shim, stop_process
+from fake_engine import MODEL_CREATED, MODEL_ID, start_shim, stop_process
 
 HEARTBEAT_S = 0.3
-
-
-@pytest.fixture(scope="module")
-def fake():
-    server = FakeEngineServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

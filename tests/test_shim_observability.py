@@ -11,19 +11,12 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fake_engine import MODEL_ID, FakeEngineServer, start_shim, stop_process
+from fake_engine import MODEL_ID, start_shim, stop_process
 from test_shim_http import error_of, open_raw_stream, post, read_until, request, say
 
 GENERATED_ID = re.compile(r"req_[0-9a-f]{32}")
 CHAT = "/v1/chat/completions"
 WAIT_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def fake():
-    server = FakeEngineServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

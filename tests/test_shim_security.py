@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import openai
 import pytest
 
-from fake_engine import MODEL_ID, REPO_ROOT, FakeEngineServer, start_shim, stop_process
+from fake_engine import MODEL_ID, REPO_ROOT, start_shim, stop_process
 from http_shim import auth
 from test_shim_http import error_of, post, request, say
 
@@ -24,13 +24,6 @@ FLAG_KEYS = ["key-flag-1", "key-flag-2"]
 FILE_KEY = "key-from-file"
 ENV_KEYS = ["key-env-1", "key-env-2"]
 CAPS = {"max_tokens": 100, "n": 2, "stop": 2, "messages": 3, "prompt_chars": 60}
-
-
-@pytest.fixture(scope="module")
-def fake():
-    server = FakeEngineServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
