@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
 protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
 
-.PHONY: install protos check-protos run-stack test test-fast fuzz bench soak clean
+.PHONY: install protos check-protos run-stack test test-fast deploy-check fuzz bench soak clean
 
 install: $(STAMP)
 
@@ -46,6 +46,11 @@ test: $(STAMP) check-protos
 # The tier that loads no model and starts no real engine (the shim runs against tests/fake_engine.py).
 test-fast: $(STAMP) check-protos
 	$(BIN)/python -m pytest -m "not model" $(PYTEST_ARGS)
+
+# Lints deploy/'s Dockerfiles (hadolint) and validates its Kubernetes manifests (kubernetes-validate),
+# and checks their invariants; nothing is built or applied (no docker daemon here).
+deploy-check: $(STAMP)
+	$(BIN)/python -m pytest tests/test_deploy_files.py $(PYTEST_ARGS)
 
 # Fuzzes the shim from its OpenAPI document (schemathesis; boundary, invalid and random requests, no
 # 5xx allowed): in front of the fake engine, then on the real stack. FUZZ_EXAMPLES random requests

