@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.errors import from_rpc_error
+from clients.replicas import channel_target, replica_options
 from clients.request_builder import Message, build_request, tokenize_request
 from clients.results import Completion, CompletionBuilder
 from conduit.v1 import engine_pb2 as pb
@@ -33,10 +34,12 @@ ChannelOptions = Sequence[tuple[str, Any]]
 PathLike = str | Path
 
 
-def _channel_options(options: ChannelOptions, tls_server_name: str | None = None) -> list[tuple[str, Any]]:
-    """The contract's message size limits, overridden by the caller's `options`."""
+def _channel_options(target: str, options: ChannelOptions,
+                     tls_server_name: str | None = None) -> list[tuple[str, Any]]:
+    """The contract's message size limits and the replica service config (round robin, health
+    checking, retries of calls that produced nothing), overridden by the caller's `options`."""
     extra = {"grpc.ssl_target_name_override": tls_server_name} if tls_server_name else {}
-    return list({**dict(MESSAGE_SIZE_OPTIONS), **extra, **dict(options)}.items())
+    return list({**dict(MESSAGE_SIZE_OPTIONS), **dict(replica_options(target)), **extra, **dict(options)}.items())
 
 
 def tls_credentials(ca: PathLike | None = None, cert: PathLike | None = None,
@@ -113,7 +116,7 @@ class GenerateStream:
 class EngineClient:
     """Blocking client. Use as a context manager, or call `close()`."""
 
-    def __init__(self, target: str = "127.0.0.1:50051", *,
+    def __init__(self, target: str | Sequence[str] = "127.0.0.1:50051", *,
                  token: str | None = None, tls: bool = False, tls_ca: PathLike | None = None,
                  tls_cert: PathLike | None = None, tls_key: PathLike | None = None,
                  tls_server_name: str | None = None,
@@ -121,11 +124,15 @@ class EngineClient:
                  options: ChannelOptions = (),
                  timeout: float | None = None, metadata: Metadata = ()) -> None:
         """`timeout` (seconds) and `metadata` apply to every call unless a call overrides them.
+        `target` is one address, a gRPC URI such as dns:///engine:50051, or several replicas
+        (a list or "A,B"): calls go round robin to the replicas whose health is SERVING, and a
+        call that fails with UNAVAILABLE before any answer is retried on another (clients/replicas.py).
         `token`, `tls*` reach a secured engine (see the module docstring); `tls_server_name`
         is the name to expect in its certificate when `target` does not carry it; `credentials`
         replace the ones the tls_* files would make."""
         credentials, metadata = _security(credentials, token, tls, tls_ca, tls_cert, tls_key, metadata)
-        options = _channel_options(options, tls_server_name)
+        target = channel_target(target)
+        options = _channel_options(target, options, tls_server_name)
         self._channel = (grpc.secure_channel(target, credentials, options) if credentials
                          else grpc.insecure_channel(target, options))
         self._stub = engine_pb2_grpc.EngineStub(self._channel)
@@ -222,7 +229,7 @@ class AsyncGenerateStream:
 class AsyncEngineClient:
     """asyncio client over grpc.aio; create it inside the running event loop."""
 
-    def __init__(self, target: str = "127.0.0.1:50051", *,
+    def __init__(self, target: str | Sequence[str] = "127.0.0.1:50051", *,
                  token: str | None = None, tls: bool = False, tls_ca: PathLike | None = None,
                  tls_cert: PathLike | None = None, tls_key: PathLike | None = None,
                  tls_server_name: str | None = None,
@@ -231,7 +238,8 @@ class AsyncEngineClient:
                  timeout: float | None = None, metadata: Metadata = ()) -> None:
         """The same arguments as EngineClient's."""
         credentials, metadata = _security(credentials, token, tls, tls_ca, tls_cert, tls_key, metadata)
-        options = _channel_options(options, tls_server_name)
+        target = channel_target(target)
+        options = _channel_options(target, options, tls_server_name)
         self._channel = (grpc.aio.secure_channel(target, credentials, options) if credentials
                          else grpc.aio.insecure_channel(target, options))
         self._stub = engine_pb2_grpc.EngineStub(self._channel)

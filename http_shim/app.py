@@ -12,7 +12,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ from .drain import Drain
 from .engine_stream import IDLE, EngineStream
 from .errors import APIError, from_engine_error, internal_error_message
 from .metrics import ShimMetrics
-from .models import ServedModels
+from .models import Connect, ServedModels
 from .observe import REQUEST_ID_KEY, ROUTE_KEY, ObservedApp
 from .openai_to_proto import DEFAULT_LIMITS, GenerationPlan, RequestLimits, check_body, parse_chat, parse_completion
 from .openapi import openapi_document
@@ -60,7 +60,8 @@ _GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions")
 
 @dataclass
 class ShimConfig:
-    engine: str = "127.0.0.1:50051"
+    # One address, a gRPC URI (dns:///engine:50051), or several addresses: replicas and/or other models.
+    engine: str | Sequence[str] = "127.0.0.1:50051"
     # Seconds of silence on a stream before an SSE comment is written (and a departed client noticed).
     heartbeat_s: float = 5.0
     # gRPC deadline of each Generate call; None waits as long as the engine works.
@@ -79,9 +80,9 @@ class ShimState:
     metrics: ShimMetrics
 
 
-def connect_engine(config: ShimConfig) -> EngineClient:
-    """The shim's one engine client (and channel)."""
-    return EngineClient(config.engine, options=ENGINE_CHANNEL_OPTIONS)
+def connect_engine(target: str | Sequence[str]) -> EngineClient:
+    """An engine client (and channel) to one target or a set of replicas, plaintext."""
+    return EngineClient(target, options=ENGINE_CHANNEL_OPTIONS)
 
 
 def _request_id() -> str:
@@ -137,11 +138,11 @@ def _model_object(info: pb.ModelInfo, started: int) -> dict[str, Any]:
     }
 
 
-def create_app(config: ShimConfig, client: EngineClient | None = None) -> ObservedApp:
+def create_app(config: ShimConfig, connect: Connect = connect_engine) -> ObservedApp:
+    """`connect` makes the engine clients (one per model group: see models.py), e.g. with credentials."""
     app = Flask("http_shim")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
-    engine = client or connect_engine(config)
-    models = ServedModels(engine)
+    models = ServedModels(config.engine, connect)
     started = int(time.time())
     metrics = ShimMetrics()
     drain = Drain(metrics)
@@ -222,12 +223,20 @@ def create_app(config: ShimConfig, client: EngineClient | None = None) -> Observ
     def health() -> Response:
         if drain.draining:
             return _json({"status": "draining", "engine": None}, 503)
-        try:
-            status = engine.health(timeout=HEALTH_TIMEOUT_S, metadata=_metadata())  # SERVING, NOT_SERVING, ...
-        except ConduitError:
-            status = "UNREACHABLE"
+        # Through each model group's channel: SERVING when one of its replicas is.
+        statuses = {}
+        for model_id, engine in models.clients(_metadata()).items():
+            try:
+                statuses[model_id] = engine.health(timeout=HEALTH_TIMEOUT_S, metadata=_metadata())
+            except ConduitError:
+                statuses[model_id] = "UNREACHABLE"
+        worst = [s for s in statuses.values() if s != "SERVING"]
+        status = worst[0] if worst else "SERVING" if statuses else "UNREACHABLE"
         ok = status == "SERVING"
-        return _json({"status": "ok" if ok else "unavailable", "engine": status}, 200 if ok else 503)
+        body = {"status": "ok" if ok else "unavailable", "engine": status}
+        if set(statuses) != {""}:
+            body["models"] = statuses
+        return _json(body, 200 if ok else 503)
 
     @app.get("/metrics")
     def metrics_text() -> Response:
@@ -262,7 +271,8 @@ def create_app(config: ShimConfig, client: EngineClient | None = None) -> Observ
         translator_class: type[ChatStreamTranslator] | type[CompletionStreamTranslator],
         build: Callable[[str, int, str, GenerationPlan, Collector], dict[str, Any]],
     ) -> Response:
-        model = models.resolve(plan.model, metadata=_metadata()).id
+        info, engine = models.route(plan.model, metadata=_metadata())
+        model = info.id
         created = int(time.time())
         environ = request.environ
         route = environ.get(ROUTE_KEY) or ""

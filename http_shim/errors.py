@@ -7,6 +7,7 @@ Failed engine calls arrive as the client library's `ConduitError`; `from_engine_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,8 +49,11 @@ def internal_error_message(message: str, request_id: str | None) -> str:
     return message
 
 
-def model_not_found(model: str) -> APIError:
-    return APIError(404, f"The model '{model}' does not exist.", "invalid_request_error", "model", "model_not_found")
+def model_not_found(model: str, available: Sequence[str] = ()) -> APIError:
+    """404 for an unknown model, naming the models that are served (when known)."""
+    served = f" Available models: {', '.join(available)}." if available else ""
+    return APIError(404, f"The model '{model}' does not exist.{served}", "invalid_request_error", "model",
+                    "model_not_found")
 
 
 def _retry_after(error: ConduitError) -> str:

@@ -1,27 +1,52 @@
-"""The models the engine serves, as the shim sees them: every request names one, so the list is cached."""
+"""The models the engines serve, as the shim sees them, and which engines serve each one.
+
+One engine target (an address, or a dns:/// name whose replicas all serve the same model) is one
+channel for every model it lists. Several addresses (`--engine A,B,C`) may serve different models:
+each is asked what it serves (ListModels), the addresses are grouped by model, and each group gets
+one channel that spreads calls round robin over its healthy replicas (clients/replicas.py). An
+address that does not answer keeps its last known group, so a restarted replica gets work again
+without restarting the shim; one never seen yet joins a group once it answers. Every request names
+a model, so the list is cached.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 
 from clients.engine_client import EngineClient, Metadata
-from clients.errors import NotFound
+from clients.errors import ConduitError, NotFound
+from clients.replicas import split_addresses
 from conduit.v1 import engine_pb2 as pb
 
 from .errors import model_not_found
 
 # Deadline of the small unary calls (ListModels, GetModelInfo).
 RPC_TIMEOUT_S = 10.0
-# How long the model list is trusted; the engine rarely changes what it serves.
+# Deadline of asking one address of several what it serves: a dead replica must not stall /v1/models.
+PROBE_TIMEOUT_S = 2.0
+# How long the model list is trusted; the engines rarely change what they serve.
 MODELS_TTL_S = 30.0
+
+Connect = Callable[[str | Sequence[str]], EngineClient]
 
 
 class ServedModels:
-    """Failed engine calls raise the client's ConduitError; an unknown model raises a 404 APIError."""
+    """Failed engine calls raise the client's ConduitError; an unknown model raises a 404 APIError
+    that names the served ones."""
 
-    def __init__(self, engine: EngineClient) -> None:
-        self._engine = engine
+    def __init__(self, target: str | Sequence[str], connect: Connect) -> None:
+        addresses = split_addresses(target)
+        if not addresses:
+            raise ValueError("no engine address given")
+        self._connect = connect
+        # One target: its own channel answers for all its models. Several: one probe channel each.
+        self._single = connect(addresses[0]) if len(addresses) == 1 else None
+        self._probes = {} if self._single else {address: connect(address) for address in addresses}
+        self._served: dict[str, list[pb.ModelInfo]] = {}  # address -> what it last said it serves
+        self._groups: dict[tuple[str, ...], EngineClient] = {}  # replica set -> its channel (kept)
+        self._routes: dict[str, EngineClient] = {}
         self._models: list[pb.ModelInfo] = []
         self._models_at = float("-inf")
         self._lock = threading.Lock()
@@ -30,22 +55,65 @@ class ServedModels:
         with self._lock:
             if time.monotonic() - self._models_at <= max_age_s:
                 return self._models
-        models = self._engine.list_models(timeout=RPC_TIMEOUT_S, metadata=metadata)
+        models, routes = self._refresh(metadata)
         with self._lock:
-            self._models, self._models_at = models, time.monotonic()
+            self._models, self._routes, self._models_at = models, routes, time.monotonic()
         return models
 
-    def resolve(self, name: str, metadata: Metadata = ()) -> pb.ModelInfo:
-        """The served model called `name`; a miss refreshes the cache once (the engine may have restarted)."""
+    def _refresh(self, metadata: Metadata) -> tuple[list[pb.ModelInfo], dict[str, EngineClient]]:
+        if self._single is not None:
+            models = self._single.list_models(timeout=RPC_TIMEOUT_S, metadata=metadata)
+            return models, {model.id: self._single for model in models}
+        error: ConduitError | None = None
+        for address, probe in self._probes.items():
+            try:
+                self._served[address] = probe.list_models(timeout=PROBE_TIMEOUT_S, metadata=metadata)
+            except ConduitError as exc:  # down or restarting: it keeps its last known group
+                error = exc
+        members: dict[str, list[str]] = {}
+        infos: dict[str, pb.ModelInfo] = {}
+        for address in self._probes:  # in the order given
+            for info in self._served.get(address, []):
+                infos.setdefault(info.id, info)
+                members.setdefault(info.id, []).append(address)
+        if not infos and error is not None:
+            raise error
+        routes = {}
+        for model_id, addresses in members.items():
+            key = tuple(addresses)
+            if key not in self._groups:
+                self._groups[key] = self._connect(list(addresses))
+            routes[model_id] = self._groups[key]
+        return list(infos.values()), routes
+
+    def route(self, name: str, metadata: Metadata = ()) -> tuple[pb.ModelInfo, EngineClient]:
+        """The served model called `name` and the channel to its engines; a miss refreshes the
+        cache once (an engine may have restarted or joined)."""
         for max_age_s in (MODELS_TTL_S, 1.0):
             for model in self.list(max_age_s, metadata):
                 if model.id == name:
-                    return model
-        raise model_not_found(name)
+                    with self._lock:
+                        return model, self._routes[name]
+        raise model_not_found(name, [model.id for model in self._models])
+
+    def resolve(self, name: str, metadata: Metadata = ()) -> pb.ModelInfo:
+        return self.route(name, metadata)[0]
 
     def info(self, name: str, metadata: Metadata = ()) -> pb.ModelInfo:
-        """GetModelInfo, uncached."""
+        """GetModelInfo from an engine that serves `name`, uncached."""
         try:
-            return self._engine.model_info(name, timeout=RPC_TIMEOUT_S, metadata=metadata)
+            _, client = self.route(name, metadata)
+            return client.model_info(name, timeout=RPC_TIMEOUT_S, metadata=metadata)
         except NotFound:
-            raise model_not_found(name) from None
+            raise model_not_found(name, [model.id for model in self._models]) from None
+
+    def clients(self, metadata: Metadata = ()) -> dict[str, EngineClient]:
+        """Model id -> its channel (for health); with one target, also when it cannot be listed."""
+        if self._single is not None:
+            return {"": self._single}
+        try:
+            self.list(metadata=metadata)
+        except ConduitError:
+            pass
+        with self._lock:
+            return dict(self._routes)

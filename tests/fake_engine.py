@@ -69,7 +69,8 @@ def _logprob(token_id: int, token: str, value: float, top: int) -> pb.TokenLogpr
 
 
 class FakeEngine(engine_pb2_grpc.EngineServicer):
-    def __init__(self) -> None:
+    def __init__(self, model_id: str = MODEL_ID) -> None:
+        self.model_id = model_id
         self.requests: list[pb.GenerateRequest] = []
         self.metadata: dict[str, dict[str, str]] = {}  # request_id -> the call's invocation metadata
         self.cancelled: set[str] = set()
@@ -109,12 +110,12 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         return pb.ListModelsResponse(models=[self._info()])
 
     def GetModelInfo(self, request, context):
-        if request.model != MODEL_ID:
+        if request.model != self.model_id:
             context.abort(grpc.StatusCode.NOT_FOUND, f"model '{request.model}' is not served")
         return self._info()
 
     def _info(self) -> pb.ModelInfo:
-        return pb.ModelInfo(id=MODEL_ID, source="fake", max_context_length=2048, vocab_size=1000, created=MODEL_CREATED)
+        return pb.ModelInfo(id=self.model_id, source="fake", max_context_length=2048, vocab_size=1000, created=MODEL_CREATED)
 
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
         with self._changed:
@@ -231,8 +232,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
 class FakeEngineServer:
     """The fake on a real gRPC server on a loopback port (0: a free one), in this process's threads."""
 
-    def __init__(self, port: int = 0) -> None:
-        self.engine = FakeEngine()
+    def __init__(self, port: int = 0, model_id: str = MODEL_ID) -> None:
+        self.engine = FakeEngine(model_id)
         self.health = health.HealthServicer()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
         engine_pb2_grpc.add_EngineServicer_to_server(self.engine, self._server)
