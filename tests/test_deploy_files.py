@@ -174,11 +174,13 @@ def test_engine_pods_get_a_gpu_and_resources() -> None:
     assert flag(c["args"], "--device") in ("cuda", "auto")
 
 
-def test_engine_probes_use_grpc_health() -> None:
+def test_engine_probes_use_grpc_health_and_liveness_survives_a_drain() -> None:
     c = container(resource("Deployment", "conduit-engine"))
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "readinessProbe"):
         assert c[probe]["grpc"]["port"] == ENGINE_PORT, probe
         assert c[probe]["grpc"].get("service", "") == "", probe  # the server-wide status the drain flips
+    # A draining engine is NOT_SERVING: liveness on health would restart it mid-drain.
+    assert c["livenessProbe"]["tcpSocket"]["port"] == ENGINE_PORT
 
 
 def test_shim_probes_ready_on_health_and_alive_elsewhere() -> None:
