@@ -35,7 +35,7 @@ check-protos: $(STAMP)
 		diff -u protos/conduit/v1/$$f $$tmp/conduit/v1/$$f || { echo "stale: protos/conduit/v1/$$f; run 'make protos'" >&2; exit 1; }; \
 	done && echo "generated code is up to date"
 
-# Environment: ENGINE_PORT, SHIM_PORT, MODEL; METRICS_PORT (engine metrics; unset: off); ENGINE_TOKEN and
+# Environment: ENGINE_PORT, SHIM_PORT, MODEL; REPLICAS (engines behind the shim, on ports from ENGINE_PORT up); METRICS_PORT (engine metrics; unset: off); ENGINE_TOKEN and
 # ENGINE_TLS_CA/ENGINE_TLS_CERT/ENGINE_TLS_KEY (+ ENGINE_TLS_CLIENT_CERT/ENGINE_TLS_CLIENT_KEY: mutual TLS).
 run-stack: $(STAMP)
 	$(BIN)/python -m clients.launch

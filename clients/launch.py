@@ -102,16 +102,27 @@ class Stack:
     Ports of 0 are replaced by free ports. Use as a context manager, or call
     `start()` and `stop()`. `token` and `tls` secure the engine's port (see the module
     docstring); `engine_env` adds to the engine's environment only.
+
+    `replicas` > 1 starts that many engines (the first on `engine_port`, the others on the next
+    ports when `engine_port` was given, else on free ones) behind the one shim, which spreads
+    work over them (`--engine A,B`). `metrics_port` (0: off) serves replica i's metrics on
+    `metrics_port + i`.
     """
 
     def __init__(self, *, model: str | None = None, host: str = "127.0.0.1", engine_port: int = 0,
                  shim_port: int = 0, engine_args: Sequence[str] = (), shim_args: Sequence[str] = (),
                  log_dir: Path | str | None = None, startup_timeout: float = 300.0,
                  token: str | None = None, tls: TLSFiles | None = None,
-                 engine_env: Mapping[str, str] | None = None) -> None:
+                 engine_env: Mapping[str, str] | None = None, replicas: int = 1,
+                 metrics_port: int = 0) -> None:
+        if replicas < 1:
+            raise ValueError("replicas must be at least 1")
         self.model = model
         self.host = host
-        self.engine_port = engine_port or free_port(host)
+        self.engine_ports = ([engine_port + i for i in range(replicas)] if engine_port
+                             else [free_port(host) for _ in range(replicas)])
+        self.engine_port = self.engine_ports[0]
+        self.metrics_port = metrics_port
         self.shim_port = shim_port or free_port(host)
         self.engine_args = list(engine_args)
         self.shim_args = list(shim_args)
@@ -120,13 +131,27 @@ class Stack:
         self.engine_env = dict(engine_env or {})
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="conduit-stack-"))
         self.startup_timeout = startup_timeout
-        self.engine: subprocess.Popen[bytes] | None = None
+        self.engines: list[subprocess.Popen[bytes] | None] = [None] * replicas
         self.shim: subprocess.Popen[bytes] | None = None
 
     @property
+    def engine(self) -> subprocess.Popen[bytes] | None:
+        """The (first) engine process."""
+        return self.engines[0]
+
+    @engine.setter
+    def engine(self, proc: subprocess.Popen[bytes] | None) -> None:
+        self.engines[0] = proc
+
+    @property
+    def engine_addresses(self) -> list[str]:
+        """host:port of each replica's gRPC server."""
+        return [f"{self.host}:{port}" for port in self.engine_ports]
+
+    @property
     def engine_address(self) -> str:
-        """host:port of the engine's gRPC server."""
-        return f"{self.host}:{self.engine_port}"
+        """host:port of the (first) engine's gRPC server."""
+        return self.engine_addresses[0]
 
     @property
     def shim_url(self) -> str:
@@ -139,21 +164,25 @@ class Stack:
 
     @property
     def engine_log(self) -> Path:
-        return self.log_dir / "engine.log"
+        return self.replica_log(0)
+
+    def replica_log(self, index: int) -> Path:
+        return self.log_dir / ("engine.log" if index == 0 else f"engine-{index}.log")
 
     @property
     def shim_log(self) -> Path:
         return self.log_dir / "shim.log"
 
-    def engine_command(self) -> list[str]:
+    def engine_command(self, index: int = 0) -> list[str]:
         tls = self.tls.engine_args() if self.tls else []
+        metrics = ["--metrics-port", str(self.metrics_port + index)] if self.metrics_port else []
         command = [sys.executable, "-m", "engine_service", "--host", self.host,
-                   "--port", str(self.engine_port), *tls, *self.engine_args]
+                   "--port", str(self.engine_ports[index]), *metrics, *tls, *self.engine_args]
         return command + ["--model", self.model] if self.model else command
 
     def shim_command(self) -> list[str]:
         tls = self.tls.shim_args() if self.tls else []
-        return [sys.executable, "-m", "http_shim", "--engine", self.engine_address,
+        return [sys.executable, "-m", "http_shim", "--engine", ",".join(self.engine_addresses),
                 "--host", self.host, "--port", str(self.shim_port), *tls, *self.shim_args]
 
     def engine_environment(self) -> dict[str, str]:
@@ -168,18 +197,21 @@ class Stack:
             env[ENGINE_TOKEN_ENV] = self.token
         return env
 
-    def client(self, **kwargs: Any) -> EngineClient:
-        """An EngineClient for this stack's engine, with its token and TLS files; `kwargs` add
-        to (or override) them."""
+    def client(self, *, index: int | None = 0, **kwargs: Any) -> EngineClient:
+        """An EngineClient for this stack's (first) engine, or replica `index`, or all replicas
+        (`index=None`), with its token and TLS files; `kwargs` add to (or override) them."""
         security: dict[str, Any] = {"token": self.token, **(self.tls.client_kwargs() if self.tls else {})}
-        return EngineClient(self.engine_address, **{**security, **kwargs})
+        target = self.engine_addresses if index is None else self.engine_addresses[index]
+        return EngineClient(target, **{**security, **kwargs})
 
     def start(self) -> Stack:
-        """Start both processes and block until both are ready; StackError (both stopped) if not."""
-        for port in (self.engine_port, self.shim_port):
+        """Start all processes and block until all are ready; StackError (all stopped) if not."""
+        for port in (*self.engine_ports, self.shim_port):
             ensure_port_free(self.host, port)
         try:
-            self.engine = spawn(self.engine_command(), self.engine_log, self.engine_environment())
+            for index in range(len(self.engines)):
+                self.engines[index] = spawn(self.engine_command(index), self.replica_log(index),
+                                            self.engine_environment())
             self.shim = spawn(self.shim_command(), self.shim_log, self.shim_environment())
             self._wait_ready()
         except BaseException:
@@ -187,15 +219,37 @@ class Stack:
             raise
         return self
 
+    def restart_engine(self, index: int, timeout: float | None = None) -> None:
+        """Start replica `index` again on its port (after it exited), appending to its log, and
+        wait until it serves."""
+        proc = self.engines[index]
+        if proc is not None and proc.poll() is None:
+            raise StackError(f"engine {index} is still running")
+        self.engines[index] = spawn(self.engine_command(index), self.replica_log(index),
+                                    self.engine_environment(), append=True)
+        deadline = time.monotonic() + (timeout or self.startup_timeout)
+        with self.client(index=index, timeout=2.0) as client:
+            while not _engine_serving(client):
+                self.check_alive()
+                if time.monotonic() > deadline:
+                    raise StackError(f"engine {index} not ready; {self.replica_log(index)}:\n"
+                                     f"{log_tail(self.replica_log(index))}")
+                time.sleep(0.25)
+
     def stop(self, grace: float = 10.0) -> None:
-        """Stop the shim, then the engine: SIGINT, then SIGTERM, then SIGKILL, `grace` seconds apart."""
-        for proc in (self.shim, self.engine):
+        """Stop the shim, then the engines: SIGINT, then SIGTERM, then SIGKILL, `grace` seconds apart."""
+        for proc in (self.shim, *self.engines):
             if proc is not None:
                 _stop_process(proc, grace)
 
+    def _processes(self) -> list[tuple[str, subprocess.Popen[bytes] | None, Path]]:
+        engines = [("engine" if len(self.engines) == 1 else f"engine {i}", proc, self.replica_log(i))
+                   for i, proc in enumerate(self.engines)]
+        return [*engines, ("shim", self.shim, self.shim_log)]
+
     def check_alive(self) -> None:
-        """Raise StackError with the log tail if either process has exited."""
-        for name, proc, log in (("engine", self.engine, self.engine_log), ("shim", self.shim, self.shim_log)):
+        """Raise StackError with the log tail if any process has exited."""
+        for name, proc, log in self._processes():
             if proc is None or proc.poll() is not None:
                 code = None if proc is None else proc.returncode
                 raise StackError(f"{name} exited (code {code}); last lines of {log}:\n{log_tail(log)}")
@@ -208,23 +262,28 @@ class Stack:
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
-        engine_ready = shim_ready = False
-        with self.client(timeout=2.0) as client:
-            while not (engine_ready and shim_ready):
+        clients = [self.client(index=i, timeout=2.0) for i in range(len(self.engines))]
+        ready = [False] * len(clients)
+        shim_ready = False
+        try:
+            while not (all(ready) and shim_ready):
                 self.check_alive()
                 if time.monotonic() > deadline:
-                    waiting = [name for name, ready in (("engine", engine_ready), ("shim", shim_ready))
-                               if not ready]
-                    raise StackError(f"{' and '.join(waiting)} not ready after {self.startup_timeout:.0f}s; "
-                                     f"logs: {self.engine_log}, {self.shim_log}\nengine:\n"
-                                     f"{log_tail(self.engine_log)}\nshim:\n{log_tail(self.shim_log)}")
-                engine_ready = engine_ready or _engine_serving(client)
-                shim_ready = shim_ready or _http_ok(f"{self.shim_url}/health")
-                if not (engine_ready and shim_ready):
+                    names = [name for (name, _, _), up in zip(self._processes(), [*ready, shim_ready]) if not up]
+                    tails = "".join(f"\n{name} ({log}):\n{log_tail(log)}" for name, _, log in self._processes())
+                    raise StackError(f"{' and '.join(names)} not ready after {self.startup_timeout:.0f}s; "
+                                     f"logs in {self.log_dir}{tails}")
+                ready = [up or _engine_serving(client) for up, client in zip(ready, clients)]
+                shim_ready = shim_ready or (all(ready) and _http_ok(f"{self.shim_url}/health"))
+                if not (all(ready) and shim_ready):
                     time.sleep(0.25)
+        finally:
+            for client in clients:
+                client.close()
 
 
-def spawn(cmd: list[str], log_path: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+def spawn(cmd: list[str], log_path: Path, env: Mapping[str, str] | None = None,
+          append: bool = False) -> subprocess.Popen[bytes]:
     """Start one process of the stack, its stdout and stderr going to `log_path`, with `env`
     (default: this process's environment).
 
@@ -234,7 +293,7 @@ def spawn(cmd: list[str], log_path: Path, env: Mapping[str, str] | None = None) 
     Its own session keeps a terminal's Ctrl-C away from the children: `stop()` stops them in order.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab" if append else "wb") as log:
         return subprocess.Popen(cmd, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT,
                                 env=child_env({**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}),
@@ -278,6 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shim-port", type=int, default=int(os.environ.get("SHIM_PORT") or 8000),
                         help="HTTP port (env SHIM_PORT; default 8000)")
     parser.add_argument("--log-dir", help="where engine.log and shim.log go (default: a new temp folder)")
+    parser.add_argument("--replicas", type=int, default=int(os.environ.get("REPLICAS") or 1),
+                        help="engines behind the shim, on consecutive ports from --engine-port (env REPLICAS; default 1)")
     env = os.environ.get
     parser.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT") or 0),
                         help="engine Prometheus metrics port (env METRICS_PORT; default 0: off)")
@@ -297,8 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="after `--`: extra engine flags, e.g. -- --max-batch-size 8")
     args = parser.parse_args(argv)
     engine_args = args.engine_args[1:] if args.engine_args[:1] == ["--"] else args.engine_args
-    if args.metrics_port:
-        engine_args = ["--metrics-port", str(args.metrics_port), *engine_args]
+    if args.replicas < 1:
+        parser.error("--replicas must be at least 1")
     tls = None
     if args.tls_cert or args.tls_key or args.tls_ca:
         if not (args.tls_cert and args.tls_key and args.tls_ca):
@@ -309,11 +370,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     stack = Stack(model=args.model, host=args.host, engine_port=args.engine_port,
                   shim_port=args.shim_port, engine_args=engine_args, log_dir=args.log_dir,
-                  token=args.token, tls=tls)
+                  token=args.token, tls=tls, replicas=args.replicas, metrics_port=args.metrics_port)
     # Ctrl-C and `kill` stop the stack, even when started from a shell that ignores SIGINT.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    print(f"Starting the engine on {stack.engine_address} and the shim on {stack.shim_url} "
+    engines = ", ".join(stack.engine_addresses)
+    print(f"Starting the engine{'s' if args.replicas > 1 else ''} on {engines} and the shim on {stack.shim_url} "
           f"(logs in {stack.log_dir})...", flush=True)
     try:
         stack.start()
@@ -338,15 +400,16 @@ def _ready_banner(stack: Stack, model_id: str, metrics_port: int = 0) -> str:
                        "messages": [{"role": "user", "content": "What is the capital of France?"}]})
     security = ", ".join(part for part in ("mutual TLS" if stack.tls and stack.tls.mutual else "TLS" if stack.tls
                                            else "", "token required" if stack.token else "") if part)
-    metrics = f"  engine metrics:  http://{stack.host}:{metrics_port}/metrics\n" if metrics_port else ""
+    metrics = "".join(f"  engine metrics:  http://{stack.host}:{metrics_port + i}/metrics\n"
+                      for i in range(len(stack.engine_ports))) if metrics_port else ""
     return (f"Conduit is up, serving {model_id}.\n"
             f"  OpenAI base URL: {stack.base_url}\n"
-            f"  engine gRPC:     {stack.engine_address}{f' ({security})' if security else ''}\n"
+            f"  engine gRPC:     {', '.join(stack.engine_addresses)}{f' ({security})' if security else ''}\n"
             f"{metrics}"
             f"Try:\n"
             f"  curl {stack.base_url}/chat/completions -H 'Content-Type: application/json' \\\n"
             f"    -d '{body}'\n"
-            f"Ctrl-C stops both.")
+            f"Ctrl-C stops {'both' if len(stack.engine_ports) == 1 else 'them all'}.")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,128 @@
+"""Two engine replicas (default model) behind one shim, on real processes: failover.
+
+- Work is spread round robin over both replicas.
+- One replica SIGKILLed while streams run on both: its streams end with an error event (the SDK
+  raises; never a [DONE]), the survivor's streams finish, and new requests all succeed on the
+  survivor.
+- The killed replica restarted on the same port gets work again, without restarting the shim.
+Which replica served a request is read from the engines' logs, which name each generate's
+request id (the shim forwards the client's X-Request-Id).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from clients.launch import Stack
+from common import MODEL, QUESTION, STORY
+from conftest import STARTUP_TIMEOUT_S
+
+pytestmark = pytest.mark.model
+
+WAIT_S = 120.0
+STREAMS = 4
+STREAM_TOKENS = 96  # long enough to be mid-stream on both replicas when the signal lands
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with Stack(replicas=2, log_dir=tmp_path_factory.mktemp("logs"), startup_timeout=STARTUP_TIMEOUT_S) as running:
+        yield running
+
+
+def served_by(stack: Stack, request_id: str) -> list[int]:
+    """The replicas whose log shows a generate for `request_id`."""
+    found = []
+    for index in range(len(stack.engine_ports)):
+        log: Path = stack.replica_log(index)
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if any("generate:" in line and f"[{request_id}]" in line for line in text.splitlines()):
+            found.append(index)
+    return found
+
+
+def short_request(client: openai.OpenAI, request_id: str) -> None:
+    response = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2,
+                                              extra_headers={"X-Request-Id": request_id})
+    assert response.choices[0].finish_reason == "length"
+
+
+def test_failover_and_return_of_a_replica(stack: Stack) -> None:
+    client = openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=WAIT_S)
+    tag = uuid.uuid4().hex[:8]
+
+    # Round robin: six requests in a row reach both replicas.
+    spread_ids = [f"spread-{tag}-{i}" for i in range(6)]
+    for request_id in spread_ids:
+        short_request(client, request_id)
+    placed = [served_by(stack, request_id) for request_id in spread_ids]
+    assert all(len(where) == 1 for where in placed), placed
+    assert {where[0] for where in placed} == {0, 1}, placed
+
+    # Streams on both replicas; then replica 1 dies.
+    stream_ids = [f"stream-{tag}-{i}" for i in range(STREAMS)]
+    started = [threading.Event() for _ in stream_ids]
+    outcomes: dict[str, str] = {}
+
+    def run_stream(k: int) -> None:
+        request_id = stream_ids[k]
+        finish = None
+        try:
+            stream = client.chat.completions.create(model=MODEL, messages=STORY, max_tokens=STREAM_TOKENS,
+                                                    stream=True, extra_headers={"X-Request-Id": request_id})
+            for chunk in stream:
+                started[k].set()
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            outcomes[request_id] = f"finished:{finish}"
+        except openai.APIError as error:
+            outcomes[request_id] = f"error:{error}"
+        finally:
+            started[k].set()
+
+    threads = [threading.Thread(target=run_stream, args=(k,), daemon=True) for k in range(STREAMS)]
+    for thread in threads:
+        thread.start()
+    for event in started:
+        assert event.wait(WAIT_S), "a stream never started"
+    assert not outcomes, f"streams ended before the kill: {outcomes}"
+    victim = stack.engines[1]
+    assert victim is not None
+    victim.kill()
+    victim.wait()
+
+    # Under that load, new requests all succeed, on the survivor.
+    after_ids = [f"after-{tag}-{i}" for i in range(4)]
+    for request_id in after_ids:
+        short_request(client, request_id)
+    assert [served_by(stack, request_id) for request_id in after_ids] == [[0]] * len(after_ids)
+
+    for thread in threads:
+        thread.join(WAIT_S)
+    placed = {request_id: served_by(stack, request_id) for request_id in stream_ids}
+    assert {tuple(where) for where in placed.values()} == {(0,), (1,)}, placed  # streams ran on both
+    for request_id, where in placed.items():
+        if where == [1]:  # cut: an error event the SDK raises, not a clean end
+            assert outcomes[request_id].startswith("error:") and "unavailable" in outcomes[request_id].lower()
+        else:
+            assert outcomes[request_id] == "finished:length", outcomes[request_id]
+
+    # The replica comes back on its port: the same shim gives it work again.
+    stack.restart_engine(1)
+    deadline = time.monotonic() + WAIT_S
+    k = 0
+    while True:
+        request_id = f"back-{tag}-{k}"
+        short_request(client, request_id)
+        if served_by(stack, request_id) == [1]:
+            break
+        assert time.monotonic() < deadline, "the restarted replica got no work"
+        k += 1
+        time.sleep(0.1)
