@@ -219,13 +219,13 @@ class Stack:
             raise
         return self
 
-    def restart_engine(self, index: int, timeout: float | None = None) -> None:
-        """Start replica `index` again on its port (after it exited), appending to its log, and
-        wait until it serves."""
+    def restart_engine(self, index: int, timeout: float | None = None, extra_args: Sequence[str] = ()) -> None:
+        """Start replica `index` again on its port (after it exited), appending to its log, with
+        `extra_args` after its usual flags, and wait until it serves."""
         proc = self.engines[index]
         if proc is not None and proc.poll() is None:
             raise StackError(f"engine {index} is still running")
-        self.engines[index] = spawn(self.engine_command(index), self.replica_log(index),
+        self.engines[index] = spawn([*self.engine_command(index), *extra_args], self.replica_log(index),
                                     self.engine_environment(), append=True)
         deadline = time.monotonic() + (timeout or self.startup_timeout)
         with self.client(index=index, timeout=2.0) as client:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from clients import AsyncEngineClient, EngineClient
+from clients import AsyncEngineClient, EngineClient, Unavailable
 from clients.replicas import channel_target, split_addresses
 from fake_engine import MODEL_ID, FakeEngineServer, start_shim, stop_process
 from test_shim_http import error_of, post, request, say
@@ -139,3 +139,20 @@ def test_shim_routes_by_model_over_replicas(pair):
     finally:
         stop_process(shim)
         other.stop()
+
+
+def test_a_stream_that_answered_is_not_retried_when_its_replica_dies(pair):
+    a, b = pair
+    with EngineClient([a.address, b.address], timeout=10) as client:
+        wait_until(lambda: bool(client.complete(prompt="hi")) and min(counts(a, b)) > 0)
+        stream = client.generate(prompt="long:100000", request_id="committed")
+        for received, _ in enumerate(stream):
+            if received == 3:
+                break
+        owner, survivor = (a, b) if any(r.request_id == "committed" for r in a.engine.requests) else (b, a)
+        owner.stop()  # cancels its calls: the client sees UNAVAILABLE after responses were committed
+        with pytest.raises(Unavailable):
+            for _ in stream:
+                pass
+        assert not any(r.request_id == "committed" for r in survivor.engine.requests)  # never replayed
+        assert client.complete(prompt="hi").choices[0].text  # new work goes to the survivor

@@ -5,6 +5,8 @@
   raises; never a [DONE]), the survivor's streams finish, and new requests all succeed on the
   survivor.
 - The killed replica restarted on the same port gets work again, without restarting the shim.
+- Restarted with --served-model-name, it serves that name only: the shim regroups its engines by
+  model, routes by the request's model, lists both, and a 404 names both.
 Which replica served a request is read from the engines' logs, which name each generate's
 request id (the shim forwards the client's X-Request-Id).
 """
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.model
 WAIT_S = 120.0
 STREAMS = 4
 STREAM_TOKENS = 96  # long enough to be mid-stream on both replicas when the signal lands
+RENAMED = "smol-renamed"
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +129,29 @@ def test_failover_and_return_of_a_replica(stack: Stack) -> None:
         assert time.monotonic() < deadline, "the restarted replica got no work"
         k += 1
         time.sleep(0.1)
+
+
+def test_a_replica_restarted_under_another_name_is_routed_by_model(stack: Stack) -> None:
+    """--served-model-name, and the shim regrouping its engines by the model each reports."""
+    client = openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=WAIT_S)
+    victim = stack.engines[1]
+    assert victim is not None
+    victim.kill()
+    victim.wait()
+    stack.restart_engine(1, extra_args=["--served-model-name", RENAMED])
+
+    tag = uuid.uuid4().hex[:8]
+    for k in range(4):  # the unknown name makes the shim ask its engines again
+        request_id = f"renamed-{tag}-{k}"
+        response = client.chat.completions.create(model=RENAMED, messages=QUESTION, max_tokens=2,
+                                                  extra_headers={"X-Request-Id": request_id})
+        assert response.model == RENAMED
+        assert served_by(stack, request_id) == [1]
+    for k in range(4):
+        request_id = f"default-{tag}-{k}"
+        short_request(client, request_id)
+        assert served_by(stack, request_id) == [0]
+    assert sorted(model.id for model in client.models.list()) == sorted([MODEL, RENAMED])
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="no-such-model", messages=QUESTION, max_tokens=2)
+    assert MODEL in str(caught.value) and RENAMED in str(caught.value)
