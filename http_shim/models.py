@@ -79,11 +79,12 @@ class ServedModels:
         if not infos and error is not None:
             raise error
         routes = {}
-        for model_id, addresses in members.items():
-            key = tuple(addresses)
-            if key not in self._groups:
-                self._groups[key] = self._connect(list(addresses))
-            routes[model_id] = self._groups[key]
+        with self._lock:  # concurrent refreshes share one channel per replica set
+            for model_id, addresses in members.items():
+                key = tuple(addresses)
+                if key not in self._groups:
+                    self._groups[key] = self._connect(list(addresses))
+                routes[model_id] = self._groups[key]
         return list(infos.values()), routes
 
     def route(self, name: str, metadata: Metadata = ()) -> tuple[pb.ModelInfo, EngineClient]:
