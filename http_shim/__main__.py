@@ -56,8 +56,6 @@ def _parse_args() -> argparse.Namespace:
     _add_engine_security_args(parser)
     args = parser.parse_args()
     args.engine = split_addresses(args.engine or [env("CONDUIT_ENGINE", "127.0.0.1:50051")])
-    if len(args.engine) > 1 and any(":///" in a or a.startswith(("ipv4:", "ipv6:", "unix:", "dns:")) for a in args.engine):
-        parser.error("--engine: a gRPC URI (dns:///...) stands alone; list several HOST:PORT addresses instead")
     args.hardening = hardening_config(parser, args)
     return args
 

@@ -223,13 +223,16 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
     def health() -> Response:
         if drain.draining:
             return _json({"status": "draining", "engine": None}, 503)
-        # Through each model group's channel: SERVING when one of its replicas is.
+        # Through each model's channels: SERVING when one of its replicas is.
         statuses = {}
-        for model_id, engine in models.clients(_metadata()).items():
-            try:
-                statuses[model_id] = engine.health(timeout=HEALTH_TIMEOUT_S, metadata=_metadata())
-            except ConduitError:
-                statuses[model_id] = "UNREACHABLE"
+        for model_id, engines in models.clients(_metadata()).items():
+            for engine in engines:
+                try:
+                    statuses[model_id] = engine.health(timeout=HEALTH_TIMEOUT_S, metadata=_metadata())
+                except ConduitError:
+                    statuses[model_id] = "UNREACHABLE"
+                if statuses[model_id] == "SERVING":
+                    break
         worst = [s for s in statuses.values() if s != "SERVING"]
         status = worst[0] if worst else "SERVING" if statuses else "UNREACHABLE"
         ok = status == "SERVING"

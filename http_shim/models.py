@@ -1,9 +1,11 @@
 """The models the engines serve, as the shim sees them, and which engines serve each one.
 
 One engine target (an address, or a dns:/// name whose replicas all serve the same model) is one
-channel for every model it lists. Several addresses (`--engine A,B,C`) may serve different models:
+channel for every model it lists. Several targets (`--engine A,B,C`) may serve different models:
 each is asked what it serves (ListModels), the addresses are grouped by model, and each group gets
-one channel that spreads calls round robin over its healthy replicas (clients/replicas.py). An
+one channel that spreads calls round robin over its healthy replicas (clients/replicas.py). A
+dns:/// target among several is a group of its own; a model served by several such groups has its
+requests dealt to them in turn. An
 address that does not answer keeps its last known group, so a restarted replica gets work again
 without restarting the shim; one never seen yet joins a group once it answers. Every request names
 a model, so the list is cached.
@@ -11,13 +13,14 @@ a model, so the list is cached.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from clients.engine_client import EngineClient, Metadata
 from clients.errors import ConduitError, NotFound
-from clients.replicas import split_addresses
+from clients.replicas import spans_replicas, split_addresses
 from conduit.v1 import engine_pb2 as pb
 
 from .errors import model_not_found
@@ -46,7 +49,8 @@ class ServedModels:
         self._probes = {} if self._single else {address: connect(address) for address in addresses}
         self._served: dict[str, list[pb.ModelInfo]] = {}  # address -> what it last said it serves
         self._groups: dict[tuple[str, ...], EngineClient] = {}  # replica set -> its channel (kept)
-        self._routes: dict[str, EngineClient] = {}
+        self._routes: dict[str, tuple[EngineClient, ...]] = {}
+        self._turns: dict[str, itertools.count] = {}  # model id -> whose turn among its groups
         self._models: list[pb.ModelInfo] = []
         self._models_at = float("-inf")
         self._lock = threading.Lock()
@@ -60,10 +64,10 @@ class ServedModels:
             self._models, self._routes, self._models_at = models, routes, time.monotonic()
         return models
 
-    def _refresh(self, metadata: Metadata) -> tuple[list[pb.ModelInfo], dict[str, EngineClient]]:
+    def _refresh(self, metadata: Metadata) -> tuple[list[pb.ModelInfo], dict[str, tuple[EngineClient, ...]]]:
         if self._single is not None:
             models = self._single.list_models(timeout=RPC_TIMEOUT_S, metadata=metadata)
-            return models, {model.id: self._single for model in models}
+            return models, {model.id: (self._single,) for model in models}
         error: ConduitError | None = None
         for address, probe in self._probes.items():
             try:
@@ -80,11 +84,13 @@ class ServedModels:
             raise error
         routes = {}
         with self._lock:  # concurrent refreshes share one channel per replica set
-            for model_id, addresses in members.items():
-                key = tuple(addresses)
-                if key not in self._groups:
-                    self._groups[key] = self._connect(list(addresses))
-                routes[model_id] = self._groups[key]
+            for model_id, entries in members.items():
+                plain = tuple(entry for entry in entries if not spans_replicas(entry))
+                keys = ([plain] if plain else []) + [(entry,) for entry in entries if spans_replicas(entry)]
+                for key in keys:
+                    if key not in self._groups:
+                        self._groups[key] = self._connect(key[0] if len(key) == 1 else list(key))
+                routes[model_id] = tuple(self._groups[key] for key in keys)
         return list(infos.values()), routes
 
     def route(self, name: str, metadata: Metadata = ()) -> tuple[pb.ModelInfo, EngineClient]:
@@ -94,7 +100,9 @@ class ServedModels:
             for model in self.list(max_age_s, metadata):
                 if model.id == name:
                     with self._lock:
-                        return model, self._routes[name]
+                        groups = self._routes[name]
+                        turn = next(self._turns.setdefault(name, itertools.count()))
+                    return model, groups[turn % len(groups)]
         raise model_not_found(name, [model.id for model in self._models])
 
     def resolve(self, name: str, metadata: Metadata = ()) -> pb.ModelInfo:
@@ -108,10 +116,10 @@ class ServedModels:
         except NotFound:
             raise model_not_found(name, [model.id for model in self._models]) from None
 
-    def clients(self, metadata: Metadata = ()) -> dict[str, EngineClient]:
-        """Model id -> its channel (for health); with one target, also when it cannot be listed."""
+    def clients(self, metadata: Metadata = ()) -> dict[str, tuple[EngineClient, ...]]:
+        """Model id -> its channels (for health); with one target, also when it cannot be listed."""
         if self._single is not None:
-            return {"": self._single}
+            return {"": (self._single,)}
         try:
             self.list(metadata=metadata)
         except ConduitError:

@@ -156,3 +156,22 @@ def test_a_stream_that_answered_is_not_retried_when_its_replica_dies(pair):
                 pass
         assert not any(r.request_id == "committed" for r in survivor.engine.requests)  # never replayed
         assert client.complete(prompt="hi").choices[0].text  # new work goes to the survivor
+
+
+def test_shim_takes_a_dns_target_beside_other_models(pair):
+    a, b = pair  # fake-model behind a name (its own group) and at a plain address: dealt in turn
+    other = FakeEngineServer(model_id=OTHER_MODEL).start()
+    shim, url = start_shim(f"dns:///127.0.0.1:{a.port}", "--engine", other.address, "--engine", b.address)
+    try:
+        status, _, body = request(url, "GET", "/v1/models")
+        assert status == 200
+        assert sorted(m["id"] for m in json.loads(body)["data"]) == sorted([MODEL_ID, OTHER_MODEL])
+        for model in (MODEL_ID, OTHER_MODEL, MODEL_ID, MODEL_ID, MODEL_ID):
+            status, _, raw = post(url, "/v1/chat/completions", {"model": model, "messages": say("hi")})
+            assert status == 200 and json.loads(raw)["model"] == model
+        assert counts(a, b, other) == [2, 2, 1]
+        status, _, body = request(url, "GET", "/health")
+        assert status == 200 and json.loads(body)["models"] == {MODEL_ID: "SERVING", OTHER_MODEL: "SERVING"}
+    finally:
+        stop_process(shim)
+        other.stop()
