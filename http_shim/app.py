@@ -151,6 +151,8 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
 
     @app.errorhandler(APIError)
     def on_api_error(error: APIError) -> Response:
+        if error.code == "model_not_found" and request.path in _GENERATION_ROUTES:
+            models.expire()  # the engine may have been renamed since the list was read
         if error.param == "response_format":  # the engine says "constraint": name the field the user sent
             body = g.get("body")  # the parsed request body, when it was read
             if isinstance(body, dict) and "structured_outputs" in body:

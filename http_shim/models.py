@@ -31,6 +31,8 @@ RPC_TIMEOUT_S = 10.0
 PROBE_TIMEOUT_S = 2.0
 # How long the model list is trusted; the engines rarely change what they serve.
 MODELS_TTL_S = 30.0
+# The youngest model list that an engine's "model not served here" throws away.
+EXPIRE_MIN_AGE_S = 0.5
 
 Connect = Callable[[str | Sequence[str]], EngineClient]
 
@@ -92,6 +94,13 @@ class ServedModels:
                         self._groups[key] = self._connect(key[0] if len(key) == 1 else list(key))
                 routes[model_id] = tuple(self._groups[key] for key in keys)
         return list(infos.values()), routes
+
+    def expire(self) -> None:
+        """An engine said it does not serve a model it was listed with (it restarted under another
+        name): ask the engines again at the next request, at most twice a second."""
+        with self._lock:
+            if time.monotonic() - self._models_at > EXPIRE_MIN_AGE_S:
+                self._models_at = float("-inf")
 
     def route(self, name: str, metadata: Metadata = ()) -> tuple[pb.ModelInfo, EngineClient]:
         """The served model called `name` and the channel to its engines; a miss refreshes the

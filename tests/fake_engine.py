@@ -135,6 +135,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
     def _generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
         rid = request.request_id
         script = _script_text(request)
+        if request.model and request.model != self.model_id:  # as the real engine answers
+            context.abort(grpc.StatusCode.NOT_FOUND, f"model {request.model!r} is not served here")
         if script.startswith("error:"):
             _, code, message = script.split(":", 2)
             context.abort(grpc.StatusCode[code], message)

@@ -175,3 +175,23 @@ def test_shim_takes_a_dns_target_beside_other_models(pair):
     finally:
         stop_process(shim)
         other.stop()
+
+
+def test_shim_regroups_when_a_replica_is_renamed(pair):
+    a, b = pair
+    shim, url = start_shim(f"{a.address},{b.address}")
+    try:
+        status, _, _ = post(url, "/v1/chat/completions", {"model": MODEL_ID, "messages": say("hi")})
+        assert status == 200
+        b.engine.model_id = OTHER_MODEL  # as if b restarted with --served-model-name other-model
+        statuses = []
+        deadline = time.monotonic() + HEALTH_SETTLE_S
+        while statuses[-4:] != [200] * 4:  # at most a stale 404 or two, then fake-model is a's alone
+            assert time.monotonic() < deadline, statuses
+            statuses.append(post(url, "/v1/chat/completions", {"model": MODEL_ID, "messages": say("hi")})[0])
+            time.sleep(0.1)
+        status, _, raw = post(url, "/v1/chat/completions", {"model": OTHER_MODEL, "messages": say("hi")})
+        assert status == 200 and json.loads(raw)["model"] == OTHER_MODEL
+        assert b.engine.requests[-1].model == OTHER_MODEL
+    finally:
+        stop_process(shim)
