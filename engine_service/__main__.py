@@ -23,7 +23,7 @@ if __name__ == "__main__":
 
 from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
 from engine_service.core.engine import Engine, EngineConfig  # noqa: E402
-from engine_service.logs import LOG_FORMATS, setup_logging  # noqa: E402
+from clients.logs import LOG_FORMATS, configure_logging  # noqa: E402
 from engine_service.serving.security import ServerSecurity, collect_tokens  # noqa: E402
 
 
@@ -77,7 +77,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    setup_logging(args.log_level, args.log_format)
+    configure_logging(args.log_level, args.log_format)
     import torch  # after logging is set up; slow to import
 
     from engine_service.core.metrics import EngineMetrics

@@ -25,7 +25,7 @@ from clients.replicas import split_addresses  # noqa: E402
 from conduit.v1.contract import ENGINE_TOKEN_ENV  # noqa: E402
 
 from .app import ENGINE_CHANNEL_OPTIONS, ShimConfig, create_app  # noqa: E402
-from .logs import configure_logging  # noqa: E402
+from clients.logs import configure_logging  # noqa: E402
 from .options import add_hardening_args, hardening_config  # noqa: E402
 from .server import serve  # noqa: E402
 

@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .logs import REQUEST_ID, accept_request_id
+from clients.logs import REQUEST_ID
+
+from .request_ids import accept_request_id
 from .metrics import UNMATCHED_ROUTE, ShimMetrics
 
 REQUEST_ID_KEY = "conduit.request_id"

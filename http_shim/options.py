@@ -13,7 +13,7 @@ from conduit.v1.contract import MAX_N, MAX_STOP_STRINGS
 
 from .app import DEFAULT_MAX_BODY_BYTES
 from .auth import KEYS_ENV, KeyFileError, collect_keys
-from .logs import LOG_FORMATS
+from clients.logs import LOG_FORMATS
 from .openai_to_proto import DEFAULT_LIMITS, RequestLimits
 from .server import DEFAULT_DRAIN_S
 

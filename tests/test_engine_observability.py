@@ -16,7 +16,7 @@ from engine_service.core.metrics import EngineMetrics
 from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
 from engine_service.core.scheduler import Scheduler
 from engine_service.core.sequence import Request, Sequence
-from engine_service.logs import JsonFormatter, RequestIdFilter, TextFormatter, request_extra, request_id_var
+from clients.logs import REQUEST_ID, JsonFormatter, RequestIdFilter, TextFormatter, request_extra
 
 
 def make_seq(request_id: str, prompt_len: int = 3) -> Sequence:
@@ -113,12 +113,12 @@ def record(message: str, **extra: object) -> logging.LogRecord:
 def test_log_lines_name_the_request_from_extra_or_context() -> None:
     assert "[abc]" in TextFormatter().format(record("hello", **request_extra("abc")))
     assert "[" not in TextFormatter().format(record("no request"))
-    token = request_id_var.set("from-context")
+    token = REQUEST_ID.set("from-context")
     try:
         line = JsonFormatter().format(record("inside a call"))
     finally:
-        request_id_var.reset(token)
+        REQUEST_ID.reset(token)
     entry = json.loads(line)
     assert entry["request_id"] == "from-context" and entry["msg"] == "inside a call"
     assert entry["level"] == "INFO" and entry["logger"] == "engine_service.test" and entry["ts"].endswith("Z")
-    assert "request_id" not in json.loads(JsonFormatter().format(record("none")))
+    assert json.loads(JsonFormatter().format(record("none")))["request_id"] is None

@@ -39,7 +39,7 @@ from engine_service.core.sampler import sample, token_logprob
 from engine_service.core.scheduler import ScheduledBatch, Scheduler
 from engine_service.core.events import FinalEvent, FinishReason, PromptEvent, TokenLogprob
 from engine_service.core.sequence import Request, Sequence
-from engine_service.logs import request_extra
+from clients.logs import request_extra
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 health and reflection).
 
 Generate names each call for the logs by its `x-request-id` metadata, else its request_id, else
-an id of its own; every line logged while serving the call carries it (engine_service/logs.py).
+an id of its own; every line logged while serving the call carries it (clients/logs.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import grpc
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc as pb_grpc
 from conduit.v1.contract import ERROR_CODE_METADATA_KEY, PARAM_METADATA_KEY, REQUEST_ID_METADATA_KEY
-from engine_service.logs import request_id_var
+from clients.logs import REQUEST_ID
 from engine_service.text import prompts
 from engine_service.serving.convert import EventEncoder, request_params
 from engine_service.core.engine import Engine
@@ -76,7 +76,7 @@ class EngineServicer(pb_grpc.EngineServicer):
         own_id = "" if request.request_id or metadata_id else f"gen-{uuid.uuid4().hex}"
         request_id = request.request_id or metadata_id or own_id
         log_id = metadata_id or request_id
-        request_id_var.set(log_id)  # this call's task only: every line logged below names it
+        REQUEST_ID.set(log_id)  # this call's task only: every line logged below names it
         if self.draining:
             log.info("refused: draining")
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)

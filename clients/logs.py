@@ -1,9 +1,9 @@
-"""The engine's logging: text or JSON lines, each naming the request it is about.
+"""Logging for the engine and the shim: text or JSON lines, each naming the request it is about.
 
-The request id reaches a log record in one of two ways: the gRPC handler of a request sets
-`request_id_var` (asyncio gives each call its own context, so it covers every line logged while
-serving that call), and the engine thread, which serves many requests at once, passes
-`extra=request_extra(request_id)` on the lines it logs about one of them.
+The request id reaches a log record in one of two ways: whoever serves one request sets
+`REQUEST_ID` (asyncio gives each gRPC call its own context, gevent each connection's greenlet, so
+it covers every line logged while serving it), and the engine thread, which serves many requests
+at once, passes `extra=request_extra(request_id)` on the lines it logs about one of them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import logging
 import sys
 from typing import Any
 
-request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("conduit_request_id", default=None)
+# The request being served in this context; None outside requests.
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("conduit_request_id", default=None)
 
 LOG_FORMATS = ("text", "json")
 
@@ -30,7 +31,7 @@ class RequestIdFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, "request_id", None) is None:
-            record.request_id = request_id_var.get()
+            record.request_id = REQUEST_ID.get()
         return True
 
 
@@ -47,8 +48,8 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts (UTC, ISO 8601), level, logger, msg, request_id when known,
-    exc (the traceback) when there is one."""
+    """One JSON object per line: ts (UTC, ISO 8601), level, logger, msg, request_id (null for lines
+    about no request), exc (the traceback) when there is one."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -57,10 +58,8 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "msg": record.getMessage(),
+            "request_id": getattr(record, "request_id", None),
         }
-        request_id = getattr(record, "request_id", None)
-        if request_id:
-            entry["request_id"] = request_id
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:
@@ -68,8 +67,8 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def setup_logging(level: str = "INFO", log_format: str = "text") -> None:
-    """Configure the root logger once, for the engine process (stderr)."""
+def configure_logging(level: str = "INFO", log_format: str = "text") -> None:
+    """Configure the root logger once, for the process (stderr)."""
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {LOG_FORMATS}, not {log_format!r}")
     handler = logging.StreamHandler(sys.stderr)
