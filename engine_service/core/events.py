@@ -5,7 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from engine_service.text.tools import ToolCall, ToolCallDelta
+from clients.results import ToolCall
+from engine_service.text.tools import ToolCallDelta
 
 
 class FinishReason(enum.Enum):

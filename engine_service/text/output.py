@@ -8,11 +8,12 @@ import logging
 
 from transformers import PreTrainedTokenizerBase
 
+from clients.results import ToolCall
 from engine_service.text.constraints import Matcher
 from engine_service.text.detokenizer import IncrementalDetokenizer
 from engine_service.core.events import ChunkEvent, FinishReason, TokenLogprob
 from engine_service.text.stop_strings import StopStringMatcher
-from engine_service.text.tools import CallStreamer, ToolCall, ToolCallDelta, ToolSpec
+from engine_service.text.tools import CallStreamer, ToolCallDelta, ToolSpec
 
 log = logging.getLogger(__name__)
 

@@ -24,13 +24,6 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 
 
 @dataclass
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text
-
-
-@dataclass
 class ToolCallDelta:
     """A streamed piece of a call: the first piece of a call has its id and name."""
 
