@@ -21,7 +21,6 @@ import math
 import os
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +32,7 @@ from engine_service.model.kv_cache import KVCache
 from engine_service.model.loader import LoadedModel
 from engine_service.model.runner import ModelRunner, StepLogits
 from engine_service.text.output import OutputProcessor
-from engine_service.core.metrics import EngineMetrics
+from engine_service.core.metrics import EngineMetrics, StepRecorder
 from engine_service.core.params import Draining, InvalidRequest, QueueFull, RequestParams
 from engine_service.core.sampler import sample, token_logprob
 from engine_service.core.scheduler import ScheduledBatch, Scheduler
@@ -89,12 +88,7 @@ class Engine:
         self._draining = False  # no new requests; run() returns once the rest are done or cut
         self._drain_deadline = math.inf  # time.monotonic()
         self._thread: threading.Thread | None = None
-        self.metrics = metrics
-        self._finished_reasons: Counter[str] = Counter()  # since the last metrics update
-        self._finished_arrivals: Counter[float] = Counter()
-        self._prompt_tokens = 0
-        self._generated = 0
-        self._preemptions_seen = 0
+        self.recorder = StepRecorder(metrics)
         self._fault_marker = os.environ.get(FAULT_INJECT_ENV) or None
         self._faulty: set[str] = set()  # request ids whose prompt holds the fault marker
         if self._fault_marker:
@@ -353,9 +347,7 @@ class Engine:
             tokens, logprobs = sample(torch.stack(rows), seqs)
             for seq, token, logprob in zip(seqs, tokens, logprobs):
                 self._append_token(seq, token, logprob)
-            self._generated += len(seqs)
-            if self.metrics is not None:
-                self._record_token_times(seqs)
+            self.recorder.tokens(seqs)
         for request in {scheduled[seq_id].request.request_id: scheduled[seq_id].request
                         for seq_id in logits.next_token}.values():
             self._send_events(request)
@@ -383,7 +375,7 @@ class Engine:
         request.outbox.append(PromptEvent(
             prompt_ids=list(request.prompt_ids),
             prompt_logprobs=leader.prompt_logprobs if leader.params.wants_prompt_logprobs else None))
-        self._prompt_tokens += len(request.prompt_ids)
+        self.recorder.prompt_done(len(request.prompt_ids))
         forks, leader.forks = leader.forks, []
         if request.max_tokens == 0:  # echo-only scoring: the prompt was all we needed
             for choice in [leader, *forks]:
@@ -417,8 +409,7 @@ class Engine:
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.finish_reason = reason
         self.scheduler.release(seq)
-        self._finished_reasons[reason.value] += 1
-        self._finished_arrivals[seq.request.arrival] += 1
+        self.recorder.finished(reason.value, seq.request.arrival)
 
     def _finish_request(self, request: Request, reason: FinishReason) -> None:
         """End every unfinished choice of `request` with `reason` (CANCELLED, ERROR, SHUTDOWN) and
@@ -432,8 +423,7 @@ class Engine:
                 self.scheduler.release(seq)
         unfinished = (sum(1 for s in request.sequences if s.finish_reason is reason) if request.sequences
                       else request.params.n)
-        self._finished_reasons[reason.value] += unfinished
-        self._finished_arrivals[request.arrival] += unfinished
+        self.recorder.finished(reason.value, request.arrival, unfinished)
         self._forget(request)
         finals = [FinalEvent(s.index, reason, s.prompt_len, s.num_output) for s in request.sequences]
         request.sink(finals or [FinalEvent(i, reason, len(request.prompt_ids), 0) for i in range(request.params.n)])
@@ -443,55 +433,14 @@ class Engine:
         self._faulty.discard(request.request_id)
         self.scheduler.suspects.discard(request.request_id)
 
-    # ------------------------------------------------------------ metrics
-
-    def _record_token_times(self, seqs: list[Sequence]) -> None:
-        """Time to first token and inter-token latency of this step's tokens, observed in bulk."""
-        now = time.monotonic()
-        first: Counter[float] = Counter()
-        previous: Counter[float] = Counter()
-        for seq in seqs:
-            if seq.num_output == 1:
-                first[seq.request.arrival] += 1
-            else:
-                previous[seq.last_token_time] += 1
-            seq.last_token_time = now
-        if first:
-            self.metrics.ttft.observe_many((now - t, k) for t, k in first.items())
-        if previous:
-            self.metrics.itl.observe_many((now - t, k) for t, k in previous.items())
-
     def _update_metrics(self, step_seconds: float | None) -> None:
-        """Publish what changed since the last call: once per step (or idle wake), not per token."""
-        metrics = self.metrics
-        if metrics is None:
-            self._finished_reasons.clear()
-            self._finished_arrivals.clear()
-            self._prompt_tokens = self._generated = 0
+        if self.recorder.metrics is None:
             return
-        if step_seconds is not None:
-            metrics.step.observe(step_seconds)
         running = {seq.request.request_id for seq in self.scheduler.running}
         waiting = {seq.request.request_id for seq in self.scheduler.waiting} - running
-        metrics.running.set(len(running))
-        metrics.waiting.set(len(waiting) + len(self._inbox))
         blocks = self.scheduler.blocks
-        metrics.kv_usage.set(1.0 - blocks.num_free / blocks.num_blocks)
-        if self.scheduler.num_preemptions != self._preemptions_seen:
-            metrics.preemptions.inc(self.scheduler.num_preemptions - self._preemptions_seen)
-            self._preemptions_seen = self.scheduler.num_preemptions
-        if self._prompt_tokens:
-            metrics.prompt_tokens.inc(self._prompt_tokens)
-            self._prompt_tokens = 0
-        if self._generated:
-            metrics.generation_tokens.inc(self._generated)
-            self._generated = 0
-        if self._finished_reasons:
-            metrics.finished(self._finished_reasons)
-            now = time.monotonic()
-            metrics.e2e.observe_many((now - t, k) for t, k in self._finished_arrivals.items())
-            self._finished_reasons.clear()
-            self._finished_arrivals.clear()
+        self.recorder.publish(step_seconds, len(running), len(waiting) + len(self._inbox),
+                              1.0 - blocks.num_free / blocks.num_blocks, self.scheduler.num_preemptions)
 
 
 def _batch_sequences(batch: ScheduledBatch) -> list[Sequence]:

@@ -1,10 +1,10 @@
 """Prometheus metrics of the engine, named after vLLM's with a `conduit:` prefix (and vLLM's
 `model_name` label), so dashboards port by a prefix change.
 
-The engine loop records each step once (`record_step`), not each token: counters move by the
-step's totals, and the latency histograms take a step's observations in bulk (every sequence
-decoded in a step waited the same time since the previous step). So the histograms here are a
-small collector of their own: prometheus_client's Histogram observes one value per call.
+The engine loop tells a StepRecorder what happened and publishes once per step, not per token:
+counters move by the step's totals, and the latency histograms take a step's observations in bulk
+(every sequence decoded in a step waited the same time since the previous step). So the histograms
+here are a small collector of their own: prometheus_client's Histogram observes one value per call.
 
 Served by `serve()` on `--metrics-port` (off by default), from its own registry.
 """
@@ -12,12 +12,18 @@ Served by `serve()` on `--metrics-port` (off by default), from its own registry.
 from __future__ import annotations
 
 import bisect
+import collections
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from engine_service.core.sequence import Sequence as EngineSequence
 
 # vLLM's buckets for the same metrics.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -109,3 +115,70 @@ class EngineMetrics:
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         """Serve /metrics (any path, in fact) over HTTP on a background thread."""
         start_http_server(port, addr=host, registry=self.registry)
+
+
+class StepRecorder:
+    """What the engine loop saw since the last publish(). Without metrics it keeps nothing."""
+
+    def __init__(self, metrics: EngineMetrics | None) -> None:
+        self.metrics = metrics
+        self._finished_reasons: collections.Counter[str] = collections.Counter()
+        self._finished_arrivals: collections.Counter[float] = collections.Counter()
+        self._prompt_tokens = 0
+        self._generated = 0
+        self._preemptions_seen = 0
+
+    def prompt_done(self, tokens: int) -> None:
+        if self.metrics is not None:
+            self._prompt_tokens += tokens
+
+    def tokens(self, seqs: list[EngineSequence]) -> None:
+        """Each sequence got a token now: generated count, time to first token, inter-token latency."""
+        if self.metrics is None:
+            return
+        self._generated += len(seqs)
+        now = time.monotonic()
+        first: collections.Counter[float] = collections.Counter()
+        previous: collections.Counter[float] = collections.Counter()
+        for seq in seqs:
+            if seq.num_output == 1:
+                first[seq.request.arrival] += 1
+            else:
+                previous[seq.last_token_time] += 1
+            seq.last_token_time = now
+        if first:
+            self.metrics.ttft.observe_many((now - t, k) for t, k in first.items())
+        if previous:
+            self.metrics.itl.observe_many((now - t, k) for t, k in previous.items())
+
+    def finished(self, reason: str, arrival: float, count: int = 1) -> None:
+        if self.metrics is not None and count:
+            self._finished_reasons[reason] += count
+            self._finished_arrivals[arrival] += count
+
+    def publish(self, step_seconds: float | None, running: int, waiting: int, kv_usage: float,
+                preemptions: int) -> None:
+        """Once per step (or idle wake): gauges set, counters moved by what was recorded since."""
+        metrics = self.metrics
+        if metrics is None:
+            return
+        if step_seconds is not None:
+            metrics.step.observe(step_seconds)
+        metrics.running.set(running)
+        metrics.waiting.set(waiting)
+        metrics.kv_usage.set(kv_usage)
+        if preemptions != self._preemptions_seen:
+            metrics.preemptions.inc(preemptions - self._preemptions_seen)
+            self._preemptions_seen = preemptions
+        if self._prompt_tokens:
+            metrics.prompt_tokens.inc(self._prompt_tokens)
+            self._prompt_tokens = 0
+        if self._generated:
+            metrics.generation_tokens.inc(self._generated)
+            self._generated = 0
+        if self._finished_reasons:
+            metrics.finished(self._finished_reasons)
+            now = time.monotonic()
+            metrics.e2e.observe_many((now - t, k) for t, k in self._finished_arrivals.items())
+            self._finished_reasons.clear()
+            self._finished_arrivals.clear()
