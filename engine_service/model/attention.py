@@ -1,15 +1,18 @@
 """Paged attention for transformers models, plugged in through its AttentionInterface.
 
 Every step runs as ONE packed sequence of shape [1, T]: first one token per decoding
-sequence, then the prompt chunks being prefilled. The model computes q/k/v and rotary
-embeddings as usual (position_ids carry each token's true position); this function
-writes the new k/v into the paged cache and attends each token to its own sequence's
-cached context only. Any transformers decoder that uses the attention interface works.
+sequence, then the prompt chunks being prefilled. The model computes q/k/v, QK norms and
+rotary embeddings with its own modules (position_ids carry each token's true position);
+this function writes the new k/v into the paged cache and attends each token to its own
+sequence's cached context only, as the layer asks: its `scaling`, its `sliding_window`
+(the token and the W - 1 before it, as transformers' sliding_window_overlay) and its
+`softcap`. What it cannot honour it refuses (UnsupportedModel), at engine start where the
+config tells (check_supported), never with different output.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +22,11 @@ from transformers.masking_utils import AttentionMaskInterface
 from engine_service.model.kv_cache import KVCache
 
 ATTENTION_NAME = "conduit_paged"
+LAYER_TYPES = ("full_attention", "sliding_attention")  # config.layer_types this attention serves
+
+
+class UnsupportedModel(ValueError):
+    """The model needs an attention (or rotary) feature the engine does not implement."""
 
 
 @dataclass
@@ -27,7 +35,11 @@ class PrefillChunk:
     length: int
     context_len: int  # cached tokens after this chunk, chunk included
     block_table: torch.Tensor  # [num_blocks] block ids
-    mask: torch.Tensor | None  # [length, context_len] bool; None when the chunk is the whole context
+
+    @property
+    def first(self) -> int:
+        """Position of the chunk's first token in its sequence."""
+        return self.context_len - self.length
 
 
 @dataclass
@@ -38,9 +50,38 @@ class StepLayout:
     slot_mapping: torch.Tensor  # [T] flat cache slot of each new token
     num_decode: int
     decode_block_tables: torch.Tensor | None  # [num_decode, max_blocks]
-    decode_mask: torch.Tensor | None  # [num_decode, 1, 1, max_context] bool
-    max_decode_context: int
+    decode_lens: torch.Tensor | None  # [num_decode] context length of each decode row, its token included
+    max_decode_context: int  # whole blocks
     prefills: list[PrefillChunk]
+    masks: dict[tuple, torch.Tensor] = field(default_factory=dict)  # built once per step, shared by layers
+
+    def decode_mask(self, window: int | None) -> torch.Tensor:
+        """[num_decode, 1, 1, max_decode_context]: each row's own context (its last `window` tokens)."""
+        key = ("decode", window)
+        if key not in self.masks:
+            device = self.decode_lens.device
+            keys = torch.arange(self.max_decode_context, device=device)
+            self.masks[key] = causal_mask(self.decode_lens - 1, keys, window)[:, None, None, :]
+        return self.masks[key]
+
+    def chunk_mask(self, index: int, first_key: int, window: int | None) -> torch.Tensor:
+        """[length, context - first_key]: the chunk's tokens over its context from position `first_key`."""
+        key = ("chunk", index, first_key, window)
+        if key not in self.masks:
+            chunk = self.prefills[index]
+            device = chunk.block_table.device
+            queries = torch.arange(chunk.first, chunk.context_len, device=device)
+            keys = torch.arange(first_key, chunk.context_len, device=device)
+            self.masks[key] = causal_mask(queries, keys, window)
+        return self.masks[key]
+
+
+def causal_mask(queries: torch.Tensor, keys: torch.Tensor, window: int | None) -> torch.Tensor:
+    """[Q, K] bool from positions: each query sees keys at or before it, and within `window` of it."""
+    mask = keys[None, :] <= queries[:, None]
+    if window is not None:
+        mask &= keys[None, :] > queries[:, None] - window
+    return mask
 
 
 def _gather(cache_layer: torch.Tensor, block_tables: torch.Tensor, block_size: int, length: int) -> torch.Tensor:
@@ -52,10 +93,29 @@ def _gather(cache_layer: torch.Tensor, block_tables: torch.Tensor, block_size: i
     return blocks.view(batch, -1, heads, dim)[:, :length].transpose(1, 2)
 
 
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+            scaling: float | None, softcap: float | None) -> torch.Tensor:
+    """Attention over [B, H, L, D] tensors (k/v may have fewer heads); mask None means causal."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scaling,
+                                              enable_gqa=True)
+    # SDPA has no soft cap: transformers' eager attention, written out.
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * (q.shape[-1] ** -0.5 if scaling is None else scaling)
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
 def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                    layout: StepLayout | None = None, **_: object) -> tuple[torch.Tensor, None]:
+                    sliding_window: int | None = None, softcap: float | None = None,
+                    layout: StepLayout | None = None, **kwargs: object) -> tuple[torch.Tensor, None]:
     assert layout is not None, "the conduit_paged attention needs a StepLayout (layout=...)"
+    _refuse_unsupported(kwargs)
     cache = layout.cache
     block_size = cache.shape.block_size
     k_cache = cache.keys[module.layer_idx]
@@ -75,21 +135,50 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         q = query[0, :, :nd].transpose(0, 1).reshape(nd, kv_heads, group, head_dim)
         k = _gather(k_cache, layout.decode_block_tables, block_size, layout.max_decode_context)
         v = _gather(v_cache, layout.decode_block_tables, block_size, layout.max_decode_context)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.decode_mask, scale=scaling)
+        o = _attend(q, k, v, layout.decode_mask(sliding_window), scaling, softcap)
         out[:nd] = o.reshape(nd, q_heads, head_dim)
-    for chunk in layout.prefills:
+    for index, chunk in enumerate(layout.prefills):
         s, n = chunk.start, chunk.length
         q = query[:, :, s:s + n]
-        if chunk.mask is None:
+        if not chunk.first:  # the whole context is this chunk
             k, v = key[:, :, s:s + n], value[:, :, s:s + n]
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=True)
+            in_window = sliding_window is None or n <= sliding_window
+            mask = None if in_window else layout.chunk_mask(index, 0, sliding_window)
         else:
-            table = chunk.block_table.unsqueeze(0)
-            k = _gather(k_cache, table, block_size, chunk.context_len)
-            v = _gather(v_cache, table, block_size, chunk.context_len)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=chunk.mask, scale=scaling, enable_gqa=True)
+            # Earlier chunks are in the cache; a sliding layer reads only the blocks its window reaches.
+            first_block = 0 if sliding_window is None else max(0, chunk.first - sliding_window + 1) // block_size
+            table = chunk.block_table[first_block:].unsqueeze(0)
+            first_key = first_block * block_size
+            k = _gather(k_cache, table, block_size, chunk.context_len - first_key)
+            v = _gather(v_cache, table, block_size, chunk.context_len - first_key)
+            mask = layout.chunk_mask(index, first_key, sliding_window)
+        o = _attend(q, k, v, mask, scaling, softcap)
         out[s:s + n] = o[0].transpose(0, 1)
     return out.unsqueeze(0), None
+
+
+def _refuse_unsupported(kwargs: dict[str, object]) -> None:
+    """Attention features a layer may ask for that this function does not compute."""
+    if kwargs.get("is_causal") is False:
+        raise UnsupportedModel("the model asks for bidirectional attention (is_causal=False)")
+    for name in ("s_aux", "sinks", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise UnsupportedModel(f"the model's attention passes {name!r}, which the paged attention does not apply")
+
+
+def check_supported(model: torch.nn.Module) -> None:
+    """Refuse, at start, a model whose config asks for attention this module does not implement."""
+    config = model.config
+    name = type(model).__name__
+    if not getattr(model, "_supports_attention_backend", False):
+        raise UnsupportedModel(f"{name} does not route attention through transformers' attention interface")
+    if getattr(config, "use_bidirectional_attention", False):
+        raise UnsupportedModel(f"{name} is configured for bidirectional attention (use_bidirectional_attention)")
+    unknown = sorted(set(getattr(config, "layer_types", None) or ()) - set(LAYER_TYPES))
+    if unknown:
+        raise UnsupportedModel(f"{name} has layer types {unknown}; the engine serves only {list(LAYER_TYPES)}")
+    if any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in model.modules()):
+        raise UnsupportedModel(f"{name} uses attention sinks, which the paged attention does not apply")
 
 
 def _no_mask(*args: object, **kwargs: object) -> None:

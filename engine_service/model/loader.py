@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from jinja2 import TemplateError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from engine_service.model.attention import check_supported
 
 log = logging.getLogger(__name__)
 
@@ -126,13 +129,18 @@ def cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def load_model(spec: str | None, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+def load_model(spec: str | None, device: str = "auto", dtype: str = "auto",
+               chat_template: Path | None = None) -> LoadedModel:
+    """chat_template: a Jinja file that replaces the model's own (or gives one to a model without)."""
     model_id, location = resolve_model(spec)
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     tokenizer = AutoTokenizer.from_pretrained(location)
+    if chat_template is not None:
+        use_chat_template(tokenizer, chat_template)
     config = AutoConfig.from_pretrained(location)
     model = AutoModelForCausalLM.from_pretrained(location, dtype=dt)
+    check_supported(model)
     model.to(dev).eval()
     max_ctx = int(getattr(config, "max_position_embeddings", 0) or tokenizer.model_max_length or 2048)
     return LoadedModel(
@@ -145,6 +153,15 @@ def load_model(spec: str | None, device: str = "auto", dtype: str = "auto") -> L
         max_context_length=max_ctx,
         eos_token_ids=_eos_ids(model, tokenizer),
     )
+
+
+def use_chat_template(tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
+    """Install a chat template from a file, rendering a one-message chat now so a broken file fails at start."""
+    tokenizer.chat_template = path.read_text()
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    except TemplateError as exc:
+        raise ValueError(f"the chat template {path} does not render: {exc}") from exc
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:

@@ -127,13 +127,9 @@ class ModelRunner:
             context = first + length
             for position in range(first, context):
                 batch.add(seq.token_ids[position], position, self._slot(seq.block_table, position))
-            mask = None
-            if first:  # earlier chunks are in the cache: attend to them, causally within this one
-                mask = (torch.arange(context, device=self.device)[None, :]
-                        <= torch.arange(first, context, device=self.device)[:, None])
             table = torch.tensor(seq.block_table[:-(-context // self.block_size)], dtype=torch.long,
                                  device=self.device)
-            batch.prefills.append(attention.PrefillChunk(start, length, context, table, mask))
+            batch.prefills.append(attention.PrefillChunk(start, length, context, table))
             completes_prompt = context == len(seq.token_ids)
             if seq.seq_id in wants_prompt_logprobs:
                 rows = [batch.keep_row(p) for p in range(start, start + length)]
@@ -146,7 +142,7 @@ class ModelRunner:
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         """The model over the packed batch: float32 logits of the kept rows, on the CPU."""
         device = self.device
-        tables = masks = None
+        tables = lens = None
         max_context = 0
         if batch.decode_lens:
             width = -(-max(batch.decode_lens) // self.block_size)
@@ -156,13 +152,12 @@ class ModelRunner:
             tables = torch.tensor([t[:width] + [0] * (width - len(t[:width])) for t in batch.decode_tables],
                                   dtype=torch.long, device=device)
             lens = torch.tensor(batch.decode_lens, device=device)
-            masks = (torch.arange(max_context, device=device)[None, :] < lens[:, None])[:, None, None, :]
         layout = attention.StepLayout(
             cache=self.cache,
             slot_mapping=torch.tensor(batch.slots, dtype=torch.long, device=device),
             num_decode=len(batch.decode_lens),
             decode_block_tables=tables,
-            decode_mask=masks,
+            decode_lens=lens,
             max_decode_context=max_context,
             prefills=batch.prefills,
         )
