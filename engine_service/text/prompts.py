@@ -46,7 +46,8 @@ def _json_or_text(arguments: str) -> object:
 
 def render_chat(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput) -> str:
     if tokenizer.chat_template is None:
-        raise InvalidRequest("this model has no chat template; send text or token ids instead", "chat")
+        raise InvalidRequest("this model has no chat template, so it cannot take chat messages: send text or "
+                             "token ids (/v1/completions), or start the engine with --chat-template FILE", "chat")
     messages = chat_messages(chat)
     spec = ToolSpec.from_chat(chat)
     kwargs: dict = {}
