@@ -37,6 +37,7 @@ class Choice:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # of prompt_tokens, those served from the engine's prefix cache
 
     @property
     def total_tokens(self) -> int:
@@ -56,7 +57,8 @@ class Completion:
 
     @property
     def usage(self) -> Usage:
-        return Usage(self.prompt.prompt_tokens, sum(c.completion_tokens for c in self.choices))
+        return Usage(self.prompt.prompt_tokens, sum(c.completion_tokens for c in self.choices),
+                     self.prompt.cached_tokens)
 
 
 class CompletionBuilder:

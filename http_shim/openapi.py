@@ -217,9 +217,17 @@ def _request_schemas(limits: RequestLimits) -> dict[str, Schema]:
 
 
 def _response_schemas() -> dict[str, Schema]:
+    counts = {n: {"type": "integer"} for n in ("prompt_tokens", "completion_tokens", "total_tokens")}
     usage = {
         "type": "object",
-        "properties": {n: {"type": "integer"} for n in ("prompt_tokens", "completion_tokens", "total_tokens")},
+        "properties": {
+            **counts,
+            "prompt_tokens_details": {
+                "type": "object",
+                "properties": {"cached_tokens": {"type": "integer"}},
+                "description": "cached_tokens: prompt tokens served from the engine's prefix cache",
+            },
+        },
     }
     return {
         "Error": {

@@ -75,11 +75,12 @@ def echo_text(plan: GenerationPlan, prompt_index: int, prompt: pb.PromptInfo) ->
     return prompt.prompt_text or request.text or "".join(t.token for t in prompt.prompt_logprobs)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -98,10 +99,11 @@ class Collector:
     def completion(self, prompt_index: int) -> Completion:
         return self._prompts.get(prompt_index, CompletionBuilder()).build()
 
-    def usage(self) -> dict[str, int]:
-        """Prompt tokens once per prompt, whatever n; completion tokens of every choice generated."""
+    def usage(self) -> dict[str, Any]:
+        """Prompt (and cached) tokens once per prompt, whatever n; completion tokens of every choice."""
         counts = [builder.build().usage for builder in self._prompts.values()]
-        return usage(sum(u.prompt_tokens for u in counts), sum(u.completion_tokens for u in counts))
+        return usage(sum(u.prompt_tokens for u in counts), sum(u.completion_tokens for u in counts),
+                     sum(u.cached_tokens for u in counts))
 
     def ranked(self, prompt_index: int, n: int, best_of: int) -> list[Choice]:
         """The choices to return for one prompt: all of them, or the best n of best_of."""

@@ -33,9 +33,10 @@ def make_seq(prompt_len: int, n: int = 1) -> Sequence:
     return seqs[0]
 
 
-def make_scheduler(num_blocks: int = 64, max_batch: int = 8, step_tokens: int = 32) -> tuple[Scheduler, CopyLog]:
+def make_scheduler(num_blocks: int = 64, max_batch: int = 8, step_tokens: int = 32,
+                   prefix_caching: bool = True) -> tuple[Scheduler, CopyLog]:
     copies = CopyLog()
-    return Scheduler(BlockManager(num_blocks, BLOCK, copies), max_batch, step_tokens), copies
+    return Scheduler(BlockManager(num_blocks, BLOCK, copies, prefix_caching), max_batch, step_tokens), copies
 
 
 def run_step(scheduler: Scheduler) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
@@ -88,7 +89,9 @@ def test_blocks_are_reserved_as_sequences_grow_and_all_return_on_release() -> No
 
 
 def test_out_of_blocks_preempts_the_newest_sequence_which_later_recomputes() -> None:
-    scheduler, _ = make_scheduler(num_blocks=4)
+    # Without prefix caching: with it, the readmitted sequence would find its cached blocks
+    # (tests/test_prefix_cache.py covers that).
+    scheduler, _ = make_scheduler(num_blocks=4, prefix_caching=False)
     old, new = make_seq(4), make_seq(4)
     scheduler.waiting.extend([old, new])
     run_step(scheduler)  # both prompts fill one block each

@@ -307,6 +307,7 @@ def test_chat_response_from_collected_stream():
         "prompt_tokens": 7,
         "completion_tokens": 3,
         "total_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
     first, second = body["choices"]
     assert first["message"] == {"role": "assistant", "content": "A1A2", "refusal": None}
@@ -388,6 +389,7 @@ def test_chat_stream_chunks_sequence_with_tool_calls_and_usage():
         "prompt_tokens": 4,
         "completion_tokens": 4,
         "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
 
 

@@ -61,6 +61,9 @@ class EngineConfig:
     kv_cache_tokens: int = 0  # 0: sized from kv_cache_gb
     kv_cache_gb: float = 2.0
     max_model_len: int = 0  # 0: the model's context length
+    enable_prefix_caching: bool = True  # share cached full prompt blocks across requests (block_manager.py)
+    quantization: str | None = None  # linear weights: none, int8, int4; None: the default (model/linear.py)
+    deterministic: bool = False  # a sequence's results never depend on the batch it runs in
 
 
 class Engine:
@@ -75,9 +78,9 @@ class Engine:
         num_blocks = self._num_blocks()
         self.kv_capacity_tokens = (num_blocks - 1) * config.block_size
         self.runner = ModelRunner(loaded.model, loaded.device, loaded.dtype, config.block_size, num_blocks,
-                                  self.max_model_len)
+                                  self.max_model_len, config.quantization, config.deterministic)
         blocks = BlockManager(num_blocks - 1,  # the runner keeps the last block for padding
-                              config.block_size, self.runner.cache.copy_block)
+                              config.block_size, self.runner.cache.copy_block, config.enable_prefix_caching)
         self.scheduler = Scheduler(blocks, config.max_batch_size, config.max_step_tokens)
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -374,7 +377,8 @@ class Engine:
         request = leader.request
         request.outbox.append(PromptEvent(
             prompt_ids=list(request.prompt_ids),
-            prompt_logprobs=leader.prompt_logprobs if leader.params.wants_prompt_logprobs else None))
+            prompt_logprobs=leader.prompt_logprobs if leader.params.wants_prompt_logprobs else None,
+            cached_tokens=request.cached_tokens or 0))
         self.recorder.prompt_done(len(request.prompt_ids))
         forks, leader.forks = leader.forks, []
         if request.max_tokens == 0:  # echo-only scoring: the prompt was all we needed
@@ -440,7 +444,8 @@ class Engine:
         waiting = {seq.request.request_id for seq in self.scheduler.waiting} - running
         blocks = self.scheduler.blocks
         self.recorder.publish(step_seconds, len(running), len(waiting) + len(self._inbox),
-                              1.0 - blocks.num_free / blocks.num_blocks, self.scheduler.num_preemptions)
+                              1.0 - blocks.num_free / blocks.num_blocks, self.scheduler.num_preemptions,
+                              blocks.queries, blocks.hits)
 
 
 def _batch_sequences(batch: ScheduledBatch) -> list[Sequence]:

@@ -34,6 +34,7 @@ class TokenLogprob:
 class PromptEvent:
     prompt_ids: list[int]
     prompt_logprobs: list[TokenLogprob | None] | None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 @dataclass

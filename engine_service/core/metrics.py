@@ -96,6 +96,9 @@ class EngineMetrics:
         self.preemptions = counter("conduit:num_preemptions", "Sequences preempted because the KV cache was full.")
         self.prompt_tokens = counter("conduit:prompt_tokens", "Prompt tokens of requests whose prefill completed.")
         self.generation_tokens = counter("conduit:generation_tokens", "Generated tokens (all choices).")
+        self.prefix_cache_queries = counter("conduit:prefix_cache_queries",
+                                            "Tokens looked up in the prefix cache (admitted sequences' tokens).")
+        self.prefix_cache_hits = counter("conduit:prefix_cache_hits", "Tokens found in the prefix cache.")
         self._success = Counter("conduit:request_success", "Finished choices (n > 1 counts each), by reason.",
                                 [label[0], "finished_reason"], registry=r)
         self._model_name = model_name
@@ -127,6 +130,7 @@ class StepRecorder:
         self._prompt_tokens = 0
         self._generated = 0
         self._preemptions_seen = 0
+        self._prefix_seen = (0, 0)  # (queries, hits)
 
     def prompt_done(self, tokens: int) -> None:
         if self.metrics is not None:
@@ -157,8 +161,9 @@ class StepRecorder:
             self._finished_arrivals[arrival] += count
 
     def publish(self, step_seconds: float | None, running: int, waiting: int, kv_usage: float,
-                preemptions: int) -> None:
-        """Once per step (or idle wake): gauges set, counters moved by what was recorded since."""
+                preemptions: int, prefix_queries: int = 0, prefix_hits: int = 0) -> None:
+        """Once per step (or idle wake): gauges set, counters moved by what was recorded since
+        (preemptions and prefix-cache tokens come as totals since the start)."""
         metrics = self.metrics
         if metrics is None:
             return
@@ -170,6 +175,10 @@ class StepRecorder:
         if preemptions != self._preemptions_seen:
             metrics.preemptions.inc(preemptions - self._preemptions_seen)
             self._preemptions_seen = preemptions
+        if (prefix_queries, prefix_hits) != self._prefix_seen:
+            metrics.prefix_cache_queries.inc(prefix_queries - self._prefix_seen[0])
+            metrics.prefix_cache_hits.inc(prefix_hits - self._prefix_seen[1])
+            self._prefix_seen = (prefix_queries, prefix_hits)
         if self._prompt_tokens:
             metrics.prompt_tokens.inc(self._prompt_tokens)
             self._prompt_tokens = 0

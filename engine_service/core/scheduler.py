@@ -6,6 +6,10 @@ requests), so a long prompt is spread over several steps instead of stalling
 everyone's decoding. When the KV cache runs out of blocks, the newest running
 sequence is preempted: its blocks are freed and it is recomputed later.
 
+Admission shares the prefix-cached blocks that start a sequence's tokens (block_manager.py),
+so only the rest is prefilled; after a preemption this finds the sequence's own blocks again
+unless they were evicted meanwhile. Requests that want their prompt's logprobs compute it all.
+
 After a step fails, the engine names the requests it suspects (`suspects`, by request id):
 a step then holds the sequences of at most one suspect, beside any others, so the next
 failure points at one request.
@@ -60,7 +64,7 @@ class Scheduler:
                 budget -= chunk
         while self.waiting and budget > 0 and self._batch_slots_used() + self._slots(self.waiting[0]) <= self.max_batch_size:
             seq = self.waiting[0]
-            if not allowed(seq) or not self.blocks.reserve(seq, len(seq.token_ids)):
+            if not allowed(seq) or not self._admit(seq):
                 break
             self.waiting.popleft()
             self.running.append(seq)
@@ -69,13 +73,24 @@ class Scheduler:
             budget -= chunk
         return batch
 
-    @staticmethod
-    def advance(batch: ScheduledBatch) -> None:
-        """After the model ran the batch: its tokens are in the cache."""
+    def advance(self, batch: ScheduledBatch) -> None:
+        """After the model ran the batch: its tokens are in the cache, and the blocks they fill
+        can be shared."""
         for seq in batch.decode:
             seq.num_cached += 1
+            self.blocks.register_full_blocks(seq)
         for seq, length in batch.prefill:
             seq.num_cached += length
+            self.blocks.register_full_blocks(seq)
+
+    def _admit(self, seq: Sequence) -> bool:
+        """Blocks for all of seq's tokens, cached ones shared; the request's cached_tokens is what
+        its first admission found."""
+        if not self.blocks.admit(seq, use_cache=not seq.params.wants_prompt_logprobs):
+            return False
+        if seq.request.cached_tokens is None:
+            seq.request.cached_tokens = min(seq.num_cached, seq.prompt_len)
+        return True
 
     def _batch_slots_used(self) -> int:
         return sum(self._slots(seq) for seq in self.running)

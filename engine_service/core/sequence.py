@@ -32,6 +32,7 @@ class Request:
     outbox: list[Event] = field(default_factory=list)  # request-level events for the next sink call
     log_id: str = ""  # the id the caller knows (x-request-id, else its request_id): in log lines about it
     arrival: float = 0.0  # time.monotonic() at submit, for latency metrics
+    cached_tokens: int | None = None  # prompt tokens found in the prefix cache at its first admission
 
     @property
     def finished(self) -> bool:
@@ -51,6 +52,10 @@ class Sequence:
         self.prompt_len = len(request.prompt_ids)
         self.num_cached = 0
         self.block_table: list[int] = []
+        # Prefix caching (see block_manager.py): the keys of its full token blocks, computed once,
+        # and how many leading blocks of block_table were already offered to the cache.
+        self.block_hashes: list[bytes] = []
+        self.num_registered_blocks = 0
         self.stop_ids = stop_ids  # the sampler masks them until min_tokens
         self.matcher = matcher  # constrained decoding: masks the logits before sampling
         self.output = output

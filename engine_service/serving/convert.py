@@ -44,10 +44,12 @@ class EventEncoder:
         self.request_id = request_id
         self.table = table
         self.echo = echo
+        self.cached_tokens = 0  # from the PromptEvent, which comes first; repeated in every count
 
     def encode(self, event: Event) -> pb.GenerateResponse | None:
         if isinstance(event, PromptEvent):
-            info = pb.PromptInfo(prompt_tokens=len(event.prompt_ids))
+            self.cached_tokens = event.cached_tokens
+            info = pb.PromptInfo(prompt_tokens=len(event.prompt_ids), cached_tokens=event.cached_tokens)
             if self.echo:
                 info.prompt_token_ids.extend(event.prompt_ids)
                 info.prompt_text = self.decode(event.prompt_ids)
@@ -57,7 +59,8 @@ class EventEncoder:
             return pb.GenerateResponse(request_id=self.request_id, prompt=info)
         if isinstance(event, ChunkEvent):
             chunk = pb.Chunk(index=event.index, text=event.text, token_ids=event.token_ids,
-                             prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens)
+                             prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
+                             cached_tokens=self.cached_tokens)
             chunk.logprobs.extend(self._logprob(lp) for lp in event.logprobs)
             for delta in event.tool_calls:
                 chunk.tool_calls.append(pb.ToolCallDelta(index=delta.index, id=delta.id, name=delta.name,
@@ -69,7 +72,7 @@ class EventEncoder:
             return pb.GenerateResponse(request_id=self.request_id, final=pb.Final(
                 index=event.index, finish_reason=FINISH_REASONS[event.finish_reason.value],
                 prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
-                matched_stop=event.matched_stop,
+                cached_tokens=self.cached_tokens, matched_stop=event.matched_stop,
                 tool_calls=[pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in event.tool_calls]))
         raise TypeError(event)
 
