@@ -28,7 +28,7 @@ from . import sse
 from .auth import KeyChecker
 from .connection import ABANDON_BODY_KEY, client_gone
 from .drain import Drain
-from .engine_stream import IDLE, EngineStream
+from .engine_stream import IDLE, SINGLE_THREADED_STREAMS, EngineStream
 from .errors import APIError, from_engine_error, internal_error_message
 from .metrics import ShimMetrics
 from .models import Connect, ServedModels
@@ -54,6 +54,7 @@ ENGINE_CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
+    SINGLE_THREADED_STREAMS,  # each stream read by its own greenlet (engine_stream.py)
 )
 _GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions")
 
@@ -292,7 +293,7 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
             # Wait briefly for the engine's first answer so early failures (bad argument, queue
             # full) still get a real HTTP status rather than an error event inside a 200.
             try:
-                first = stream.next(config.heartbeat_s)
+                first = stream.next_batch(config.heartbeat_s)
                 translator = translator_class(response_id, created, model, plan)
                 body = _sse_body(stream, first, translator, environ, config.heartbeat_s, metrics, route)
                 response = Response(body, 200, sse.HEADERS, content_type=sse.CONTENT_TYPE)
@@ -341,17 +342,18 @@ def _sse_body(
     ended = False  # the stream reached its end, answer or error; not ended: the client left
     metrics.streams_in_flight.inc()
     try:
-        item = first
-        while item is not None:
-            events = [] if item is IDLE else [sse.event(c) for c in translator.on_response(*item)]
+        batch = first
+        while batch is not None:
+            events = [] if batch is IDLE else [
+                sse.event(c) for item in batch for c in translator.on_response(*item)]
             if not events and time.monotonic() - last_write >= heartbeat_s:
                 if client_gone(environ):
                     return
                 events = [sse.HEARTBEAT]
-            for data in events:
-                yield data
+            if events:  # responses that arrived together go out in one write
+                yield b"".join(events)
                 last_write = time.monotonic()
-            item = stream.next(heartbeat_s)
+            batch = stream.next_batch(heartbeat_s)
         for chunk in translator.finish():
             yield sse.event(chunk)
         yield sse.DONE

@@ -4,6 +4,16 @@ A /v1/completions prompt list becomes one call per prompt; each is drained by it
 into one queue, so the request handler can wait with a timeout (to send heartbeats or notice a
 departed client) and cancel every call at once. A drain past its deadline interrupts the stream:
 the next `next` raises the error it was given.
+
+Reading is the shim's main cost under load. grpc's gevent integration runs every wait on a
+completion queue in the hub's thread pool. On a default channel all streams share one queue,
+read by one "channel spin" greenlet that then wakes each stream's reader: one pool round trip
+plus a hand-off per message, all messages in line behind each other. The shim's channels are
+single-threaded per call (`SINGLE_THREADED_STREAMS`): each stream's greenlet waits on its own
+call's queue, one pool round trip per message, streams in parallel (the pool gets a thread per
+stream in flight, `STREAM_READERS`). Responses that arrive together leave in one write
+(`next_batch`). Native reader threads were tried and deadlock: grpc's Python-level locks are
+gevent locks after monkey-patching, and gevent locks shared across threads hang.
 """
 
 from __future__ import annotations
@@ -16,6 +26,11 @@ from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
 
 from .errors import APIError, from_engine_error
+
+# Channel option for the shim's engine channels: each stream is read by the greenlet iterating it.
+SINGLE_THREADED_STREAMS = ("SingleThreadedUnaryStream", 1)
+# Hub pool threads at least: a stream waiting for its next message holds one (gevent's default is 10).
+STREAM_READERS = 1024
 
 _END = object()
 _INTERRUPTED = object()
@@ -45,6 +60,8 @@ class EngineStream:
         self._interrupted: APIError | None = None
         self._streams = [client.generate(r, timeout=timeout_s, metadata=metadata) for r in requests]
         self._open = len(self._streams)
+        pool = gevent.get_hub().threadpool
+        pool.maxsize = max(pool.maxsize, STREAM_READERS)
         for i, stream in enumerate(self._streams):
             gevent.spawn(self._drain, i, stream)
 
@@ -53,7 +70,7 @@ class EngineStream:
             for response in stream:
                 self._queue.put((prompt_index, response))
             self._queue.put((prompt_index, _END))
-        except ConduitError as error:
+        except Exception as error:  # noqa: BLE001 - `next` raises it in the handler
             self._queue.put((prompt_index, error))
 
     def next(self, timeout_s: float) -> Item | Idle | None:
@@ -72,14 +89,30 @@ class EngineStream:
                 self._open -= 1
             elif item is _INTERRUPTED:
                 continue
-            elif isinstance(item, ConduitError):
+            elif isinstance(item, Exception):
                 self.cancel()
                 if self._interrupted is not None:  # the cancellation we caused, not an engine failure
                     raise self._interrupted
-                raise from_engine_error(item, self._request_id)
+                if isinstance(item, ConduitError):
+                    raise from_engine_error(item, self._request_id)
+                raise item
             else:
                 return prompt_index, item
         return None
+
+    def next_batch(self, timeout_s: float) -> list[Item] | Idle | None:
+        """As `next`, plus the responses that arrived with the first one (under load several do),
+        so they can be written out together. Ends and failures are left for the next call."""
+        first = self.next(timeout_s)
+        if first is None or first is IDLE:
+            return first
+        batch = [first]
+        while self._interrupted is None and self._queue.qsize():
+            prompt_index, item = self._queue.peek(block=False)
+            if not isinstance(item, pb.GenerateResponse):
+                break
+            batch.append(self._queue.get(block=False))
+        return batch
 
     def interrupt(self, error: APIError) -> None:
         """Makes the waiting (or next) `next` raise `error`, and cancels the engine calls."""
@@ -95,4 +128,3 @@ class EngineStream:
         """
         for stream in self._streams:
             stream.close()
-
