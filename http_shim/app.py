@@ -28,7 +28,7 @@ from . import sse
 from .auth import KeyChecker
 from .connection import ABANDON_BODY_KEY, client_gone
 from .drain import Drain
-from .engine_stream import IDLE, SINGLE_THREADED_STREAMS, EngineStream
+from .engine_stream import IDLE, EngineStream
 from .errors import APIError, from_engine_error, internal_error_message
 from .metrics import ShimMetrics
 from .models import Connect, ServedModels
@@ -54,7 +54,6 @@ ENGINE_CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
-    SINGLE_THREADED_STREAMS,  # each stream read by its own greenlet (engine_stream.py)
 )
 _GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions")
 

@@ -5,15 +5,11 @@ into one queue, so the request handler can wait with a timeout (to send heartbea
 departed client) and cancel every call at once. A drain past its deadline interrupts the stream:
 the next `next` raises the error it was given.
 
-Reading is the shim's main cost under load. grpc's gevent integration runs every wait on a
-completion queue in the hub's thread pool. On a default channel all streams share one queue,
-read by one "channel spin" greenlet that then wakes each stream's reader: one pool round trip
-plus a hand-off per message, all messages in line behind each other. The shim's channels are
-single-threaded per call (`SINGLE_THREADED_STREAMS`): each stream's greenlet waits on its own
-call's queue, one pool round trip per message, streams in parallel (the pool gets a thread per
-stream in flight, `STREAM_READERS`). Responses that arrive together leave in one write
-(`next_batch`). Native reader threads were tried and deadlock: grpc's Python-level locks are
-gevent locks after monkey-patching, and gevent locks shared across threads hang.
+Under load, responses of one request that arrive together leave in one write (`next_batch`).
+Two other ways to read were measured and dropped (benchmarks/RESULTS.md, issue 11): native reader
+threads deadlock (grpc's Python-level locks are gevent locks after monkey-patching, and gevent
+locks shared across threads hang); channels single-threaded per call (each stream waiting on its
+own queue in gevent's thread pool) cost more shim CPU per token than the shared channel-spin reader.
 """
 
 from __future__ import annotations
@@ -26,11 +22,6 @@ from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
 
 from .errors import APIError, from_engine_error
-
-# Channel option for the shim's engine channels: each stream is read by the greenlet iterating it.
-SINGLE_THREADED_STREAMS = ("SingleThreadedUnaryStream", 1)
-# Hub pool threads at least: a stream waiting for its next message holds one (gevent's default is 10).
-STREAM_READERS = 1024
 
 _END = object()
 _INTERRUPTED = object()
@@ -60,8 +51,6 @@ class EngineStream:
         self._interrupted: APIError | None = None
         self._streams = [client.generate(r, timeout=timeout_s, metadata=metadata) for r in requests]
         self._open = len(self._streams)
-        pool = gevent.get_hub().threadpool
-        pool.maxsize = max(pool.maxsize, STREAM_READERS)
         for i, stream in enumerate(self._streams):
             gevent.spawn(self._drain, i, stream)
 
@@ -70,7 +59,7 @@ class EngineStream:
             for response in stream:
                 self._queue.put((prompt_index, response))
             self._queue.put((prompt_index, _END))
-        except Exception as error:  # noqa: BLE001 - `next` raises it in the handler
+        except Exception as error:  # noqa: BLE001 - `next` raises it in the handler (500, logged)
             self._queue.put((prompt_index, error))
 
     def next(self, timeout_s: float) -> Item | Idle | None:

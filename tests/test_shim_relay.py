@@ -1,7 +1,7 @@
 """The shim's relay of engine streams under concurrency (http_shim/engine_stream.py), against the
-scripted fake engine: each stream is read by its own greenlet waiting on its call's own queue in
-gevent's thread pool, so many silent streams must not hold up others, and many streams cancelled at
-once must all reach the engine as cancellations.
+scripted fake engine: many silent streams (more than gevent's thread pool, where grpc waits for
+messages) must not hold up other requests, many streams must arrive whole, and many streams left
+at once must all reach the engine as cancellations.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from fake_engine import MODEL_ID, start_shim, stop_process
 from test_shim_http import open_raw_stream, read_until, say
 
-# More than gevent's default thread pool (10): each waiting stream holds one of its threads.
+# More than gevent's default thread pool (10 threads).
 MANY = 24
 
 

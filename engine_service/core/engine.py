@@ -61,6 +61,8 @@ class EngineConfig:
     kv_cache_tokens: int = 0  # 0: sized from kv_cache_gb
     kv_cache_gb: float = 2.0
     max_model_len: int = 0  # 0: the model's context length
+    quantization: str | None = None  # linear weights: none, int8, int4; None: the default (model/linear.py)
+    deterministic: bool = False  # a sequence's results never depend on the batch it runs in
     enable_prefix_caching: bool = True  # share cached full prompt blocks across requests (block_manager.py)
 
 
@@ -76,7 +78,7 @@ class Engine:
         num_blocks = self._num_blocks()
         self.kv_capacity_tokens = (num_blocks - 1) * config.block_size
         self.runner = ModelRunner(loaded.model, loaded.device, loaded.dtype, config.block_size, num_blocks,
-                                  self.max_model_len)
+                                  self.max_model_len, config.quantization, config.deterministic)
         blocks = BlockManager(num_blocks - 1,  # the runner keeps the last block for padding
                               config.block_size, self.runner.cache.copy_block, config.enable_prefix_caching)
         self.scheduler = Scheduler(blocks, config.max_batch_size, config.max_step_tokens)

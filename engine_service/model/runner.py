@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_service.model import attention
-from engine_service.model.packed_linear import pack_linears
+from engine_service.model.linear import quantize_linears, resolve_quantization
 from engine_service.model.rotary import install_rotary_table
 from engine_service.model.kv_cache import CacheShape, KVCache
 from engine_service.core.scheduler import ScheduledBatch
@@ -64,11 +64,15 @@ class PackedBatch:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
-                 block_size: int, num_blocks: int, max_positions: int) -> None:
+                 block_size: int, num_blocks: int, max_positions: int,
+                 quantization: str | None = None, deterministic: bool = False) -> None:
+        """quantization: see linear.QUANTIZATIONS (None: the default for the device and dtype);
+        deterministic: a sequence's results never depend on the batch it runs in."""
         self.model = model
         install_rotary_table(model, max_positions, device)
+        self.quantization = resolve_quantization(quantization, device, dtype)
         if device.type == "cpu":
-            pack_linears(model, batch_hint=32)
+            quantize_linears(model, self.quantization, deterministic)
         self.device = device
         config = model.config
         model.config._attn_implementation = attention.register()

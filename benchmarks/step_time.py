@@ -1,0 +1,98 @@
+"""Time one engine step on the default model: decode at batch 1, 8 and 32 and a 512-token prefill,
+for each weights choice, through the engine's own ModelRunner (no server, no sampling).
+
+    python -m benchmarks.step_time [--weights none int8 int4] [--deterministic] [--repeats 30]
+
+Each figure is the fastest of --repeats steps after warm-up (on a shared machine the least disturbed
+one), then the median; run it twice and compare. Decode rows attend to --context cached tokens each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine_service.core.scheduler import ScheduledBatch
+from engine_service.model.loader import load_model
+from engine_service.model.runner import ModelRunner
+
+BLOCK = 16
+
+
+@dataclass
+class FakeSequence:
+    """The fields ModelRunner reads from a Sequence."""
+
+    seq_id: int
+    token_ids: list[int]
+    num_cached: int
+    block_table: list[int] = field(default_factory=list)
+
+
+def build_runner(weights: str, deterministic: bool, num_blocks: int) -> ModelRunner:
+    loaded = load_model(None, device="cpu", dtype="bfloat16")
+    return ModelRunner(loaded.model, loaded.device, loaded.dtype, BLOCK, num_blocks,
+                       loaded.max_context_length, quantization=weights, deterministic=deterministic)
+
+
+def decode_batch(batch: int, context: int) -> ScheduledBatch:
+    width = -(-(context + 1) // BLOCK)
+    seqs = [FakeSequence(i, [(7 * i + j) % 1000 + 100 for j in range(context + 1)], context,
+                         list(range(i * width, (i + 1) * width))) for i in range(batch)]
+    return ScheduledBatch(decode=seqs)
+
+
+def prefill_batch(length: int) -> ScheduledBatch:
+    seq = FakeSequence(0, [(j * 13) % 1000 + 100 for j in range(length)], 0, list(range(-(-length // BLOCK))))
+    return ScheduledBatch(prefill=[(seq, length)])
+
+
+def time_steps(runner: ModelRunner, scheduled: ScheduledBatch, repeats: int) -> tuple[float, float]:
+    """(fastest, median) step time in ms."""
+    for _ in range(3):
+        runner.run(scheduled, set())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        runner.run(scheduled, set())
+        times.append((time.perf_counter() - start) * 1000)
+    return min(times), statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--weights", nargs="+", default=["none", "int8", "int4"], choices=["none", "int8", "int4"])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--context", type=int, default=128, help="cached tokens per decode row")
+    parser.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill step; 0: none")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--deterministic", action="store_true")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; default: all cores")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    num_blocks = max(args.batches) * (-(-(args.context + 1) // BLOCK)) + args.prefill // BLOCK + 2
+    print(f"threads={torch.get_num_threads()} context={args.context} repeats={args.repeats} "
+          f"deterministic={args.deterministic}; ms per step, fastest (median)")
+    for weights in args.weights:
+        runner = build_runner(weights, args.deterministic, num_blocks)
+        cells = []
+        with torch.inference_mode():
+            for batch in args.batches:
+                fastest, median = time_steps(runner, decode_batch(batch, args.context), args.repeats)
+                cells.append(f"decode b={batch}: {fastest:.1f} ({median:.1f})")
+            if args.prefill:
+                fastest, median = time_steps(runner, prefill_batch(args.prefill), max(5, args.repeats // 5))
+                cells.append(f"prefill {args.prefill}: {fastest:.1f} ({median:.1f})")
+        print(f"{weights:5s} | " + " | ".join(cells), flush=True)
+        del runner
+        gc.collect()
+
+
+if __name__ == "__main__":
+    main()
