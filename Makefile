@@ -60,7 +60,8 @@ fuzz: $(STAMP)
 	CONDUIT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) CONDUIT_FUZZ_PHASES=examples,coverage,fuzzing \
 		$(BIN)/python -m pytest -o timeout=3600 tests/test_shim_fuzz.py tests/test_stack_fuzz.py $(PYTEST_ARGS)
 
-# Regenerates benchmarks/RESULTS.md (its Notes section is kept); BENCH_ARGS='--skip-peer' etc.
+# Regenerates benchmarks/RESULTS.md (its Notes section is kept): 3 repeats of conc 1/8/32 (>= 20 s each)
+# against gRPC and llama-server, then the prefix-cache scenario; ~15 min. BENCH_ARGS='--skip-peer' etc.
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench --json benchmarks/out/results.json --write-results benchmarks/RESULTS.md $(BENCH_ARGS)
 

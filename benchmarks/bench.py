@@ -3,9 +3,12 @@
     python -m benchmarks.bench                       # starts the Conduit stack and llama-server
     python -m benchmarks.bench --base-url http://127.0.0.1:8000/v1 --engine 127.0.0.1:50051
     python -m benchmarks.bench --json benchmarks/out/results.json --write-results benchmarks/RESULTS.md
+    python -m benchmarks.bench --skip-peer --concurrency 32 --repeats 1 --min-seconds 10   # a quick look
 
-Each level keeps `concurrency` streams in flight (closed loop) until
-`multiplier x concurrency` requests have finished; one request at a time would hide batching.
+Each level keeps `concurrency` streams in flight (closed loop) for at least `--min-seconds` and
+`multiplier x concurrency` requests, whichever takes longer; one request at a time would hide
+batching. The whole comparison runs `--repeats` times and the report gives medians and ranges;
+then the prefix-cache scenario (prefix_cache.py) runs against the shim and the peer.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks import peer, report
+from benchmarks import peer, prefix_cache, report
 from benchmarks.cpu import CpuMeter
+from benchmarks.prefix_cache import PrefixStats
 from benchmarks.prompts import PROMPTS
 from benchmarks.stats import LevelStats, summarize
 from benchmarks.targets import GrpcTarget, OpenAITarget
@@ -61,20 +65,37 @@ async def connected(target: Target) -> AsyncIterator[Target]:
         await target.close()
 
 
-async def run_level(server: Server, concurrency: int, total: int) -> LevelStats:
-    """Keeps `concurrency` requests in flight until `total` have finished."""
-    indices = iter(range(total))
+@dataclass
+class Level:
+    """How long each level runs: until both hold, then the requests in flight finish."""
+
+    min_requests_per_stream: int  # requests = this x concurrency, at least
+    min_seconds: float
+
+
+async def run_level(server: Server, concurrency: int, level: Level, repeat: int) -> LevelStats:
+    """Keeps `concurrency` requests in flight until `level` says enough have been sent."""
     results = []
+    sent = 0
     async with connected(server.target) as target:
+        meter, start = CpuMeter(server.pids), time.perf_counter()
+
+        def take() -> int | None:
+            """The next request's index, or None once the level has run long enough."""
+            nonlocal sent
+            if (sent >= level.min_requests_per_stream * concurrency
+                    and time.perf_counter() - start >= level.min_seconds):
+                return None
+            sent += 1
+            return sent - 1
 
         async def worker() -> None:
-            for i in indices:  # shared by all workers: each request is taken once
+            while (i := take()) is not None:
                 results.append(await target.send(PROMPTS[i % len(PROMPTS)]))
 
-        meter, start = CpuMeter(server.pids), time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - start
-    return summarize(target.name, concurrency, results, wall, meter.stop())
+    return summarize(target.name, concurrency, repeat, results, wall, meter.stop())
 
 
 async def warm_up(target: Target, burst: int) -> None:
@@ -87,18 +108,36 @@ async def warm_up(target: Target, burst: int) -> None:
         raise RuntimeError(f"{target.name}: warm-up failed: {warm[0].error}")
 
 
-async def run_all(servers: list[Server], levels: list[int], multiplier: int) -> list[LevelStats]:
-    """Targets take turns within each level, so a busy spell on a shared machine hits them alike."""
+async def run_all(servers: list[Server], levels: list[int], level: Level, repeats: int) -> list[LevelStats]:
+    """Targets take turns within each level, so a busy spell on a shared machine hits them alike;
+    the whole comparison repeats, so one spell cannot decide a ratio."""
     for server in servers:
         await warm_up(server.target, max(levels))
     out = []
-    for concurrency in levels:
-        for server in servers:
-            stats = await run_level(server, concurrency, multiplier * concurrency)
-            log(f"{stats.target:>5} conc {concurrency:>3}: {stats.tokens_per_s:7.1f} tok/s, "
-                f"TTFT p50 {stats.ttft_p50_ms:6.0f} ms, failed {stats.failed}, "
-                f"other CPU {stats.other_cpu_pct:.0f}%")
-            out.append(stats)
+    for repeat in range(repeats):
+        for concurrency in levels:
+            for server in servers:
+                stats = await run_level(server, concurrency, level, repeat)
+                log(f"run {repeat + 1}/{repeats} {stats.target:>5} conc {concurrency:>3}: "
+                    f"{stats.tokens_per_s:7.1f} tok/s, TTFT p50 {stats.ttft_p50_ms:6.0f} ms, "
+                    f"{stats.requests} reqs in {stats.wall_s:.0f} s, failed {stats.failed}, "
+                    f"other CPU {stats.other_cpu_pct:.0f}%")
+                out.append(stats)
+    return out
+
+
+async def run_prefix(servers: list[Server], samples: int) -> list[PrefixStats]:
+    """The prefix-cache scenario against every OpenAI target (the shim and the peer)."""
+    out = []
+    run_seed = int(time.time())  # servers started elsewhere may have cached earlier runs' prompts
+    for server in servers:
+        if not isinstance(server.target, OpenAITarget) or samples <= 0:
+            continue
+        async with connected(server.target) as target:
+            stats = await prefix_cache.measure(target, samples, run_seed)
+        log(f"prefix cache {stats.target:>5}: cold TTFT {stats.cold_ttft_ms} ms, warm {stats.warm_ttft_ms} ms, "
+            f"cached {stats.warm_cached_tokens}, errors {stats.errors}")
+        out.append(stats)
     return out
 
 
@@ -184,6 +223,10 @@ def run_context(
         "max_tokens": args.max_tokens,
         "concurrency": args.concurrency,
         "multiplier": args.multiplier,
+        "min_seconds": args.min_seconds,
+        "repeats": args.repeats,
+        "prefix_samples": args.prefix_samples,
+        "prefix_max_tokens": prefix_cache.MAX_TOKENS,
     }
 
 
@@ -201,8 +244,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    type=lambda s: [int(x) for x in s.split(",") if x],
                    help="comma-separated concurrency levels (default 1,8,32)")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--requests-per-level-multiplier", dest="multiplier", type=int, default=2,
-                   help="requests per level = this x concurrency (default 2)")
+    p.add_argument("--requests-per-level-multiplier", dest="multiplier", type=int, default=4,
+                   help="each level sends at least this x concurrency requests (default 4)")
+    p.add_argument("--min-seconds", type=float, default=20.0,
+                   help="each level runs at least this long (default 20)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="how many times the whole comparison runs (default 3); medians and ranges are reported")
+    p.add_argument("--prefix-samples", type=int, default=5,
+                   help="cold/warm pairs of the prefix-cache scenario per target (default 5; 0 skips it)")
     p.add_argument("--only", default=",".join(ALL_TARGETS),
                    type=lambda s: [x for x in s.split(",") if x],
                    help="comma-separated subset of shim,grpc,peer")
@@ -231,31 +280,36 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     host = machine()
     wanted = [t for t in ALL_TARGETS if t in args.only and not (t == "peer" and args.skip_peer)]
+    began = time.perf_counter()
     with contextlib.ExitStack() as stack:
         servers = start_servers(args, wanted, stack)
-        stats = asyncio.run(run_all(servers, args.concurrency, args.multiplier))
+        level = Level(args.multiplier, args.min_seconds)
+        stats = asyncio.run(run_all(servers, args.concurrency, level, args.repeats))
+        prefix = asyncio.run(run_prefix(servers, args.prefix_samples))
         engine_info = conduit_model(servers)
     busy = [f"{s.target}@{s.concurrency}" for s in stats if s.other_cpu_pct > BUSY_OTHER_CPU_PCT]
     if busy:
         log(f"warning: other processes used over {BUSY_OTHER_CPU_PCT}% CPU during {', '.join(busy)}; "
             "those figures are skewed: rerun on a quiet machine")
 
-    print(report.text_table(stats))
+    print(report.text_table(stats, prefix))
     if args.markdown:
         print()
-        print(report.markdown(stats))
-    context = run_context(args, host, argv, engine_info)
+        print(report.markdown(stats, prefix))
+    context = {**run_context(args, host, argv, engine_info), "elapsed_min": (time.perf_counter() - began) / 60}
+    log(f"whole run: {context['elapsed_min']:.1f} minutes")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             **context,
             "results": [asdict(s) for s in stats],
-            "ratios": [asdict(r) for r in report.ratios(stats)],
+            "ratios": [{**asdict(r), "met": r.met} for r in report.ratio_summaries(stats)],
+            "prefix_cache": [asdict(p) for p in prefix],
         }, indent=2))
     if args.write_results:
         previous = args.write_results.read_text() if args.write_results.exists() else ""
-        args.write_results.write_text(report.results_document(stats, context, previous))
-    return 1 if any(s.failed for s in stats) else 0
+        args.write_results.write_text(report.results_document(stats, prefix, context, previous))
+    return 1 if any(s.failed for s in stats) or any(p.errors for p in prefix) else 0
 
 
 if __name__ == "__main__":

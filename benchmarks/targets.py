@@ -10,6 +10,7 @@ import time
 
 import grpc
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionChunk
 
 from conduit.v1 import engine_pb2, engine_pb2_grpc
 
@@ -43,7 +44,7 @@ class OpenAITarget:
             await self.client.close()
             self.client = None
 
-    async def send(self, prompt: str, max_tokens: int | None = None) -> RequestResult:
+    async def send(self, prompt: str, max_tokens: int | None = None, system: str = SYSTEM_PROMPT) -> RequestResult:
         assert self.client is not None, "open() first"
         start = time.perf_counter()
         result = RequestResult(ok=False)
@@ -53,7 +54,7 @@ class OpenAITarget:
             stream = await self.client.chat.completions.create(
                 model=self.model,
                 messages=[
-                    {"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "system", "content": system},
                     {"role": "user", "content": prompt},
                 ],
                 max_tokens=max_tokens or self.max_tokens,
@@ -67,6 +68,10 @@ class OpenAITarget:
                     text_chunks += 1
                 if chunk.usage is not None:
                     usage_tokens = chunk.usage.completion_tokens
+                    result.prompt_tokens = chunk.usage.prompt_tokens
+                cached = _cached_tokens(chunk)
+                if cached is not None:
+                    result.cached_tokens = cached
         except Exception as exc:  # noqa: BLE001 - any failure is a failed request, recorded
             cause = f" ({exc.__cause__!r})" if exc.__cause__ else ""
             result.error = f"{type(exc).__name__}: {exc}{cause}"[:300]
@@ -76,6 +81,16 @@ class OpenAITarget:
         # A server that sends no usage gets one token per text chunk (llama-server streams per token).
         result.completion_tokens = usage_tokens if usage_tokens is not None else text_chunks
         return result
+
+
+def _cached_tokens(chunk: ChatCompletionChunk) -> int | None:
+    """Prompt tokens served from a prompt cache: OpenAI's usage.prompt_tokens_details.cached_tokens,
+    or llama-server's `timings.cache_n` (it reports its cache there); None when neither is sent."""
+    details = chunk.usage.prompt_tokens_details if chunk.usage else None
+    if details is not None and details.cached_tokens is not None:
+        return details.cached_tokens
+    timings = (chunk.model_extra or {}).get("timings")
+    return timings.get("cache_n") if isinstance(timings, dict) else None
 
 
 class GrpcTarget:
