@@ -69,6 +69,12 @@ bench: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS)
 
+# One engine step (decode at batch 1/8/32, a 512-token prefill) per weights choice, no server; a few
+# minutes. STEP_ARGS='--threads 1 --deterministic' etc.
+.PHONY: bench-step
+bench-step: $(STAMP)
+	$(BIN)/python -m benchmarks.step_time $(STEP_ARGS)
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info protos/*.egg-info .pytest_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,7 +1,7 @@
 """Time one engine step on the default model: decode at batch 1, 8 and 32 and a 512-token prefill,
 for each weights choice, through the engine's own ModelRunner (no server, no sampling).
 
-    python -m benchmarks.step_time [--weights none int8 int4] [--deterministic] [--repeats 30]
+    python -m benchmarks.step_time [--weights none int8 int4] [--deterministic] [--threads 1]
 
 Each figure is the fastest of --repeats steps after warm-up (on a shared machine the least disturbed
 one), then the median; run it twice and compare. Decode rows attend to --context cached tokens each.
@@ -10,7 +10,6 @@ one), then the median; run it twice and compare. Decode rows attend to --context
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -52,16 +51,19 @@ def prefill_batch(length: int) -> ScheduledBatch:
     return ScheduledBatch(prefill=[(seq, length)])
 
 
-def time_steps(runner: ModelRunner, scheduled: ScheduledBatch, repeats: int) -> tuple[float, float]:
-    """(fastest, median) step time in ms."""
-    for _ in range(3):
+def time_interleaved(runners: dict[str, ModelRunner], scheduled: ScheduledBatch,
+                     rounds: int) -> dict[str, tuple[float, float]]:
+    """(fastest, median) step time in ms per runner. Rounds alternate between the runners, so a busy
+    spell on the shared machine slows them all alike rather than one of them."""
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for name, runner in runners.items():  # warm-up
         runner.run(scheduled, set())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        runner.run(scheduled, set())
-        times.append((time.perf_counter() - start) * 1000)
-    return min(times), statistics.median(times)
+    for _ in range(rounds):
+        for name, runner in runners.items():
+            start = time.perf_counter()
+            runner.run(scheduled, set())
+            times[name].append((time.perf_counter() - start) * 1000)
+    return {name: (min(t), statistics.median(t)) for name, t in times.items()}
 
 
 def main() -> None:
@@ -70,28 +72,30 @@ def main() -> None:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--context", type=int, default=128, help="cached tokens per decode row")
     parser.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill step; 0: none")
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--deterministic", action="store_true")
+    parser.add_argument("--repeats", type=int, default=20, help="rounds per case (a fifth of it for prefill)")
+    parser.add_argument("--deterministic", action="store_true", help="also time int4 with --deterministic")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; default: all cores")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     num_blocks = max(args.batches) * (-(-(args.context + 1) // BLOCK)) + args.prefill // BLOCK + 2
-    print(f"threads={torch.get_num_threads()} context={args.context} repeats={args.repeats} "
-          f"deterministic={args.deterministic}; ms per step, fastest (median)")
-    for weights in args.weights:
-        runner = build_runner(weights, args.deterministic, num_blocks)
-        cells = []
-        with torch.inference_mode():
-            for batch in args.batches:
-                fastest, median = time_steps(runner, decode_batch(batch, args.context), args.repeats)
-                cells.append(f"decode b={batch}: {fastest:.1f} ({median:.1f})")
-            if args.prefill:
-                fastest, median = time_steps(runner, prefill_batch(args.prefill), max(5, args.repeats // 5))
-                cells.append(f"prefill {args.prefill}: {fastest:.1f} ({median:.1f})")
-        print(f"{weights:5s} | " + " | ".join(cells), flush=True)
-        del runner
-        gc.collect()
+    runners = {weights: build_runner(weights, False, num_blocks) for weights in args.weights}
+    if args.deterministic:
+        runners["int4 det."] = build_runner("int4", True, num_blocks)
+    cases = [(f"decode b={batch}", decode_batch(batch, args.context), args.repeats) for batch in args.batches]
+    if args.prefill:
+        cases.append((f"prefill {args.prefill}", prefill_batch(args.prefill), max(3, args.repeats // 5)))
+    print(f"threads={torch.get_num_threads()} context={args.context} repeats={args.repeats}; "
+          f"ms per step, fastest (median)")
+    print("| weights | " + " | ".join(name for name, _, _ in cases) + " |")
+    print("| --- " * (len(cases) + 1) + "|")
+    cells: dict[str, list[str]] = {name: [] for name in runners}
+    with torch.inference_mode():
+        for _, scheduled, rounds in cases:
+            for name, (fastest, median) in time_interleaved(runners, scheduled, rounds).items():
+                cells[name].append(f"{fastest:.1f} ({median:.1f})")
+    for name, row in cells.items():
+        print(f"| {name} | " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":
