@@ -1,0 +1,38 @@
+"""Tiny random-weight decoders of several transformers families, built from configs (no download).
+
+Each is saved to a folder with the default model's tokenizer, so the engine loads it like any
+model folder. Weights are drawn with a fixed seed and a large init range, so greedy choices are
+decided by clear margins rather than by float rounding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import (AutoModelForCausalLM, Gemma2Config, MistralConfig, Phi3Config, PretrainedConfig,
+                          PreTrainedTokenizerBase, Qwen2Config, Qwen3Config)
+
+SLIDING_WINDOW = 16  # for the families that have one; the tests' long prompts are longer
+
+_COMMON = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+               initializer_range=0.2)
+
+TINY_CONFIGS: dict[str, PretrainedConfig] = {
+    "qwen2": Qwen2Config(**_COMMON),  # q/k/v biases
+    "qwen3": Qwen3Config(**_COMMON, head_dim=16),  # QK norms
+    "mistral": MistralConfig(**_COMMON, sliding_window=SLIDING_WINDOW),  # every layer sliding
+    "phi3": Phi3Config(**_COMMON, pad_token_id=0),  # fused qkv and gate_up projections
+    # sliding and full layers alternating, attention logit soft cap, query_pre_attn_scalar scaling
+    "gemma2": Gemma2Config(**_COMMON, head_dim=16, sliding_window=SLIDING_WINDOW, query_pre_attn_scalar=24),
+}
+
+
+def build_tiny_model(family: str, folder: Path, tokenizer: PreTrainedTokenizerBase) -> Path:
+    """Save a seeded random model of `family` (a TINY_CONFIGS key) with `tokenizer` into `folder`."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(TINY_CONFIGS[family], dtype=torch.float32)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

