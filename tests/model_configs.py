@@ -14,6 +14,7 @@ from transformers import (AutoModelForCausalLM, Gemma2Config, MistralConfig, Phi
                           PreTrainedTokenizerBase, Qwen2Config, Qwen3Config)
 
 SLIDING_WINDOW = 16  # for the families that have one; the tests' long prompts are longer
+LONGROPE_SWITCH = 64  # LONGROPE_PHI3 switches to its long rope factors past this many positions
 
 _COMMON = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
@@ -28,11 +29,17 @@ TINY_CONFIGS: dict[str, PretrainedConfig] = {
     "gemma2": Gemma2Config(**_COMMON, head_dim=16, sliding_window=SLIDING_WINDOW, query_pre_attn_scalar=24),
 }
 
+# Phi-3 with "longrope" (as Phi-3-mini-128k): its rotary frequencies depend on the sequence's length.
+LONGROPE_PHI3 = Phi3Config(**_COMMON, pad_token_id=0, original_max_position_embeddings=LONGROPE_SWITCH,
+                           rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                            "short_factor": [1.0 + i / 8 for i in range(8)],
+                                            "long_factor": [4.0 + i for i in range(8)]})
 
-def build_tiny_model(family: str, folder: Path, tokenizer: PreTrainedTokenizerBase) -> Path:
-    """Save a seeded random model of `family` (a TINY_CONFIGS key) with `tokenizer` into `folder`."""
+
+def build_tiny_model(config: PretrainedConfig, folder: Path, tokenizer: PreTrainedTokenizerBase) -> Path:
+    """Save a seeded random model of `config` with `tokenizer` into `folder`."""
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(TINY_CONFIGS[family], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

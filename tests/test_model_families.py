@@ -27,7 +27,7 @@ from engine_service.core.params import RequestParams, SamplingParams, StoppingPa
 from engine_service.core.sequence import Request
 from engine_service.model.attention import UnsupportedModel
 from engine_service.model.loader import cache_dir, load_model, resolve_model
-from model_configs import SLIDING_WINDOW, TINY_CONFIGS, build_tiny_model
+from model_configs import LONGROPE_PHI3, LONGROPE_SWITCH, SLIDING_WINDOW, TINY_CONFIGS, build_tiny_model
 
 pytestmark = pytest.mark.model
 
@@ -122,18 +122,31 @@ def default_tokenizer():
     return AutoTokenizer.from_pretrained(resolve_model(None)[1])
 
 
+def random_prompts(*lengths: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(3, 49152, (n,), generator=g).tolist() for n in lengths]
+
+
 @pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
 def test_tiny_family_matches_transformers(family: str, default_tokenizer, tmp_path: Path):
-    folder = build_tiny_model(family, tmp_path / family, default_tokenizer)
+    folder = build_tiny_model(TINY_CONFIGS[family], tmp_path / family, default_tokenizer)
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    g = torch.Generator().manual_seed(1)
-    random_prompt = lambda n: torch.randint(3, 49152, (n,), generator=g).tolist()  # noqa: E731
-    short, long = random_prompt(7), random_prompt(3 * SLIDING_WINDOW + 5)
+    short, long, filler_a, filler_b = random_prompts(7, 3 * SLIDING_WINDOW + 5, 30, 11)
     # Prompt chunks of at most 20 tokens: later chunks start after cached context, windows cross chunks.
     with running_engine(str(folder), max_batch_size=8, max_step_tokens=20, kv_cache_tokens=2048,
                         max_model_len=256) as engine:
         check_matches_transformers(engine, [short, long], reference_greedy_all(reference, [short, long]),
-                                   [random_prompt(30), random_prompt(11)])
+                                   [filler_a, filler_b])
+
+
+def test_length_dependent_rope_is_served_below_its_switch_and_refused_past_it(default_tokenizer, tmp_path: Path):
+    folder = str(build_tiny_model(LONGROPE_PHI3, tmp_path, default_tokenizer))
+    with pytest.raises(UnsupportedModel, match=f"longrope.*--max-model-len {LONGROPE_SWITCH}"):
+        Engine(load_model(folder, device="cpu", dtype="float32"), EngineConfig(max_model_len=256, kv_cache_tokens=1024))
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    short, long, filler = random_prompts(7, LONGROPE_SWITCH - NEW_TOKENS, 20)
+    with running_engine(folder, max_step_tokens=20, kv_cache_tokens=1024, max_model_len=LONGROPE_SWITCH) as engine:
+        check_matches_transformers(engine, [short, long], reference_greedy_all(reference, [short, long]), [filler])
 
 
 def test_unservable_architecture_fails_at_start_naming_what_is_missing(default_tokenizer, tmp_path: Path):
