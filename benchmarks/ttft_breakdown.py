@@ -4,16 +4,16 @@ waiting for the engine loop, the prefill step, the rest of the engine's servicer
     python -m benchmarks.ttft_breakdown                  # starts its own stack (engine metrics on)
     python -m benchmarks.ttft_breakdown --samples 20 --engine-args "--max-step-tokens 256"
 
-One request at a time, each measured from outside or from the engine's own metrics:
-- shim TTFT: openai SDK -> shim -> engine, send to first text chunk (as the bench measures it);
-- gRPC TTFT: the same chat over `Generate` directly;
-- round trip: a `ListModels` call (gRPC transport plus a trivial handler);
-- template + tokenization: a `Tokenize` call of the same messages, less the round trip;
-- engine TTFT: `conduit:time_to_first_token_seconds` (arrival in the engine, after tokenization,
-  to the first token), averaged over requests from the histogram's sum and count;
-- prefill step: `conduit:step_duration_seconds` over requests with max_tokens 1 (one step each:
-  schedule, forward, sample, send); a decode step: the extra step time of max_tokens 2.
-Client-side figures are medians; engine figures are means (histograms keep sums, not samples).
+One request at a time, in rounds; each round times the same short chat (max_tokens 1, so the
+first token is the prefill step's) through the shim and over gRPC, with the engine's own
+histograms read around each request (`conduit:time_to_first_token_seconds`: arrival in the engine,
+after tokenization, to the first token; `conduit:step_duration_seconds`: its one step), then a
+`ListModels` round trip, a `Tokenize` call of the same messages (chat template + tokenization), and
+a 2-token request (prefill plus one decode step). Stages are medians over the rounds:
+- shim: the shim request's time outside the engine less the gRPC request's;
+- gRPC round trip; chat template + tokenization (Tokenize less the round trip);
+- the engine servicer: the gRPC request's time outside the engine less a Tokenize call;
+- waiting for the engine loop (engine TTFT less its step); the prefill step.
 """
 
 from __future__ import annotations
@@ -32,12 +32,15 @@ from dataclasses import dataclass
 import grpc
 
 from benchmarks.prompts import PROMPTS
+from benchmarks.stats import RequestResult
 from benchmarks.targets import SYSTEM_PROMPT, GrpcTarget, OpenAITarget
 from clients.launch import Stack, free_port
 from conduit.v1 import engine_pb2, engine_pb2_grpc
 
-# Max tokens of the timed chats: short answers; TTFT only needs the first.
-MAX_TOKENS = 8
+# Rounds run first and not counted: every path warm.
+WARM_UP_ROUNDS = 2
+# The engine publishes its metrics once per step, after sending: wait this long before reading them.
+PUBLISH_WAIT_S = 0.05
 
 
 @dataclass
@@ -76,71 +79,94 @@ async def timed_ms(call: Callable[[], Awaitable[object]]) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-async def engine_only(stub: engine_pb2_grpc.EngineStub, metrics_url: str, max_tokens: int,
-                      samples: int) -> tuple[float, float, float]:
-    """Mean engine TTFT (ms), mean step time per request (ms) and steps per request, for lone
-    requests of `max_tokens` over gRPC."""
+@dataclass
+class Sample:
+    """One lone request: TTFT seen by the client, and the engine's histograms over it."""
+
+    ttft_ms: float
+    engine: Histograms
+
+    @property
+    def engine_ttft_ms(self) -> float:
+        return 1000 * self.engine.ttft_sum
+
+    @property
+    def steps_ms(self) -> float:
+        return 1000 * self.engine.step_sum
+
+
+async def observed(send: Callable[[], Awaitable[RequestResult]], metrics_url: str) -> Sample | None:
+    """Runs one request alone, with the engine's histograms read around it (None: no text came)."""
     before = scrape(metrics_url)
-    for i in range(samples):
-        request = engine_pb2.GenerateRequest(
-            chat=engine_pb2.ChatInput(messages=chat_messages(PROMPTS[i % len(PROMPTS)])),
-            sampling=engine_pb2.SamplingParams(temperature=0.0),
-            stopping=engine_pb2.StoppingParams(max_tokens=max_tokens))
-        async for _ in stub.Generate(request):
-            pass
-    await asyncio.sleep(0.2)  # the engine publishes its metrics once per step, after sending
+    result = await send()
+    await asyncio.sleep(PUBLISH_WAIT_S)
     delta = scrape(metrics_url) - before
-    return (1000 * delta.ttft_sum / delta.ttft_count, 1000 * delta.step_sum / samples,
-            delta.step_count / samples)
+    if not (result.ok and result.text_times) or delta.ttft_count != 1:
+        return None
+    return Sample(result.text_times[0] * 1000, delta)
 
 
 async def measure(base_url: str, engine: str, metrics_url: str, samples: int) -> dict[str, float]:
-    shim, direct = OpenAITarget("shim", base_url, MAX_TOKENS), GrpcTarget("grpc", engine, MAX_TOKENS)
+    """Medians over `samples` rounds; each round times the same chat through the shim and over
+    gRPC (max_tokens 1: one prefill step), a round trip, a Tokenize call, and a 2-token request."""
+    shim, direct = OpenAITarget("shim", base_url, 1), GrpcTarget("grpc", engine, 1)
     await shim.open()
     await direct.open()
     channel = grpc.aio.insecure_channel(engine)
     stub = engine_pb2_grpc.EngineStub(channel)
-    shim_ms, grpc_ms, rtt_ms, tokenize_ms = [], [], [], []
+    via_shim: list[Sample] = []
+    via_grpc: list[Sample] = []
+    rtt_ms, tokenize_ms, two_steps_ms = [], [], []
     try:
-        for i in range(samples + 2):  # the first two warm every path up and are not counted
+        for i in range(samples + WARM_UP_ROUNDS):
             prompt = PROMPTS[i % len(PROMPTS)]
-            results = [await shim.send(prompt), await direct.send(prompt)]
+            shim_sample = await observed(lambda: shim.send(prompt), metrics_url)
+            grpc_sample = await observed(lambda: direct.send(prompt), metrics_url)
+            two = await observed(lambda: direct.send(prompt, max_tokens=2), metrics_url)
             rtt = await timed_ms(lambda: stub.ListModels(engine_pb2.ListModelsRequest()))
             tokenize = await timed_ms(lambda: stub.Tokenize(engine_pb2.TokenizeRequest(
                 chat=engine_pb2.ChatInput(messages=chat_messages(prompt)))))
-            if i < 2:
+            if i < WARM_UP_ROUNDS or shim_sample is None or grpc_sample is None or two is None:
                 continue
-            if not all(r.ok and r.text_times for r in results):
-                raise RuntimeError(f"a request failed: {[r.error for r in results]}")
-            shim_ms.append(results[0].text_times[0] * 1000)
-            grpc_ms.append(results[1].text_times[0] * 1000)
+            via_shim.append(shim_sample)
+            via_grpc.append(grpc_sample)
+            two_steps_ms.append(two.steps_ms)
             rtt_ms.append(rtt)
             tokenize_ms.append(tokenize)
-        engine_ttft, prefill_step, prefill_steps = await engine_only(stub, metrics_url, 1, samples)
-        _, two_steps, _ = await engine_only(stub, metrics_url, 2, samples)
     finally:
         await channel.close()
         await shim.close()
         await direct.close()
+    if not via_shim:
+        raise RuntimeError("no round produced text through both paths")
     med = statistics.median
-    figures = {"shim TTFT": med(shim_ms), "gRPC TTFT": med(grpc_ms), "round trip": med(rtt_ms),
-               "Tokenize call": med(tokenize_ms), "engine TTFT": engine_ttft,
-               "prefill step": prefill_step, "steps per 1-token request": prefill_steps,
-               "decode step": two_steps - prefill_step}
-    return figures
+    both = via_shim + via_grpc
+    return {
+        "rounds counted": len(via_shim),
+        "shim TTFT": med(s.ttft_ms for s in via_shim),
+        "gRPC TTFT": med(s.ttft_ms for s in via_grpc),
+        "shim TTFT outside the engine": med(s.ttft_ms - s.engine_ttft_ms for s in via_shim),
+        "gRPC TTFT outside the engine": med(s.ttft_ms - s.engine_ttft_ms for s in via_grpc),
+        "round trip (ListModels)": med(rtt_ms),
+        "Tokenize call": med(tokenize_ms),
+        "engine TTFT": med(s.engine_ttft_ms for s in both),
+        "engine wait before its step": med(s.engine_ttft_ms - s.steps_ms for s in both),
+        "prefill step": med(s.steps_ms for s in both),
+        "decode step": med(two_steps_ms) - med(s.steps_ms for s in both),
+    }
 
 
 def breakdown(f: dict[str, float]) -> list[tuple[str, float]]:
-    """The shim TTFT cut into stages that add up to it."""
-    template = f["Tokenize call"] - f["round trip"]
-    servicer = f["gRPC TTFT"] - f["round trip"] - template - f["engine TTFT"]
+    """The shim TTFT cut into stages (medians of each, so the sum is close to, not exactly, the
+    median TTFT)."""
     return [
-        ("shim (HTTP, JSON, SSE, openai SDK)", f["shim TTFT"] - f["gRPC TTFT"]),
-        ("gRPC round trip", f["round trip"]),
-        ("chat template + tokenization", template),
-        ("engine servicer (submit, grammar hop, encode, hand-off)", servicer),
-        ("waiting for the engine loop", f["engine TTFT"] - f["prefill step"]),
-        ("prefill step (schedule, forward, sample)", f["prefill step"]),
+        ("shim (HTTP, JSON, SSE, openai SDK)", f["shim TTFT outside the engine"] - f["gRPC TTFT outside the engine"]),
+        ("gRPC round trip", f["round trip (ListModels)"]),
+        ("chat template + tokenization", f["Tokenize call"] - f["round trip (ListModels)"]),
+        ("engine servicer (submit, grammar hop, encode, hand-off)",
+         f["gRPC TTFT outside the engine"] - f["Tokenize call"]),
+        ("waiting for the engine loop", f["engine wait before its step"]),
+        ("prefill step (schedule, forward, sample, send)", f["prefill step"]),
     ]
 
 
@@ -154,14 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     with Stack(engine_args=shlex.split(args.engine_args), metrics_port=metrics_port) as stack:
         figures = asyncio.run(measure(stack.base_url, stack.engine_address,
                                       f"http://127.0.0.1:{metrics_port}/metrics", args.samples))
-    print(f"lone short chat, {args.samples} samples, max_tokens {MAX_TOKENS}, "
-          f"engine flags: {args.engine_args or 'defaults'}")
+    print(f"lone short chat, {args.samples} rounds, engine flags: {args.engine_args or 'defaults'}")
     for name, value in figures.items():
         print(f"  {name:<40} {value:8.1f}")
     print("breakdown of the shim TTFT (ms):")
     for name, value in breakdown(figures):
         print(f"  {name:<56} {value:7.1f}")
-    print(f"  {'total':<56} {figures['shim TTFT']:7.1f}")
+    print(f"  {'sum of the stages':<56} {sum(v for _, v in breakdown(figures)):7.1f}")
     print(f"one prefill plus one decode step: {figures['prefill step'] + figures['decode step']:.1f} ms")
     return 0
 
