@@ -89,7 +89,8 @@ def engine_greedy(engine: Engine, prompts: list[list[int]]) -> list[Completion]:
 
 @contextmanager
 def running_engine(spec: str, **config: int) -> Iterator[Engine]:
-    engine = Engine(load_model(spec, device="cpu", dtype="float32"), EngineConfig(**config))
+    """The model in float32 with full-precision weights, as transformers runs it."""
+    engine = Engine(load_model(spec, device="cpu", dtype="float32"), EngineConfig(quantization="none", **config))
     engine.start()
     try:
         yield engine
@@ -224,8 +225,8 @@ def test_gemma3_gguf_served_by_the_launcher(gemma_gguf, gemma_prompts, gemma_exp
     model = "gemma-3-270m-q4_k_m"
     hi = [{"role": "user", "content": "Hi"}]
     # One torch thread: on a busy shared CPU, two OpenMP threads made each request several times slower here.
-    with Stack(model=str(gemma_gguf), engine_args=["--dtype", "float32", "--threads", "1"],
-               startup_timeout=180) as stack, \
+    flags = ["--dtype", "float32", "--quantization", "none", "--threads", "1"]
+    with Stack(model=str(gemma_gguf), engine_args=flags, startup_timeout=180) as stack, \
             openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=180) as client:
         assert [m.id for m in client.models.list().data] == [model]
         for text, want in zip(gemma_prompts, gemma_expected):
