@@ -97,7 +97,7 @@ class EngineStream:
             return first
         batch = [first]
         while self._interrupted is None and self._queue.qsize():
-            prompt_index, item = self._queue.peek(block=False)
+            _, item = self._queue.peek(block=False)
             if not isinstance(item, pb.GenerateResponse):
                 break
             batch.append(self._queue.get(block=False))
