@@ -41,9 +41,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--port", type=int, default=50051)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    d = EngineConfig()
     p.add_argument("--chat-template", type=Path, metavar="FILE",
                    help="a Jinja chat template to use instead of the model's (or for a model without one)")
+    d = EngineConfig()
     p.add_argument("--max-batch-size", type=int, default=d.max_batch_size, help="sequences decoded together")
     p.add_argument("--max-queue", type=int, default=d.max_waiting,
                    help="waiting requests before RESOURCE_EXHAUSTED")

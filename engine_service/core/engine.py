@@ -61,9 +61,9 @@ class EngineConfig:
     kv_cache_tokens: int = 0  # 0: sized from kv_cache_gb
     kv_cache_gb: float = 2.0
     max_model_len: int = 0  # 0: the model's context length
+    enable_prefix_caching: bool = True  # share cached full prompt blocks across requests (block_manager.py)
     quantization: str | None = None  # linear weights: none, int8, int4; None: the default (model/linear.py)
     deterministic: bool = False  # a sequence's results never depend on the batch it runs in
-    enable_prefix_caching: bool = True  # share cached full prompt blocks across requests (block_manager.py)
 
 
 class Engine:
