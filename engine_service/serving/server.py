@@ -144,7 +144,10 @@ class EngineServicer(pb_grpc.EngineServicer):
         ids = prompts.prompt_ids(self.engine.tokenizer, request)
         params = request_params(request)
         tools = ToolSpec.from_chat(request.chat) if request.WhichOneof("input") == "chat" else None
-        grammar = await asyncio.to_thread(self._grammar, request, tools)
+        grammar = None
+        if request.HasField("constraint") or (tools is not None and tools.forced):
+            # Validating a grammar can take ~100 ms: off the event loop. Most requests have none.
+            grammar = await asyncio.to_thread(self._grammar, request, tools)
         job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
                       max_tokens=0, sink=sink, grammar=grammar, tools=tools, log_id=log_id)
         self.engine.submit(job)
