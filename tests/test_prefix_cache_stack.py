@@ -19,11 +19,11 @@ from common import MODEL
 pytestmark = pytest.mark.model
 
 BLOCK = 16  # the engine's default --block-size
-# A warm prefill computes a few rows where the cold one computed the whole prompt: it takes the
-# masked attention path instead of the purely causal one, and the CPU's linear kernels may be
-# chosen by the number of rows in a step (model/linear.py), so logprobs differ by bf16 rounding
-# (up to 0.05 seen here with int4 weights; bit-identical with the full-weight kernels). A wrong
-# match (another prompt's K/V) would be off by nats, and change the greedy tokens.
+# A warm prefill computes a few rows where the cold one computed the whole prompt: fewer rows
+# through the linear kernels and the masked attention path instead of the purely causal one, so
+# logprobs differ by bf16 rounding (up to 0.05 seen here). Where the cold run's best two tokens are
+# closer than that noise, greedy may legitimately pick the other one; until such a near-tie both
+# runs must agree token for token. A wrong match (another prompt's K/V) would be off by nats.
 LOGPROB_TOLERANCE = 0.15
 RULES = ("Answer in one short sentence. Be polite and precise. Never invent facts; say so when unsure. "
          "Prefer plain words over jargon, and give numbers with their units. ") * 4
@@ -36,7 +36,7 @@ def unique_system() -> str:
 
 def complete(client: EngineClient, text: str) -> Completion:
     """A greedy completion with logprobs; checks that every Chunk and Final repeats the prompt's count."""
-    request = pb.GenerateRequest(text=text, logprobs=True,
+    request = pb.GenerateRequest(text=text, logprobs=True, top_logprobs=2,
                                  sampling=pb.SamplingParams(temperature=0),
                                  stopping=pb.StoppingParams(max_tokens=24, ignore_eos=True))
     builder = CompletionBuilder()
@@ -52,14 +52,20 @@ def complete(client: EngineClient, text: str) -> Completion:
 
 
 def test_a_warm_cache_gives_the_same_greedy_tokens_and_logprobs(engine_client: EngineClient) -> None:
-    text = unique_system() + "Question: why is the sky blue?"
+    # A fixed prompt, so the comparison is the same every run (no other test sends it: the cold run is cold).
+    text = f"Conversation about the sky. {RULES}Question: why is the sky blue?"
     cold, warm = (complete(engine_client, text) for _ in range(2))
     prompt_tokens = cold.prompt.prompt_tokens
     assert cold.usage.cached_tokens == 0
     assert warm.usage.cached_tokens == (prompt_tokens - 1) // BLOCK * BLOCK > 0, "all full blocks short of the last token"
-    assert warm.choices[0].token_ids == cold.choices[0].token_ids
+    compared = 0
     for c, w in zip(cold.choices[0].logprobs, warm.choices[0].logprobs, strict=True):
+        if c.top_logprobs[0].logprob - c.top_logprobs[1].logprob < LOGPROB_TOLERANCE:
+            break  # a near-tie: from here on the two runs may go different ways
+        assert w.token_id == c.token_id
         assert math.isclose(c.logprob, w.logprob, abs_tol=LOGPROB_TOLERANCE)
+        compared += 1
+    assert compared > 0
 
 
 def chat_turns(client: openai.OpenAI) -> tuple[openai.types.CompletionUsage, openai.types.CompletionUsage]:
