@@ -3,7 +3,6 @@ work done, and the hits show in usage (gRPC and OpenAI's usage.prompt_tokens_det
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Iterator
 
@@ -14,17 +13,11 @@ from clients import EngineClient
 from clients.launch import Stack
 from clients.results import Completion, CompletionBuilder
 from conduit.v1 import engine_pb2 as pb
-from common import MODEL
+from common import MODEL, assert_same_greedy_until_near_tie
 
 pytestmark = pytest.mark.model
 
 BLOCK = 16  # the engine's default --block-size
-# A warm prefill computes a few rows where the cold one computed the whole prompt: fewer rows
-# through the linear kernels and the masked attention path instead of the purely causal one, so
-# logprobs differ by bf16 rounding (up to 0.05 seen here). Where the cold run's best two tokens are
-# closer than that noise, greedy may legitimately pick the other one; until such a near-tie both
-# runs must agree token for token. A wrong match (another prompt's K/V) would be off by nats.
-LOGPROB_TOLERANCE = 0.15
 RULES = ("Answer in one short sentence. Be polite and precise. Never invent facts; say so when unsure. "
          "Prefer plain words over jargon, and give numbers with their units. ") * 4
 
@@ -58,14 +51,7 @@ def test_a_warm_cache_gives_the_same_greedy_tokens_and_logprobs(engine_client: E
     prompt_tokens = cold.prompt.prompt_tokens
     assert cold.usage.cached_tokens == 0
     assert warm.usage.cached_tokens == (prompt_tokens - 1) // BLOCK * BLOCK > 0, "all full blocks short of the last token"
-    compared = 0
-    for c, w in zip(cold.choices[0].logprobs, warm.choices[0].logprobs, strict=True):
-        if c.top_logprobs[0].logprob - c.top_logprobs[1].logprob < LOGPROB_TOLERANCE:
-            break  # a near-tie: from here on the two runs may go different ways
-        assert w.token_id == c.token_id
-        assert math.isclose(c.logprob, w.logprob, abs_tol=LOGPROB_TOLERANCE)
-        compared += 1
-    assert compared > 0
+    assert assert_same_greedy_until_near_tie(cold.choices[0].logprobs, warm.choices[0].logprobs) > 0
 
 
 def chat_turns(client: openai.OpenAI) -> tuple[openai.types.CompletionUsage, openai.types.CompletionUsage]:
