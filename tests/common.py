@@ -54,10 +54,11 @@ def streamed_text(chunks: Any) -> tuple[str, str | None]:
     return texts.get(0, ""), finishes.get(0)
 
 
-# A prefill that recomputes cached context (a prefix-cache hit, a preemption or a failed step's
-# rewind) runs fewer rows through the bf16 kernels than the first computation did, so logprobs
-# may move by rounding (up to ~0.13 seen on the default model). Where the best two tokens are
-# closer than that, greedy may go either way; a real fault (wrong K/V) moves logprobs by nats.
+# A request computed twice is not always bit-identical: a preemption or a failed step's rewind
+# recomputes tokens that decode steps computed, through the prefill path, which rounds differently
+# (a prefix-cache hit alone is bit-exact: tests/test_paged_attention.py). Logprobs may move by
+# rounding (up to ~0.13 seen on the default model); where the best two tokens are closer than
+# that, greedy may go either way. A real fault (wrong K/V) moves logprobs by nats.
 RECOMPUTE_LOGPROB_TOLERANCE = 0.15
 
 

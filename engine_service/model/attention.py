@@ -23,6 +23,11 @@ from engine_service.model.kv_cache import KVCache
 
 ATTENTION_NAME = "conduit_paged"
 LAYER_TYPES = ("full_attention", "sliding_attention")  # config.layer_types this attention serves
+# SDPA's CPU kernel rounds a call with very few queries differently from the same rows inside one
+# long causal call; from 8 query rows on they match bit for bit (measured over prompt lengths
+# 100-700). A chunk after cached context (a prefix-cache hit, a recompute) is padded with dummy
+# queries to at least this many rows, so a warm prefill computes what the cold one did.
+MIN_CHUNK_QUERIES = 8
 
 
 class UnsupportedModel(ValueError):
@@ -64,13 +69,15 @@ class StepLayout:
             self.masks[key] = causal_mask(self.decode_lens - 1, keys, window)[:, None, None, :]
         return self.masks[key]
 
-    def chunk_mask(self, index: int, first_key: int, window: int | None) -> torch.Tensor:
-        """[length, context - first_key]: the chunk's tokens over its context from position `first_key`."""
-        key = ("chunk", index, first_key, window)
+    def chunk_mask(self, index: int, first_key: int, window: int | None, padding: int = 0) -> torch.Tensor:
+        """[padding + length, context - first_key]: the chunk's tokens over its context from position
+        `first_key`, after `padding` dummy rows that see only that first key."""
+        key = ("chunk", index, first_key, window, padding)
         if key not in self.masks:
             chunk = self.prefills[index]
             device = chunk.block_table.device
-            queries = torch.arange(chunk.first, chunk.context_len, device=device)
+            queries = torch.cat([torch.full((padding,), first_key, device=device),
+                                 torch.arange(chunk.first, chunk.context_len, device=device)])
             keys = torch.arange(first_key, chunk.context_len, device=device)
             self.masks[key] = causal_mask(queries, keys, window)
         return self.masks[key]
@@ -151,9 +158,12 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
             first_key = first_block * block_size
             k = _gather(k_cache, table, block_size, chunk.context_len - first_key)
             v = _gather(v_cache, table, block_size, chunk.context_len - first_key)
-            mask = layout.chunk_mask(index, first_key, sliding_window)
+            padding = max(0, MIN_CHUNK_QUERIES - n)
+            mask = layout.chunk_mask(index, first_key, sliding_window, padding)
+            if padding:
+                q = torch.cat([q.new_zeros(1, q_heads, padding, head_dim), q], dim=2)
         o = _attend(q, k, v, mask, scaling, softcap)
-        out[s:s + n] = o[0].transpose(0, 1)
+        out[s:s + n] = o[0, :, -n:].transpose(0, 1)
     return out.unsqueeze(0), None
 
 
