@@ -13,7 +13,7 @@ from clients import EngineClient
 from clients.launch import Stack
 from clients.results import Completion, CompletionBuilder
 from conduit.v1 import engine_pb2 as pb
-from common import MODEL, assert_same_greedy_until_near_tie
+from common import MODEL
 
 pytestmark = pytest.mark.model
 
@@ -29,7 +29,7 @@ def unique_system() -> str:
 
 def complete(client: EngineClient, text: str) -> Completion:
     """A greedy completion with logprobs; checks that every Chunk and Final repeats the prompt's count."""
-    request = pb.GenerateRequest(text=text, logprobs=True, top_logprobs=2,
+    request = pb.GenerateRequest(text=text, logprobs=True,
                                  sampling=pb.SamplingParams(temperature=0),
                                  stopping=pb.StoppingParams(max_tokens=24, ignore_eos=True))
     builder = CompletionBuilder()
@@ -51,7 +51,9 @@ def test_a_warm_cache_gives_the_same_greedy_tokens_and_logprobs(engine_client: E
     prompt_tokens = cold.prompt.prompt_tokens
     assert cold.usage.cached_tokens == 0
     assert warm.usage.cached_tokens == (prompt_tokens - 1) // BLOCK * BLOCK > 0, "all full blocks short of the last token"
-    assert assert_same_greedy_until_near_tie(cold.choices[0].logprobs, warm.choices[0].logprobs) > 0
+    # Bit for bit: the warm prefill's leftover rows round as in the cold pass (model/attention.py).
+    assert warm.choices[0].token_ids == cold.choices[0].token_ids
+    assert [lp.logprob for lp in warm.choices[0].logprobs] == [lp.logprob for lp in cold.choices[0].logprobs]
 
 
 def chat_turns(client: openai.OpenAI) -> tuple[openai.types.CompletionUsage, openai.types.CompletionUsage]:
