@@ -292,7 +292,7 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
             # Wait briefly for the engine's first answer so early failures (bad argument, queue
             # full) still get a real HTTP status rather than an error event inside a 200.
             try:
-                first = stream.next_batch(config.heartbeat_s)
+                first = stream.next(config.heartbeat_s)
                 translator = translator_class(response_id, created, model, plan)
                 body = _sse_body(stream, first, translator, environ, config.heartbeat_s, metrics, route)
                 response = Response(body, 200, sse.HEADERS, content_type=sse.CONTENT_TYPE)
@@ -341,18 +341,17 @@ def _sse_body(
     ended = False  # the stream reached its end, answer or error; not ended: the client left
     metrics.streams_in_flight.inc()
     try:
-        batch = first
-        while batch is not None:
-            events = [] if batch is IDLE else [
-                sse.event(c) for item in batch for c in translator.on_response(*item)]
+        item = first
+        while item is not None:
+            events = [] if item is IDLE else [sse.event(c) for c in translator.on_response(*item)]
             if not events and time.monotonic() - last_write >= heartbeat_s:
                 if client_gone(environ):
                     return
                 events = [sse.HEARTBEAT]
-            if events:  # responses that arrived together go out in one write
-                yield b"".join(events)
+            for data in events:
+                yield data
                 last_write = time.monotonic()
-            batch = stream.next_batch(heartbeat_s)
+            item = stream.next(heartbeat_s)
         for chunk in translator.finish():
             yield sse.event(chunk)
         yield sse.DONE

@@ -5,11 +5,11 @@ into one queue, so the request handler can wait with a timeout (to send heartbea
 departed client) and cancel every call at once. A drain past its deadline interrupts the stream:
 the next `next` raises the error it was given.
 
-Under load, responses of one request that arrive together leave in one write (`next_batch`).
-Two other ways to read were measured and dropped (benchmarks/RESULTS.md, issue 11): native reader
+Three other ways to relay were measured and dropped (benchmarks/RESULTS.md, issue 11): native reader
 threads deadlock (grpc's Python-level locks are gevent locks after monkey-patching, and gevent
 locks shared across threads hang); channels single-threaded per call (each stream waiting on its
-own queue in gevent's thread pool) cost more shim CPU per token than the shared channel-spin reader.
+own queue in gevent's thread pool) cost more shim CPU per token than the shared channel-spin reader;
+writing responses that arrive together in one SSE write gained nothing measurable.
 """
 
 from __future__ import annotations
@@ -88,20 +88,6 @@ class EngineStream:
             else:
                 return prompt_index, item
         return None
-
-    def next_batch(self, timeout_s: float) -> list[Item] | Idle | None:
-        """As `next`, plus the responses that arrived with the first one (under load several do),
-        so they can be written out together. Ends and failures are left for the next call."""
-        first = self.next(timeout_s)
-        if first is None or first is IDLE:
-            return first
-        batch = [first]
-        while self._interrupted is None and self._queue.qsize():
-            _, item = self._queue.peek(block=False)
-            if not isinstance(item, pb.GenerateResponse):
-                break
-            batch.append(self._queue.get(block=False))
-        return batch
 
     def interrupt(self, error: APIError) -> None:
         """Makes the waiting (or next) `next` raise `error`, and cancels the engine calls."""
