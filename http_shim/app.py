@@ -1,9 +1,10 @@
 """The Flask app: OpenAI routes over the engine's gRPC API.
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{id},
-GET /health, GET /metrics, GET /openapi.json. Errors always come back as OpenAI error JSON (see
-errors.py). `create_app` returns the WSGI app to serve: the Flask app inside the middleware that
-stamps request ids and records metrics (observe.py); its `state` holds the drain and the metrics.
+GET /health, GET /metrics, GET /openapi.json, and the browser playground at / (playground.py).
+Errors always come back as OpenAI error JSON (see errors.py). `create_app` returns the WSGI app to
+serve: the Flask app inside the middleware that stamps request ids and records metrics
+(observe.py); its `state` holds the drain and the metrics.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .models import Connect, ServedModels
 from .observe import REQUEST_ID_KEY, ROUTE_KEY, ObservedApp
 from .openai_to_proto import DEFAULT_LIMITS, GenerationPlan, RequestLimits, check_body, parse_chat, parse_completion
 from .openapi import openapi_document
+from .playground import playground
 from .proto_to_openai import (
     ChatStreamTranslator,
     Collector,
@@ -142,6 +144,7 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
     """`connect` makes the engine clients (one per model group: see models.py), e.g. with credentials."""
     app = Flask("http_shim")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+    app.register_blueprint(playground)
     models = ServedModels(config.engine, connect)
     started = int(time.time())
     metrics = ShimMetrics()

@@ -10,6 +10,7 @@ The script is chosen by the input's last text (the last chat message, or the pro
   "long:N"              N tokens, 20 ms apart (for disconnects mid-stream)
   "tools"               a streamed get_weather tool call, finish TOOL_CALLS
   "unicode"             multi-byte text
+  "markdown"            MARKDOWN_ANSWER (Markdown, code blocks and HTML that must not run), in pieces
   anything else         "Hello from choice {i}." in five tokens, honouring max_tokens
 It records every request, the call metadata each came with (by request id), and which ones were
 cancelled, and its health status can be flipped. `start_shim` runs the real shim as a process
@@ -45,6 +46,15 @@ from conduit.v1.contract import PARAM_METADATA_KEY
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_ID = "fake-model"
 MODEL_CREATED = 1_700_000_000
+# For the playground's tests: Markdown to render, and markup that must show as text and never run.
+MARKDOWN_ANSWER = (
+    "## A **bold** answer\n\n"
+    "Some *italic* text, `inline <b>code</b>` and a [link](https://example.com/docs).\n\n"
+    "- first item\n- second item\n\n"
+    "```html\n<script>window.injected = 'code block'</script>\n```\n\n"
+    "<script>window.injected = 'answer'</script>\n"
+    "<img src=x onerror=\"window.injected = 'img'\"> [bad link](javascript:window.injected='link')"
+)
 
 
 def _script_text(request: pb.GenerateRequest) -> str:
@@ -204,6 +214,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             return [json.dumps(MessageToDict(request, preserving_proto_field_name=True))]
         if script == "unicode":
             return ["héllo", " 世界", " 🚀"]
+        if script == "markdown":
+            return [MARKDOWN_ANSWER[k : k + 16] for k in range(0, len(MARKDOWN_ANSWER), 16)]
         if script.startswith("long:"):
             return [f" t{k}" for k in range(int(script.split(":")[1]))]
         return ["Hello", " from", " choice", f" {choice}", "."]

@@ -1,0 +1,64 @@
+"""The browser playground: a chat page and its assets, served by the shim itself.
+
+GET /playground is the page, GET /playground/<file> its assets (hand-written HTML, CSS and
+JavaScript in the package's playground/ folder: no CDN, no build step), and GET / redirects to
+the page. They stay open when API keys are set (auth.py guards /v1 only): they hold no secret,
+and the page asks for a key when /v1/models answers 401.
+
+Model output reaches the page's DOM only as text (playground/markdown.js builds elements, never
+HTML strings); the Content-Security-Policy is the second line of defence: scripts from this
+origin only, no inline script or style, no requests to other origins.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flask import Blueprint, Response, redirect, send_from_directory, url_for
+from werkzeug.exceptions import NotFound
+
+ASSETS = Path(__file__).resolve().parent / "playground"
+# The files served and their types (a fixed list: nothing else in the folder is reachable);
+# werkzeug adds "; charset=utf-8" to text types.
+CONTENT_TYPES = {
+    "playground.css": "text/css",
+    "playground.js": "text/javascript",
+    "markdown.js": "text/javascript",
+    "api.js": "text/javascript",
+    "favicon.svg": "image/svg+xml",
+}
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+playground = Blueprint("playground", __name__)
+
+
+def _send(name: str, content_type: str) -> Response:
+    # Revalidated on every load (ETag, 304): a new shim version's files are never served stale.
+    response = send_from_directory(ASSETS, name, mimetype=content_type, max_age=0)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+@playground.get("/")
+@playground.get("/playground/")
+def to_page() -> Response:
+    return redirect(url_for(".page"))
+
+
+@playground.get("/playground")
+def page() -> Response:
+    return _send("index.html", "text/html")
+
+
+@playground.get("/playground/<name>")
+def asset(name: str) -> Response:
+    if name not in CONTENT_TYPES:
+        raise NotFound()
+    return _send(name, CONTENT_TYPES[name])
