@@ -19,7 +19,7 @@ from werkzeug.exceptions import NotFound
 
 ASSETS = Path(__file__).resolve().parent / "playground"
 # The files served and their types (a fixed list: nothing else in the folder is reachable);
-# werkzeug adds "; charset=utf-8" to text types.
+# werkzeug adds "; charset=utf-8" to text (and SVG) types.
 CONTENT_TYPES = {
     "playground.css": "text/css",
     "playground.js": "text/javascript",

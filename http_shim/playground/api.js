@@ -10,21 +10,22 @@ export class APIError extends Error {
   }
 }
 
+// HTTP's names for the statuses the shim answers with; the message after them is the server's.
 const WHAT = {
-  400: "The request was refused",
-  401: "The API key was refused",
+  400: "Bad request",
+  401: "Unauthorized",
   404: "Not found",
-  413: "The request is too large",
-  429: "The server is busy",
-  500: "The server had an internal error",
-  503: "The engine is unavailable",
-  504: "The engine did not answer in time",
+  413: "Request too large",
+  429: "Too many requests",
+  500: "Internal server error",
+  503: "Service unavailable",
+  504: "Gateway timeout",
 };
 
 /** "<what> (<status>): <the server's message>", plus the parameter and when to retry. */
 export function describe(status, body, retryAfter) {
   const error = body && typeof body === "object" ? body.error : null;
-  let text = `${WHAT[status] || "The request failed"} (${status})`;
+  let text = `${WHAT[status] || "Request failed"} (${status})`;
   if (error && error.message) text += `: ${error.message}`;
   if (error && error.param) text += ` [parameter: ${error.param}]`;
   if (retryAfter) text += ` Try again in ${retryAfter} s.`;
