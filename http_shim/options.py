@@ -1,83 +1,86 @@
-"""The shim's hardening flags (keys, limits, drain, logs), kept apart from __main__'s engine flags.
+"""The shim's command line: every flag, each with an environment variable (flags win).
 
-Every flag has an environment variable (CONDUIT_...) for containers; flags win.
+The variables are CONDUIT_<FLAG> (clients/cli.py), except the older names kept here:
+CONDUIT_HEARTBEAT_S, CONDUIT_REQUEST_TIMEOUT_S, CONDUIT_DRAIN_S, and CONDUIT_API_KEYS (plus
+CONDUIT_API_KEY, one key) for --api-key.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
-from conduit.v1.contract import MAX_N, MAX_STOP_STRINGS
+from clients.cli import EnvArgumentParser, prog_name
+from clients.logs import LOG_FORMATS
+from conduit.v1.contract import ENGINE_TOKEN_ENV, MAX_N, MAX_STOP_STRINGS
 
 from .app import DEFAULT_MAX_BODY_BYTES
-from .auth import KEYS_ENV, KeyFileError, collect_keys
-from clients.logs import LOG_FORMATS
+from .auth import KEY_ENV, KEYS_ENV, KeyFileError, collect_keys
 from .openai_to_proto import DEFAULT_LIMITS, RequestLimits
 from .server import DEFAULT_DRAIN_S
 
+DEFAULT_ENGINE = "127.0.0.1:50051"
 
-def add_hardening_args(parser: argparse.ArgumentParser) -> None:
-    env = os.environ.get
-    parser.add_argument(
-        "--api-key",
-        action="append",
-        default=[],
-        help=f"require 'Authorization: Bearer KEY' on /v1 routes; repeatable (also env {KEYS_ENV}, comma-separated)",
-    )
-    parser.add_argument(
-        "--api-key-file",
-        action="append",
-        default=[p for p in [env("CONDUIT_API_KEY_FILE")] if p],
-        help="file of accepted keys, one per line (blank lines and # comments ignored); repeatable",
-    )
-    parser.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=int(env("CONDUIT_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES))),
-        help="larger request bodies get 413",
-    )
+
+def build_parser() -> EnvArgumentParser:
+    parser = EnvArgumentParser(prog=prog_name("conduit-shim", "http_shim"),
+                               description="Conduit's OpenAI-compatible HTTP API, in front of one or more engines.")
+    parser.add_argument("--engine", action="append", default=[], metavar="ADDRESS",
+                        help="engine gRPC address HOST:PORT, or dns:///NAME:PORT for every replica behind a name; "
+                             "repeat it or give A,B for several engines (replicas of a model, or other models); "
+                             f"default {DEFAULT_ENGINE}")
+    parser.add_argument("--host", default="127.0.0.1", help="where HTTP listens")
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port; 0 picks a free port")
+    parser.add_argument("--heartbeat-interval", type=float, metavar="S", default=5.0, env="CONDUIT_HEARTBEAT_S",
+                        help="seconds of stream silence before an SSE keep-alive comment")
+    parser.add_argument("--request-timeout", type=float, metavar="S", default=0.0, env="CONDUIT_REQUEST_TIMEOUT_S",
+                        help="deadline of each generation in seconds; 0 means none")
+    parser.add_argument("--log-level", default="INFO", help="Python logging level")
+    add_hardening_args(parser)
+    add_engine_security_args(parser)
+    return parser
+
+
+def add_hardening_args(parser: EnvArgumentParser) -> None:
+    """Keys, limits, drain, log format."""
+    parser.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                        env=(KEYS_ENV, KEY_ENV), env_adds=True,
+                        help="require 'Authorization: Bearer KEY' on /v1 routes; repeatable")
+    parser.add_argument("--api-key-file", action="append", default=[], metavar="PATH", env_adds=True,
+                        help="file of accepted keys, one per line (blank lines and # comments ignored); repeatable")
+    parser.add_argument("--max-body-bytes", type=int, metavar="N", default=DEFAULT_MAX_BODY_BYTES,
+                        help="larger request bodies get 413")
     limit = DEFAULT_LIMITS
-    parser.add_argument(
-        "--max-tokens-limit",
-        type=int,
-        default=int(env("CONDUIT_MAX_TOKENS_LIMIT", "0")),
-        help="largest max_tokens / max_completion_tokens accepted; 0: what the context leaves",
-    )
-    parser.add_argument(
-        "--max-n", type=int, default=int(env("CONDUIT_MAX_N", str(limit.max_n))), help=f"largest n and best_of (<= {MAX_N})"
-    )
-    parser.add_argument(
-        "--max-stop",
-        type=int,
-        default=int(env("CONDUIT_MAX_STOP", str(limit.max_stop))),
-        help=f"most stop strings (<= {MAX_STOP_STRINGS})",
-    )
-    parser.add_argument(
-        "--max-messages", type=int, default=int(env("CONDUIT_MAX_MESSAGES", str(limit.max_messages))), help="most chat messages"
-    )
-    parser.add_argument(
-        "--max-prompt-chars",
-        type=int,
-        default=int(env("CONDUIT_MAX_PROMPT_CHARS", str(limit.max_prompt_chars))),
-        help="most characters of prompt text (chat: contents, tool calls and tools; completions: prompts)",
-    )
-    parser.add_argument(
-        "--drain-seconds",
-        type=float,
-        default=float(env("CONDUIT_DRAIN_S", str(DEFAULT_DRAIN_S))),
-        help="on SIGTERM/SIGINT, how long running generations may finish before they are cut",
-    )
-    parser.add_argument(
-        "--log-format", choices=LOG_FORMATS, default=env("CONDUIT_LOG_FORMAT", "text"), help="json: one object per line"
-    )
+    parser.add_argument("--max-tokens-limit", type=int, metavar="N", default=0,
+                        help="largest max_tokens / max_completion_tokens accepted; 0: what the context leaves")
+    parser.add_argument("--max-n", type=int, metavar="N", default=limit.max_n,
+                        help=f"largest n and best_of (<= {MAX_N})")
+    parser.add_argument("--max-stop", type=int, metavar="N", default=limit.max_stop,
+                        help=f"most stop strings (<= {MAX_STOP_STRINGS})")
+    parser.add_argument("--max-messages", type=int, metavar="N", default=limit.max_messages, help="most chat messages")
+    parser.add_argument("--max-prompt-chars", type=int, metavar="N", default=limit.max_prompt_chars,
+                        help="most characters of prompt text (chat: contents, tool calls and tools; "
+                             "completions: prompts)")
+    parser.add_argument("--drain-seconds", type=float, metavar="S", default=DEFAULT_DRAIN_S, env="CONDUIT_DRAIN_S",
+                        help="on SIGTERM/SIGINT, how long running generations may finish before they are cut")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="json: one object per line")
+
+
+def add_engine_security_args(parser: EnvArgumentParser) -> None:
+    """How the shim reaches an engine that requires a token and/or TLS (engine_service --auth-token, --tls-*)."""
+    group = parser.add_argument_group("secured engine")
+    group.add_argument("--engine-token", metavar="TOKEN", env=ENGINE_TOKEN_ENV,
+                       help="sent as 'authorization: Bearer TOKEN' on every engine call")
+    group.add_argument("--engine-tls-ca", metavar="PEM", help="TLS to the engine, verified with this CA's PEM")
+    group.add_argument("--engine-tls-cert", metavar="PEM", help="mutual TLS: the shim's client certificate")
+    group.add_argument("--engine-tls-key", metavar="PEM", help="its private key")
 
 
 def hardening_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
     """ShimConfig fields from the flags; bad values end the program with a usage error."""
     try:
-        keys = collect_keys(args.api_key, args.api_key_file)
+        # environ={}: the parser has already read the key variables into --api-key.
+        keys = collect_keys(args.api_key, args.api_key_file, environ={})
         limits = RequestLimits(
             max_tokens=args.max_tokens_limit or None,
             max_n=args.max_n,
