@@ -335,7 +335,7 @@ def test_real_model_streams_and_stop_leaves_the_engine_idle(page: Page, metered_
     cancelled = engine_metric(metered_stack, "conduit:request_success_total", finished_reason="cancelled")
     watch_answers(page)
     ask(page, "Tell me a very long story about a lighthouse keeper.")
-    page.wait_for_function("window.answerTexts.filter(Boolean).length >= 3", timeout=60_000)
+    page.wait_for_function("() => window.answerTexts.filter(Boolean).length >= 3", timeout=60_000)
     assert engine_metric(metered_stack, "conduit:num_requests_running") == 1
     page.click("#stop")
     assert "stopped" in wait_answered(page, 5_000)
