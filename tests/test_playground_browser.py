@@ -263,6 +263,7 @@ def test_stop_aborts_the_stream_and_the_engine_call(page: Page, shim: str, fake)
     ("hello", "-1", "Bad request (400)"),  # refused by the shim itself, naming the field
     ("error:RESOURCE_EXHAUSTED:the queue is full", "16", "Too many requests (429): the queue is full"),
     ("error:UNAVAILABLE:the engine is draining", "16", "Service unavailable (503): The engine is unavailable: the engine is draining"),
+    ("midstream-error", "16", "The answer was cut by an error: The engine failed"),  # an error event in a 200
 ])
 def test_api_errors_show_as_readable_messages(page: Page, shim: str, question: str, max_tokens: str,
                                               shown: str) -> None:
