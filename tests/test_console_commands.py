@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -197,3 +198,15 @@ def test_installed_shim_serves_configured_by_its_environment(installed, tmp_path
             assert MODEL_ID in response.read().decode()
     finally:
         stop_process(process)
+
+
+def test_installed_stack_exits_1_when_its_port_is_taken(installed, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        # make run-stack's variables; engine port 0: a free one, so only the shim's is taken
+        env = {**_clean_env(), "SHIM_PORT": str(taken.getsockname()[1]), "ENGINE_PORT": "0"}
+        done = subprocess.run([str(installed / "conduit-stack")], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=60)
+    assert done.returncode == 1, done  # main()'s return value is the exit status
+    assert f"127.0.0.1:{env['SHIM_PORT']} is already in use" in done.stderr
