@@ -45,9 +45,10 @@ check-protos: $(STAMP)
 	done && echo "generated code is up to date"
 
 # Environment: ENGINE_PORT, SHIM_PORT, MODEL; REPLICAS (engines behind the shim, on ports from ENGINE_PORT up); METRICS_PORT (engine metrics; unset: off); ENGINE_TOKEN and
-# ENGINE_TLS_CA/ENGINE_TLS_CERT/ENGINE_TLS_KEY (+ ENGINE_TLS_CLIENT_CERT/ENGINE_TLS_CLIENT_KEY: mutual TLS).
+# ENGINE_TLS_CA/ENGINE_TLS_CERT/ENGINE_TLS_KEY (+ ENGINE_TLS_CLIENT_CERT/ENGINE_TLS_CLIENT_KEY: mutual TLS); CONDUIT_HOST, CONDUIT_LOG_DIR.
+# The engine's and the shim's own CONDUIT_* variables reach them too. `conduit-stack --help` lists every flag and variable.
 run-stack: $(STAMP)
-	$(BIN)/python -m clients.launch
+	$(BIN)/conduit-stack
 
 test: $(STAMP) check-protos
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
