@@ -242,13 +242,11 @@ def test_stop_aborts_the_stream_and_the_engine_call(page: Page, shim: str, fake)
     watch_answers(page)
     ask(page, "long:500")  # 10 s of tokens
     expect(last_answer(page).locator(".content")).to_contain_text("t3")
-    cancelled_before = len(fake.engine.cancelled)
+    streamed = fake.engine.requests[-1]
+    assert streamed.chat.messages[-1].content == "long:500"
     page.click("#stop")
-    assert "stopped" in wait_answered(page, 5_000)
-    deadline = time.monotonic() + 5
-    while len(fake.engine.cancelled) == cancelled_before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(fake.engine.cancelled) > cancelled_before, "the engine's call was not cancelled"
+    assert "stopped" in wait_answered(page)
+    assert fake.engine.wait_cancelled(streamed.request_id, TIMEOUT_MS / 1000), "the engine's call was not cancelled"
     stopped_text = last_answer(page).locator(".content").inner_text()
     assert "t499" not in stopped_text
     expect(page.locator("#send")).to_be_enabled()
@@ -339,10 +337,12 @@ def test_real_model_streams_and_stop_leaves_the_engine_idle(page: Page, metered_
     page.wait_for_function("() => window.answerTexts.filter(Boolean).length >= 3", timeout=60_000)
     assert engine_metric(metered_stack, "conduit:num_requests_running") == 1
     page.click("#stop")
-    assert "stopped" in wait_answered(page, 5_000)
+    assert "stopped" in wait_answered(page)
     assert len(distinct_pieces(page)) > 1
 
-    deadline = time.monotonic() + 10  # the engine stops within a step; its metrics follow at once
+    # The engine stops within a step and its metrics follow at once; they can only be polled, and a
+    # loaded machine may take a while to get there, so the deadline is generous (met, it ends early).
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         idle = engine_metric(metered_stack, "conduit:num_requests_running") == 0
         moved = engine_metric(metered_stack, "conduit:request_success_total", finished_reason="cancelled")
@@ -364,7 +364,7 @@ def test_real_model_answer_screenshot(page: Page, metered_stack: Stack) -> None:
     page.fill("#max-tokens", "160")
     page.fill("#seed", "7")
     ask(page, "Write a Python function that reverses a string.")
-    stats = wait_answered(page, 60_000)
+    stats = wait_answered(page, 120_000)  # 160 tokens on a loaded 2-core machine: event-driven, so generous
     assert "completion" in stats and "tok/s" in stats
     answer = last_answer(page).locator(".content")
     expect(answer.locator("pre code")).not_to_have_count(0)  # the model's code block, rendered
