@@ -1,10 +1,14 @@
 """Entry point: `conduit-shim` (or `python -m http_shim`) --engine HOST:PORT --host 127.0.0.1 --port 8000."""
 
-# gevent must patch the standard library before anything else imports it. Not `threading` and
-# `queue`: grpc keeps its native threads and locks, off the hub (grpc_threads.py says why).
+# gevent must patch the standard library, and grpc must learn to yield to gevent, before anything
+# else imports socket, threading or grpc.
 from gevent import monkey
 
-monkey.patch_all(thread=False, queue=False)
+monkey.patch_all()
+
+import grpc.experimental.gevent  # noqa: E402
+
+grpc.experimental.gevent.init_gevent()
 
 if __name__ == "__main__":
     # As early as gevent allows: a launcher killed meanwhile must not leave this shim running.
@@ -15,10 +19,10 @@ if __name__ == "__main__":
 import argparse  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 
+from clients.engine_client import EngineClient  # noqa: E402
 from clients.replicas import split_addresses  # noqa: E402
 
 from .app import ENGINE_CHANNEL_OPTIONS, ShimConfig, create_app  # noqa: E402
-from .grpc_threads import ShimEngineClient  # noqa: E402
 from clients.logs import configure_logging  # noqa: E402
 from .options import DEFAULT_ENGINE, build_parser, hardening_config  # noqa: E402
 from .server import serve  # noqa: E402
@@ -32,12 +36,12 @@ def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _engine_connector(args: argparse.Namespace) -> Callable[[str | Sequence[str]], ShimEngineClient]:
+def _engine_connector(args: argparse.Namespace) -> Callable[[str | Sequence[str]], EngineClient]:
     """Makes the shim's engine clients (one per model group), all with the engine flags' security."""
 
-    def connect(target: str | Sequence[str]) -> ShimEngineClient:
-        return ShimEngineClient(target, options=ENGINE_CHANNEL_OPTIONS, token=args.engine_token or None,
-                                tls_ca=args.engine_tls_ca, tls_cert=args.engine_tls_cert, tls_key=args.engine_tls_key)
+    def connect(target: str | Sequence[str]) -> EngineClient:
+        return EngineClient(target, options=ENGINE_CHANNEL_OPTIONS, token=args.engine_token or None,
+                            tls_ca=args.engine_tls_ca, tls_cert=args.engine_tls_cert, tls_key=args.engine_tls_key)
 
     return connect
 

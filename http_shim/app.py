@@ -30,7 +30,6 @@ from .auth import KeyChecker
 from .connection import ABANDON_BODY_KEY, client_gone
 from .drain import Drain
 from .engine_stream import IDLE, EngineStream
-from .grpc_threads import ShimEngineClient
 from .errors import APIError, from_engine_error, internal_error_message
 from .metrics import ShimMetrics
 from .models import Connect, ServedModels
@@ -85,7 +84,7 @@ class ShimState:
 
 def connect_engine(target: str | Sequence[str]) -> EngineClient:
     """An engine client (and channel) to one target or a set of replicas, plaintext."""
-    return ShimEngineClient(target, options=ENGINE_CHANNEL_OPTIONS)
+    return EngineClient(target, options=ENGINE_CHANNEL_OPTIONS)
 
 
 def _request_id() -> str:

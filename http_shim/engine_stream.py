@@ -1,25 +1,27 @@
 """Runs the Generate calls of one HTTP request together and yields their responses as they arrive.
 
-A /v1/completions prompt list becomes one call per prompt; each is read by a native thread of its
-own (grpc runs off gevent's hub, see grpc_threads.py) into one inbox, so the request handler can wait
-with a timeout (to send heartbeats or notice a departed client) and cancel every call at once. A
-drain past its deadline interrupts the stream: the next `next` raises the error it was given.
+A /v1/completions prompt list becomes one call per prompt; each is drained by its own greenlet
+into one queue, so the request handler can wait with a timeout (to send heartbeats or notice a
+departed client) and cancel every call at once. A drain past its deadline interrupts the stream:
+the next `next` raises the error it was given.
 
-Measured and dropped before (benchmarks/RESULTS.md, issue 11): grpc in gevent mode with a greenlet
-per stream (a hub wake-up per message); channels single-threaded per call (more CPU per token);
-writing responses that arrive together in one SSE write (no measurable gain).
+Three other ways to relay were measured and dropped (benchmarks/RESULTS.md, issue 11): native reader
+threads deadlock (grpc's Python-level locks are gevent locks after monkey-patching, and gevent
+locks shared across threads hang); channels single-threaded per call (each stream waiting on its
+own queue in gevent's thread pool) cost more shim CPU per token than the shared channel-spin reader;
+writing responses that arrive together in one SSE write gained nothing measurable.
 """
 
 from __future__ import annotations
 
-import threading
+import gevent
+from gevent.queue import Empty, Queue
 
 from clients.engine_client import EngineClient, GenerateStream, Metadata
 from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
 
 from .errors import APIError, from_engine_error
-from .grpc_threads import Empty, Inbox
 
 _END = object()
 _INTERRUPTED = object()
@@ -44,23 +46,21 @@ class EngineStream:
     ) -> None:
         """`timeout_s` is each call's deadline; None waits as long as the engine works.
         `request_id` (the HTTP request's) goes into the messages of engine failures."""
-        self._inbox = Inbox()
+        self._queue: Queue = Queue()
         self._request_id = request_id
         self._interrupted: APIError | None = None
         self._streams = [client.generate(r, timeout=timeout_s, metadata=metadata) for r in requests]
         self._open = len(self._streams)
         for i, stream in enumerate(self._streams):
-            threading.Thread(target=self._read, args=(i, stream), name=f"generate-{request_id}-{i}",
-                             daemon=True).start()
+            gevent.spawn(self._drain, i, stream)
 
-    def _read(self, prompt_index: int, stream: GenerateStream) -> None:
-        """On a native thread: until the call ends, is cancelled or fails."""
+    def _drain(self, prompt_index: int, stream: GenerateStream) -> None:
         try:
             for response in stream:
-                self._inbox.put((prompt_index, response))
-            self._inbox.put((prompt_index, _END))
+                self._queue.put((prompt_index, response))
+            self._queue.put((prompt_index, _END))
         except Exception as error:  # noqa: BLE001 - `next` raises it in the handler (500, logged)
-            self._inbox.put((prompt_index, error))
+            self._queue.put((prompt_index, error))
 
     def next(self, timeout_s: float) -> Item | Idle | None:
         """The next (prompt_index, response); IDLE after timeout_s of silence; None once all calls ended.
@@ -71,7 +71,7 @@ class EngineStream:
             if self._interrupted is not None:
                 raise self._interrupted
             try:
-                prompt_index, item = self._inbox.get(timeout_s)
+                prompt_index, item = self._queue.get(timeout=timeout_s)
             except Empty:
                 return IDLE
             if item is _END:
@@ -92,13 +92,14 @@ class EngineStream:
     def interrupt(self, error: APIError) -> None:
         """Makes the waiting (or next) `next` raise `error`, and cancels the engine calls."""
         self._interrupted = error
-        self._inbox.put((-1, _INTERRUPTED))  # wakes a `next` waiting on the inbox
+        self._queue.put((-1, _INTERRUPTED))  # wakes a `next` waiting on the queue
         self.cancel()
 
     def cancel(self) -> None:
         """Cancels calls still running; the engine stops generating for them within one step.
 
-        The reader threads then end by themselves (their iterators raise Cancelled).
+        The draining greenlets then end by themselves (their iterators raise Cancelled); killing
+        them instead would interrupt grpc's own bookkeeping.
         """
         for stream in self._streams:
             stream.close()
