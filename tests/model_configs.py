@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import (AutoModelForCausalLM, Gemma2Config, MistralConfig, Phi3Config, PretrainedConfig,
-                          PreTrainedTokenizerBase, Qwen2Config, Qwen3Config)
+from transformers import (AutoModelForCausalLM, Gemma2Config, LlamaConfig, MistralConfig, Phi3Config,
+                          PretrainedConfig, PreTrainedTokenizerBase, Qwen2Config, Qwen3Config)
 
 SLIDING_WINDOW = 16  # for the families that have one; the tests' long prompts are longer
 LONGROPE_SWITCH = 64  # LONGROPE_PHI3 switches to its long rope factors past this many positions
@@ -21,6 +21,7 @@ _COMMON = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidd
                initializer_range=0.2)
 
 TINY_CONFIGS: dict[str, PretrainedConfig] = {
+    "llama": LlamaConfig(**_COMMON, attention_bias=True, mlp_bias=True),  # the engine's lean forward, biases
     "qwen2": Qwen2Config(**_COMMON),  # q/k/v biases
     "qwen3": Qwen3Config(**_COMMON, head_dim=16),  # QK norms
     "mistral": MistralConfig(**_COMMON, sliding_window=SLIDING_WINDOW),  # every layer sliding

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine_service.model import attention
+from engine_service.model import attention, llama
 from engine_service.model.linear import quantize_linears, resolve_quantization
 from engine_service.model.rotary import install_rotary_table
 from engine_service.model.kv_cache import CacheShape, KVCache
@@ -70,6 +70,8 @@ class ModelRunner:
         deterministic: a sequence's results never depend on the batch it runs in."""
         self.model = model
         install_rotary_table(model, max_positions, device)
+        # Before quantizing: the lean forward fuses linears, which are then quantized like the rest.
+        self.lean = llama.LeanLlama(model) if llama.supports(model) else None
         self.quantization = resolve_quantization(quantization, device, dtype)
         if device.type == "cpu":
             quantize_linears(model, self.quantization, deterministic)
@@ -165,12 +167,13 @@ class ModelRunner:
             max_decode_context=max_context,
             prefills=batch.prefills,
         )
-        out = self.model(
-            input_ids=torch.tensor([batch.input_ids], device=device),
-            position_ids=torch.tensor([batch.positions], device=device),
-            # Empty when the step only prefills the middle of a prompt: no logits then.
-            logits_to_keep=torch.tensor(batch.keep, dtype=torch.long, device=device),
-            use_cache=False,
-            layout=layout,
-        )
-        return out.logits[0].float().cpu()
+        input_ids = torch.tensor([batch.input_ids], device=device)
+        position_ids = torch.tensor([batch.positions], device=device)
+        # Empty when the step only prefills the middle of a prompt: no logits then.
+        keep = torch.tensor(batch.keep, dtype=torch.long, device=device)
+        if self.lean is not None:
+            logits = self.lean(input_ids, position_ids, keep, layout)
+        else:
+            logits = self.model(input_ids=input_ids, position_ids=position_ids, logits_to_keep=keep,
+                                use_cache=False, layout=layout).logits
+        return logits[0].float().cpu()
