@@ -70,6 +70,10 @@ def build_parser() -> EnvArgumentParser:
                    help="a request's output never depends on what it is batched with (same kernel for every "
                         "batch size: with int4, no switch to bf16 kernels past 8 rows, which slows big batches and "
                         "prefill; free otherwise, see README)")
+    p.add_argument("--stream-interval", metavar="N", type=positive_int, default=d.stream_interval,
+                   help="send a stream's tokens every N steps (its first token and its end at once): fewer, "
+                        "larger messages, which cost the shim and clients less CPU per token under load "
+                        "(vLLM's and SGLang's flag of that name)")
     p.add_argument("--threads", metavar="N", type=int, default=0, help="torch CPU threads; default: all cores")
     p.add_argument("--log-level", default="INFO", help="Python logging level")
     p.add_argument("--log-format", default="text", choices=LOG_FORMATS,
@@ -90,6 +94,13 @@ def build_parser() -> EnvArgumentParser:
     security.add_argument("--tls-client-ca", metavar="PEM",
                           help="mutual TLS: require client certificates signed by this CA")
     return p
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -124,7 +135,8 @@ def main() -> None:
                           max_step_tokens=args.max_step_tokens, block_size=args.block_size,
                           kv_cache_tokens=args.kv_cache_tokens, kv_cache_gb=args.kv_cache_gb,
                           max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
-                          quantization=args.quantization, deterministic=args.deterministic)
+                          quantization=args.quantization, deterministic=args.deterministic,
+                          stream_interval=args.stream_interval)
     metrics = EngineMetrics(loaded.model_id) if args.metrics_port else None
     engine = Engine(loaded, config, metrics)
     if metrics is not None:

@@ -64,6 +64,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True  # share cached full prompt blocks across requests (block_manager.py)
     quantization: str | None = None  # linear weights: none, int8, int4; None: the default (model/linear.py)
     deterministic: bool = False  # a sequence's results never depend on the batch it runs in
+    # Steps whose tokens a request gathers before they are sent (its first token and its end go at
+    # once): fewer, larger messages cost the shim and clients less per token at high concurrency.
+    stream_interval: int = 1
 
 
 class Engine:
@@ -353,8 +356,16 @@ class Engine:
             self.recorder.tokens(seqs)
         for request in {scheduled[seq_id].request.request_id: scheduled[seq_id].request
                         for seq_id in logits.next_token}.values():
-            self._send_events(request)
+            request.unsent_steps += 1
+            if self._output_due(request):
+                self._send_events(request)
         return seqs
+
+    def _output_due(self, request: Request) -> bool:
+        """Every `stream_interval` steps; at once for the first token (its PromptEvent waits in the
+        outbox) and for a choice's end."""
+        return (request.unsent_steps >= self.config.stream_interval or bool(request.outbox)
+                or any(seq.finished and not seq.final_sent for seq in request.sequences))
 
     def _collect_prompt_logprobs(self, logits: StepLogits, batch: ScheduledBatch) -> None:
         """Echo with logprobs: the logprob of each prompt token given the ones before it."""
@@ -391,6 +402,7 @@ class Engine:
 
     def _send_events(self, request: Request) -> None:
         events, request.outbox = request.outbox, []
+        request.unsent_steps = 0
         for seq in request.sequences:
             chunk = seq.output.chunk()
             if chunk is not None:

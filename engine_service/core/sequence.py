@@ -30,6 +30,7 @@ class Request:
     tools: ToolSpec | None = None  # output is parsed for tool calls when set
     sequences: list["Sequence"] = field(default_factory=list)
     outbox: list[Event] = field(default_factory=list)  # request-level events for the next sink call
+    unsent_steps: int = 0  # steps that gave it tokens since its events were last sent
     log_id: str = ""  # the id the caller knows (x-request-id, else its request_id): in log lines about it
     arrival: float = 0.0  # time.monotonic() at submit, for latency metrics
     cached_tokens: int | None = None  # prompt tokens found in the prefix cache at its first admission

@@ -1,0 +1,90 @@
+"""--stream-interval: a stream's tokens go out every N steps, its first token and its end at once,
+and what is sent (tokens, text, finals) does not change."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from engine_service.__main__ import parse_args
+from engine_service.core.engine import Engine, EngineConfig
+from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReason
+from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
+from engine_service.core.sequence import Request
+from engine_service.model.loader import load_model
+
+MAX_TOKENS = 13
+
+
+class Recorder:
+    """A request's sink: every sink call's events, in order."""
+
+    def __init__(self, choices: int) -> None:
+        self.calls: list[list[Event]] = []
+        self._finals = 0
+        self._choices = choices
+        self.done = threading.Event()
+
+    def __call__(self, events: list[Event]) -> None:
+        self.calls.append(events)
+        self._finals += sum(isinstance(e, FinalEvent) for e in events)
+        if self._finals == self._choices:
+            self.done.set()
+
+    def chunks(self, index: int = 0) -> list[ChunkEvent]:
+        return [e for call in self.calls for e in call if isinstance(e, ChunkEvent) and e.index == index]
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[dict[int, Engine]]:
+    started = {interval: Engine(load_model(None, device="cpu"), EngineConfig(stream_interval=interval))
+               for interval in (1, 4)}
+    for engine in started.values():
+        engine.start()
+    yield started
+    for engine in started.values():
+        engine.stop()
+
+
+def generate(engine: Engine, n: int = 1, seed: int | None = None) -> Recorder:
+    sink = Recorder(n)
+    prompt = engine.tokenizer("Write a poem about the sea.")["input_ids"]
+    temperature = 0.0 if seed is None else 1.0
+    params = RequestParams(SamplingParams(temperature=temperature, seed=seed),
+                           StoppingParams(max_tokens=MAX_TOKENS, ignore_eos=True), n=n)
+    engine.submit(Request(f"interval-{id(sink)}", prompt, params, max_tokens=MAX_TOKENS, sink=sink))
+    assert sink.done.wait(120), "the engine did not finish in time"
+    return sink
+
+
+@pytest.mark.model
+def test_tokens_go_out_every_n_steps_with_the_first_at_once(engines) -> None:
+    every, grouped = generate(engines[1]), generate(engines[4])
+    assert [len(c.token_ids) for c in every.chunks()] == [1] * MAX_TOKENS
+    # The first token alone (time to first token unchanged), then 4 steps' tokens per message,
+    # the remainder with the final.
+    assert [len(c.token_ids) for c in grouped.chunks()] == [1, 4, 4, 4]
+    assert [t for c in grouped.chunks() for t in c.token_ids] == [t for c in every.chunks() for t in c.token_ids]
+    assert "".join(c.text for c in grouped.chunks()) == "".join(c.text for c in every.chunks())
+    assert isinstance(grouped.calls[-1][-1], FinalEvent)
+    assert grouped.calls[-1][-1].finish_reason is FinishReason.LENGTH
+    assert grouped.calls[-1][-1].completion_tokens == MAX_TOKENS
+
+
+@pytest.mark.model
+def test_every_choice_of_a_request_is_grouped_and_completed(engines) -> None:
+    every, grouped = generate(engines[1], n=2, seed=7), generate(engines[4], n=2, seed=7)
+    for index in (0, 1):
+        assert [t for c in grouped.chunks(index) for t in c.token_ids] == \
+               [t for c in every.chunks(index) for t in c.token_ids]
+        assert len(grouped.chunks(index)) < len(every.chunks(index))
+    assert len(grouped.calls) < len(every.calls)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_the_interval_must_be_a_positive_whole_number(value: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--stream-interval", value])
+    assert "--stream-interval" in capsys.readouterr().err
