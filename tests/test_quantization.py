@@ -7,17 +7,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import STARTUP_TIMEOUT_S
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 from clients import EngineClient
 from clients.launch import Stack
 
-from engine_service.model.linear import (CPU_BF16_DEFAULT, INT4_GROUP, INT4_MAX_ROWS, Int4Linear, Int8Linear,
-                                         PackedLinear, int4_quantize, quantize_linears, resolve_quantization)
+from engine_service.core.scheduler import ScheduledBatch
+from engine_service.model.linear import (CPU_BF16_DEFAULT, INT4_GROUP, INT4_MAX_ROWS, QUANTIZATIONS, Int4Linear,
+                                         Int8Linear, PackedLinear, int4_quantize, quantize_linears,
+                                         resolve_quantization)
 from engine_service.model.loader import load_model
+from engine_service.model.runner import ModelRunner
 
 CPU = torch.device("cpu")
 
@@ -75,6 +80,23 @@ def test_a_row_gets_the_same_bits_whatever_the_number_of_rows(make) -> None:
     full = module(x)
     for rows in (1, 2, INT4_MAX_ROWS, INT4_MAX_ROWS + 1, 33):
         assert torch.equal(module(x[:rows]), full[:rows]), rows
+
+
+@pytest.mark.parametrize("quantization", QUANTIZATIONS)
+def test_a_step_that_keeps_no_logits_runs_with_every_weights_choice(quantization: str) -> None:
+    """A prompt longer than the step budget: its first chunk keeps no logits row, so the lm_head
+    gets zero rows (int4 and int8 once failed there, on every long prompt)."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    runner = ModelRunner(model, torch.device("cpu"), torch.bfloat16, 16, 32, 256, quantization=quantization)
+    prompt = SimpleNamespace(seq_id=0, token_ids=list(range(3, 43)), num_cached=0, block_table=[0, 1, 2])
+    first = runner.run(ScheduledBatch(prefill=[(prompt, 24)]), set())
+    assert first.next_token == {}
+    prompt.num_cached = 24
+    rest = runner.run(ScheduledBatch(prefill=[(prompt, 16)]), set())
+    assert rest.next_token[0].shape == (config.vocab_size,)
 
 
 def test_int4_uses_its_full_copy_past_max_rows_unless_deterministic() -> None:

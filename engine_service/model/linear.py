@@ -69,7 +69,7 @@ class Int8Linear(torch.nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int8pack_mm(_flat(x), self.weight, self.scales).view(*x.shape[:-1], -1)
+        y = torch._weight_int8pack_mm(_flat(x), self.weight, self.scales).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
 
@@ -111,7 +111,7 @@ class Int4Linear(torch.nn.Module):
         if self.full is not None and rows.shape[0] > self.max_rows:
             return self.full(x)
         y = torch._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP, self.scales_and_zeros)
-        y = y.view(*x.shape[:-1], -1)
+        y = y.view(*x.shape[:-1], self.out_features)  # not -1: a step may keep no rows
         return y if self.bias is None else y + self.bias
 
 

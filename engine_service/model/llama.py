@@ -63,8 +63,8 @@ class LeanLlama:
         config = model.config
         self.model = model
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.q_width = config.num_attention_heads * self.head_dim
-        self.kv_width = config.num_key_value_heads * self.head_dim
+        self.q_heads = config.num_attention_heads
+        self.qk_width = (config.num_attention_heads + config.num_key_value_heads) * self.head_dim
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             attn.qkv_proj = _fused(attn.q_proj, attn.k_proj, attn.v_proj)
@@ -78,14 +78,13 @@ class LeanLlama:
         h = F.embedding(input_ids, base.embed_tokens.weight)
         cos, sin = base.rotary_emb(h, position_ids)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, D]: broadcast over heads
-        qk_width = self.q_width + self.kv_width
         for layer in base.layers:
             attn, mlp = layer.self_attn, layer.mlp
             qkv = attn.qkv_proj(_rms_norm(layer.input_layernorm, h))
-            qk = _rotate(qkv[..., :qk_width].view(1, tokens, -1, self.head_dim).transpose(1, 2), cos, sin)
-            q_heads = self.q_width // self.head_dim
-            q, k = qk[:, :q_heads], qk[:, q_heads:]
-            v = qkv[..., qk_width:].view(1, tokens, -1, self.head_dim).transpose(1, 2)
+            # q and k heads rotated together, then split: [1, heads, T, D] views, as transformers has them.
+            qk = _rotate(qkv[..., :self.qk_width].view(1, tokens, -1, self.head_dim).transpose(1, 2), cos, sin)
+            q, k = qk[:, :self.q_heads], qk[:, self.q_heads:]
+            v = qkv[..., self.qk_width:].view(1, tokens, -1, self.head_dim).transpose(1, 2)
             out, _ = attention.paged_attention(attn, q, k, v, None, scaling=attn.scaling, layout=layout)
             h = h + attn.o_proj(out.reshape(1, tokens, -1))
             gate, up = mlp.gate_up_proj(_rms_norm(layer.post_attention_layernorm, h)).chunk(2, dim=-1)
