@@ -1,7 +1,7 @@
 """Time one engine step on the default model: decode at batch 1, 8 and 32 and a 512-token prefill,
 for each weights choice, through the engine's own ModelRunner (no server, no sampling).
 
-    python -m benchmarks.step_time [--weights none int8 int4] [--deterministic] [--threads 1]
+    python -m benchmarks.step_time [--weights none int8 int4] [--deterministic] [--transformers-forward] [--threads 1]
 
 Each figure is the fastest of --repeats steps after warm-up (on a shared machine the least disturbed
 one), then the median; run it twice and compare. Decode rows attend to --context cached tokens each.
@@ -33,10 +33,11 @@ class FakeSequence:
     block_table: list[int] = field(default_factory=list)
 
 
-def build_runner(weights: str, deterministic: bool, num_blocks: int) -> ModelRunner:
+def build_runner(weights: str, deterministic: bool, num_blocks: int, lean_forward: bool = True) -> ModelRunner:
     loaded = load_model(None, device="cpu", dtype="bfloat16")
     return ModelRunner(loaded.model, loaded.device, loaded.dtype, BLOCK, num_blocks,
-                       loaded.max_context_length, quantization=weights, deterministic=deterministic)
+                       loaded.max_context_length, quantization=weights, deterministic=deterministic,
+                       lean_forward=lean_forward)
 
 
 def decode_batch(batch: int, context: int) -> ScheduledBatch:
@@ -74,6 +75,8 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill step; 0: none")
     parser.add_argument("--repeats", type=int, default=20, help="rounds per case (a fifth of it for prefill)")
     parser.add_argument("--deterministic", action="store_true", help="also time int4 with --deterministic")
+    parser.add_argument("--transformers-forward", action="store_true",
+                        help="also time each weights choice through transformers' forward instead of the lean one")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; default: all cores")
     args = parser.parse_args()
     if args.threads:
@@ -82,6 +85,9 @@ def main() -> None:
     runners = {weights: build_runner(weights, False, num_blocks) for weights in args.weights}
     if args.deterministic:
         runners["int4 det."] = build_runner("int4", True, num_blocks)
+    if args.transformers_forward:
+        runners |= {f"{weights} (transformers)": build_runner(weights, False, num_blocks, lean_forward=False)
+                    for weights in args.weights}
     cases = [(f"decode b={batch}", decode_batch(batch, args.context), args.repeats) for batch in args.batches]
     if args.prefill:
         cases.append((f"prefill {args.prefill}", prefill_batch(args.prefill), max(3, args.repeats // 5)))

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import STARTUP_TIMEOUT_S
-from transformers import AutoModelForCausalLM, LlamaConfig
+from model_configs import RUNNER_COMMON, RunnerSeq, tiny_in_memory
+from transformers import LlamaConfig
 
 from clients import EngineClient
 from clients.launch import Stack
@@ -86,12 +86,10 @@ def test_a_row_gets_the_same_bits_whatever_the_number_of_rows(make) -> None:
 def test_a_step_that_keeps_no_logits_runs_with_every_weights_choice(quantization: str) -> None:
     """A prompt longer than the step budget: its first chunk keeps no logits row, so the lm_head
     gets zero rows (int4 and int8 once failed there, on every long prompt)."""
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-    runner = ModelRunner(model, torch.device("cpu"), torch.bfloat16, 16, 32, 256, quantization=quantization)
-    prompt = SimpleNamespace(seq_id=0, token_ids=list(range(3, 43)), num_cached=0, block_table=[0, 1, 2])
+    config = LlamaConfig(**RUNNER_COMMON)
+    runner = ModelRunner(tiny_in_memory(config, torch.bfloat16), CPU, torch.bfloat16, 16, 32, 256,
+                         quantization=quantization)
+    prompt = RunnerSeq(0, list(range(3, 43)), block_table=[0, 1, 2])
     first = runner.run(ScheduledBatch(prefill=[(prompt, 24)]), set())
     assert first.next_token == {}
     prompt.num_cached = 24

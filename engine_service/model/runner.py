@@ -65,13 +65,14 @@ class PackedBatch:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
                  block_size: int, num_blocks: int, max_positions: int,
-                 quantization: str | None = None, deterministic: bool = False) -> None:
+                 quantization: str | None = None, deterministic: bool = False, lean_forward: bool = True) -> None:
         """quantization: see linear.QUANTIZATIONS (None: the default for the device and dtype);
-        deterministic: a sequence's results never depend on the batch it runs in."""
+        deterministic: a sequence's results never depend on the batch it runs in;
+        lean_forward: Llama models run model/llama.py's forward (False: transformers', for comparison)."""
         self.model = model
         install_rotary_table(model, max_positions, device)
         # Before quantizing: the lean forward fuses linears, which are then quantized like the rest.
-        self.lean = llama.LeanLlama(model) if llama.supports(model) else None
+        self.lean = llama.LeanLlama(model) if lean_forward and llama.supports(model) else None
         self.quantization = resolve_quantization(quantization, device, dtype)
         if device.type == "cpu":
             quantize_linears(model, self.quantization, deterministic)
