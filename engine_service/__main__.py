@@ -64,12 +64,14 @@ def build_parser() -> EnvArgumentParser:
     p.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
                    help="weights of the linear layers (lm_head included; the embedding lookup keeps its own), "
                         "CPU only: none = the model's dtype; int8 = int8 weight-only, one scale per output "
-                        "channel; int4 = 4-bit weight-only, groups of 32 with a scale and a zero each (about 2x "
-                        "faster decode steps at batch <= 8, greedy outputs move slightly). Default: none")
+                        "channel; int4 = 4-bit weight-only, groups of 32 with a scale and a zero each. Steps of "
+                        "up to 8 decode rows run the low-bit kernel (int8 ~1.4x, int4 ~1.6x faster at batch 1), "
+                        "bigger steps and prompt chunks a bf16 copy of the same weights. Default: int8 for bf16 "
+                        "on the CPU (none with --deterministic), else none")
     p.add_argument("--deterministic", action="store_true",
-                   help="a request's output never depends on what it is batched with (same kernel for every "
-                        "batch size: with int4, no switch to bf16 kernels past 8 rows, which slows big batches and "
-                        "prefill; free otherwise, see README)")
+                   help="a request's output never depends on what it is batched with: the default weights "
+                        "become none (bf16: ~1.4x slower at batch 1 than int8, the same past 8); with int8 or "
+                        "int4, their kernel for every step (slower big batches and prefill; see README)")
     p.add_argument("--stream-interval", metavar="N", type=positive_int, default=d.stream_interval,
                    help="send a stream's tokens every N steps (its first token and its end at once): fewer, "
                         "larger messages, which cost the shim and clients less CPU per token under load "

@@ -1,5 +1,5 @@
-"""The serving engine over its real gRPC API on the real default model: batching must not
-change results, and n, logprobs, stop strings, cancellation and the queue limit work."""
+"""The serving engine over its real gRPC API on the real default model: with --deterministic,
+batching must not change results; n, logprobs, stop strings, cancellation and the queue limit work."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from conftest import STARTUP_TIMEOUT_S
 
 from clients.launch import Stack
 from conduit.v1 import engine_pb2 as pb
@@ -33,6 +34,15 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def stub(stack: Stack) -> Iterator[pb_grpc.EngineStub]:
     with grpc.insecure_channel(stack.engine_address) as channel:
+        yield pb_grpc.EngineStub(channel)
+
+
+@pytest.fixture(scope="module")
+def deterministic_stub() -> Iterator[pb_grpc.EngineStub]:
+    """By default a step of more than 8 rows runs bf16 copies of the int8 weights (faster there), so a
+    request's tokens may change with its batch; --deterministic keeps them (model/linear.py)."""
+    with Stack(engine_args=["--deterministic"], startup_timeout=STARTUP_TIMEOUT_S) as stack, \
+            grpc.insecure_channel(stack.engine_address) as channel:
         yield pb_grpc.EngineStub(channel)
 
 
@@ -65,7 +75,8 @@ def run_concurrently(stub, requests: list[pb.GenerateRequest]) -> list[dict]:
         return list(pool.map(lambda r: collect(stub, r), requests))
 
 
-def test_greedy_output_is_the_same_alone_and_in_a_full_batch(stub):
+def test_greedy_output_is_the_same_alone_and_in_a_full_batch(deterministic_stub):
+    stub = deterministic_stub
     probes = [chat(p, max_tokens=40) for p in PROMPTS[:3]]
     alone = [collect(stub, r)["ids"][0] for r in probes]
     fillers = [chat(PROMPTS[i % len(PROMPTS)] + f" (variant {i})", max_tokens=40) for i in range(29)]
@@ -73,7 +84,8 @@ def test_greedy_output_is_the_same_alone_and_in_a_full_batch(stub):
     assert [b["ids"][0] for b in batched[:3]] == alone
 
 
-def test_seeded_sampling_is_the_same_alone_and_in_a_batch(stub):
+def test_seeded_sampling_is_the_same_alone_and_in_a_batch(deterministic_stub):
+    stub = deterministic_stub
     seeded = chat(PROMPTS[2], max_tokens=30, sampling=pb.SamplingParams(temperature=1.0, top_p=0.95, seed=1234))
     alone = collect(stub, seeded)["ids"][0]
     others = [chat(p, max_tokens=30, sampling=pb.SamplingParams(temperature=1.0)) for p in PROMPTS]

@@ -18,9 +18,9 @@ from clients import EngineClient
 from clients.launch import Stack
 
 from engine_service.core.scheduler import ScheduledBatch
-from engine_service.model.linear import (CPU_BF16_DEFAULT, INT4_GROUP, INT4_MAX_ROWS, QUANTIZATIONS, Int4Linear,
-                                         Int8Linear, PackedLinear, int4_quantize, quantize_linears,
-                                         resolve_quantization)
+from engine_service.model.linear import (CPU_BF16_DEFAULT, INT4_GROUP, LOW_BIT_MAX_ROWS, QUANTIZATIONS,
+                                         FullWeightsSwitch, Int4Linear, Int8Linear, PackedLinear, int4_quantize,
+                                         one_row_rounds_differently, quantize_linears, resolve_quantization)
 from engine_service.model.loader import load_model
 from engine_service.model.runner import ModelRunner
 
@@ -33,7 +33,10 @@ def linear(out_features: int = 96, in_features: int = 128, bias: bool = False) -
 
 
 def test_the_default_is_full_weights_except_for_bf16_on_the_cpu() -> None:
-    assert resolve_quantization(None, CPU, torch.bfloat16) == CPU_BF16_DEFAULT
+    assert resolve_quantization(None, CPU, torch.bfloat16) == CPU_BF16_DEFAULT == "int8"
+    # --deterministic: the model's own weights, batch-invariant at every batch size for free.
+    assert resolve_quantization(None, CPU, torch.bfloat16, deterministic=True) == "none"
+    assert resolve_quantization("int8", CPU, torch.bfloat16, deterministic=True) == "int8"
     assert resolve_quantization(None, CPU, torch.float32) == "none"
     assert resolve_quantization(None, torch.device("cuda"), torch.bfloat16) == "none"
     assert resolve_quantization("int8", CPU, torch.float32) == "int8"
@@ -61,7 +64,7 @@ def test_int4_codes_hold_weights_already_on_a_4_bit_grid_exactly() -> None:
 def test_quantized_kernels_compute_their_dequantized_weights(bias: bool) -> None:
     source = linear(bias=bias)
     x = torch.randn(5, 3, source.in_features, dtype=torch.bfloat16)
-    int8 = Int8Linear(source)
+    int8 = Int8Linear(source, None)
     int8_weight = int8.weight.float() * int8.scales.float()[:, None]
     codes, scales, zeros = int4_quantize(source.weight)
     int4_weight = ((codes.view(96, -1, INT4_GROUP) - 8) * scales[..., None] + zeros[..., None]).view(96, -1)
@@ -73,12 +76,15 @@ def test_quantized_kernels_compute_their_dequantized_weights(bias: bool) -> None
         assert (weight - source.weight.float()).abs().max() < 0.1 * source.weight.float().abs().max()
 
 
-@pytest.mark.parametrize("make", [Int8Linear, lambda l: Int4Linear(l, None)], ids=["int8", "int4"])
-def test_a_row_gets_the_same_bits_whatever_the_number_of_rows(make) -> None:
-    module = make(linear())
+LOW_BIT = {"int8": Int8Linear, "int4": Int4Linear}
+
+
+@pytest.mark.parametrize("kind", LOW_BIT)
+def test_a_row_gets_the_same_bits_whatever_the_number_of_rows(kind: str) -> None:
+    module = LOW_BIT[kind](linear(), None)
     x = torch.randn(64, 128, dtype=torch.bfloat16)
     full = module(x)
-    for rows in (1, 2, INT4_MAX_ROWS, INT4_MAX_ROWS + 1, 33):
+    for rows in (1, 2, LOW_BIT_MAX_ROWS, LOW_BIT_MAX_ROWS + 1, 33):
         assert torch.equal(module(x[:rows]), full[:rows]), rows
 
 
@@ -97,21 +103,60 @@ def test_a_step_that_keeps_no_logits_runs_with_every_weights_choice(quantization
     assert rest.next_token[0].shape == (config.vocab_size,)
 
 
-def test_int4_uses_its_full_copy_past_max_rows_unless_deterministic() -> None:
-    source = linear()
-    fast, deterministic = Int4Linear(source, INT4_MAX_ROWS), Int4Linear(source, None)
+@pytest.mark.parametrize("leftover", [1, 5, 9])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_a_prefix_cache_hit_gives_the_cold_prefills_logits_with_int8_weights(leftover: int,
+                                                                             deterministic: bool) -> None:
+    """Cold: the whole prompt in one chunk. Warm: its first 32 tokens already cached (a hit), only
+    the leftover prefilled; the next token's logits must be the same bits either way."""
+    config = LlamaConfig(**RUNNER_COMMON)
+    model = tiny_in_memory(config, torch.bfloat16)
+    runner = ModelRunner(model, CPU, torch.bfloat16, 16, 16, 256, quantization="int8", deterministic=deterministic)
+    tokens = list(range(3, 35 + leftover))
+    cold = runner.run(ScheduledBatch(prefill=[(RunnerSeq(0, tokens, block_table=[0, 1, 2]), len(tokens))]), set())
+    warm_seq = RunnerSeq(1, tokens, num_cached=32, block_table=[0, 1, 3])  # blocks 0-1 shared, as on a hit
+    warm = runner.run(ScheduledBatch(prefill=[(warm_seq, leftover)]), set())
+    assert torch.equal(cold.next_token[0], warm.next_token[1])
+
+
+@pytest.mark.parametrize("kind", LOW_BIT)
+def test_low_bit_linears_run_their_full_copy_while_the_switch_is_on(kind: str) -> None:
+    source, switch = linear(), FullWeightsSwitch()
+    fast, deterministic = LOW_BIT[kind](source, switch), LOW_BIT[kind](source, None)
     assert isinstance(fast.full, PackedLinear) and deterministic.full is None
-    x = torch.randn(INT4_MAX_ROWS + 1, 128, dtype=torch.bfloat16)
-    assert torch.equal(fast(x[:INT4_MAX_ROWS]), deterministic(x[:INT4_MAX_ROWS]))
-    # Past max_rows: the same weights through another kernel, so only rounding differs.
+    x = torch.randn(LOW_BIT_MAX_ROWS + 1, 128, dtype=torch.bfloat16)
+    assert torch.equal(fast(x), deterministic(x))
+    switch.on = True
+    # The same weights through another kernel, so only rounding differs.
+    assert not torch.equal(fast(x), deterministic(x))
     torch.testing.assert_close(fast(x).float(), deterministic(x).float(), rtol=0.02, atol=0.02)
+
+
+def test_the_switch_is_on_for_big_steps_and_prompt_chunks() -> None:
+    switch = FullWeightsSwitch()
+    for rows, has_prompt_chunk, on in ((1, False, False), (LOW_BIT_MAX_ROWS, False, False),
+                                       (LOW_BIT_MAX_ROWS + 1, False, True), (2, True, True)):
+        switch.set_for_step(rows, has_prompt_chunk)
+        assert switch.on is on, (rows, has_prompt_chunk)
+
+
+@pytest.mark.parametrize("quantization, deterministic, pads", [
+    ("none", False, True), ("int8", False, False), ("int8", True, False), ("int4", False, False)])
+def test_a_lone_row_is_padded_only_where_a_dense_kernel_would_round_it_differently(
+        quantization: str, deterministic: bool, pads: bool) -> None:
+    model = torch.nn.Sequential(linear(64, 64), linear(64, 64))
+    assert one_row_rounds_differently(model)  # plain nn.Linear
+    quantize_linears(model, quantization, None if deterministic else FullWeightsSwitch())
+    assert one_row_rounds_differently(model) is pads
+    quantize_linears(mixed := torch.nn.Sequential(linear(64, 64), linear(10, 64)), "int4", FullWeightsSwitch())
+    assert one_row_rounds_differently(mixed)  # 10 outputs stay dense: padded
 
 
 def test_quantize_linears_swaps_every_linear_and_the_tied_head_keeps_the_embedding() -> None:
     model = torch.nn.Sequential(torch.nn.Embedding(16, 64), linear(64, 64), linear(10, 64), linear(16, 64))
     model[3].weight = model[0].weight  # tied, like the default model's lm_head
     embedding = model.to(torch.bfloat16)[0].weight.detach().clone()
-    assert quantize_linears(model, "int4", deterministic=True) == 3
+    assert quantize_linears(model, "int4") == 3
     assert isinstance(model[1], Int4Linear) and isinstance(model[3], Int4Linear)
     assert isinstance(model[2], PackedLinear)  # 10 outputs: not a shape the 4-bit kernel takes
     assert torch.equal(model[0].weight, embedding)
@@ -147,7 +192,7 @@ def full() -> Iterator[tuple]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     loaded = load_model(None, device="cpu", dtype="bfloat16")
-    quantize_linears(loaded.model, "none", deterministic=True)
+    quantize_linears(loaded.model, "none")
     tok = loaded.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                        tokenize=True, return_dict=False) for p in PROMPTS]
@@ -173,7 +218,7 @@ def mean_loglik(model: torch.nn.Module, ids: list[int]) -> float:
 def test_low_bit_weights_stay_close_to_bf16(full, quantization: str) -> None:
     reference, tok, prompts, continuations = full
     loaded = load_model(None, device="cpu", dtype="bfloat16")
-    quantize_linears(loaded.model, quantization, deterministic=True)
+    quantize_linears(loaded.model, quantization)
     matched = total = 0
     with torch.inference_mode():
         for prompt, continuation in zip(prompts, continuations):

@@ -7,11 +7,11 @@ A decode step at a small batch is bound by streaming the weights from memory, so
 are faster: `_weight_int8pack_mm` (int8, one scale per output channel) and
 `_weight_int4pack_mm_for_cpu` (4-bit, groups of 32 inputs with a scale and a zero each; the
 default model's GGUF weights are Q4_1, which this layout holds up to scale rounding). Both
-kernels give each row the same result whatever the number of rows. Past a few rows the 4-bit
-kernel is slower than oneDNN's bf16 GEMM, so an Int4Linear may also keep a bf16 copy of its
-dequantized weights (the same values) for steps with many rows; that switch changes rounding
-with the batch size, which `deterministic` forbids. Figures: benchmarks/RESULTS.md, "Step time
-and low-bit weights (issue 11)". On other devices the model is left as it is.
+kernels give each row the same result whatever the number of rows. Past a few rows they are slower
+than oneDNN's bf16 GEMM, so a low-bit linear may also keep a bf16 copy of its dequantized weights
+(the same values, rounded to bf16), which a FullWeightsSwitch turns on for steps with many rows and
+for prompt chunks; that changes rounding with the batch, which `deterministic` forbids. Figures: benchmarks/RESULTS.md, "Step time and low-bit weights
+(issue 11)" and "int8 by default". On other devices the model is left as it is.
 """
 
 from __future__ import annotations
@@ -19,20 +19,37 @@ from __future__ import annotations
 import torch
 
 QUANTIZATIONS = ("none", "int8", "int4")
-# The default for bf16 on the CPU. int4 makes a decode step at batch <= 8 about 2x faster, but it
-# moves greedy outputs (about 1 token in 8 differs from bf16 on a fixed prompt set, and the tests'
-# reference answer to "What is the capital of France?" changes), so the default stays the weights the
-# model came with until the suite's expected outputs are re-baselined; see benchmarks/RESULTS.md.
-CPU_BF16_DEFAULT = "none"
+# The default for bf16 on the CPU. int8 makes a decode step at batch <= 8 about 1.4x faster and
+# keeps greedy outputs close to bf16 (about 1 token in 16 differs on a fixed prompt set; the tests'
+# reference answers hold). int4 is faster still but changes answers ("What is the capital of France?"
+# gets "L'Étoile ..."), so it is only on request. With `deterministic` the default is the model's own
+# weights: oneDNN's bf16 kernels are batch-invariant at every batch size, where int8 would need its
+# slower kernel past LOW_BIT_MAX_ROWS.
+CPU_BF16_DEFAULT = "int8"
 INT4_GROUP = 32
-# Rows (tokens in a step) above which an Int4Linear uses its bf16 copy, unless deterministic.
-INT4_MAX_ROWS = 8
+# Decode rows (tokens in a step) above which low-bit linears use their bf16 copies, unless deterministic.
+LOW_BIT_MAX_ROWS = 8
 
 
-def resolve_quantization(requested: str | None, device: torch.device, dtype: torch.dtype) -> str:
+class FullWeightsSwitch:
+    """Set once per step by the model runner; while on, the low-bit linears that share it run their
+    bf16 copies. On for steps of more than LOW_BIT_MAX_ROWS rows, where oneDNN's GEMM is faster, and
+    for any step with a prompt chunk: a prompt is then computed alike whether it is prefilled whole
+    or, after a prefix-cache hit, only its last few tokens, so a hit never changes outputs."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def set_for_step(self, rows: int, has_prompt_chunk: bool) -> None:
+        self.on = has_prompt_chunk or rows > LOW_BIT_MAX_ROWS
+
+
+def resolve_quantization(requested: str | None, device: torch.device, dtype: torch.dtype,
+                         deterministic: bool = False) -> str:
     """The weights choice: as asked, else the default, which applies only to bf16 on the CPU."""
     if requested is None:
-        return CPU_BF16_DEFAULT if device.type == "cpu" and dtype == torch.bfloat16 else "none"
+        on_cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
+        return CPU_BF16_DEFAULT if on_cpu_bf16 and not deterministic else "none"
     if requested not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {requested!r}")
     if requested != "none" and device.type != "cpu":
@@ -56,21 +73,44 @@ class PackedLinear(torch.nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
-class Int8Linear(torch.nn.Module):
-    """Symmetric int8 weights with one scale per output channel."""
+class LowBitLinear(torch.nn.Module):
+    """A linear on a low-bit kernel; with a `switch`, also a oneDNN-packed copy of the dequantized
+    weights, which runs instead while the switch is on (faster for many rows, rounded differently)."""
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
+    def __init__(self, linear: torch.nn.Linear, switch: FullWeightsSwitch | None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.switch = switch
+        self.full: PackedLinear | None = None
+
+    def keep_full_copy(self, dequantized: torch.Tensor) -> None:
+        if self.switch is not None:
+            self.full = PackedLinear(dequantized, self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.full is not None and self.switch.on:
+            return self.full(x)
+        y = self.kernel(_flat(x)).view(*x.shape[:-1], self.out_features)  # not -1: a step may keep no rows
+        return y if self.bias is None else y + self.bias
+
+    def kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Int8Linear(LowBitLinear):
+    """Symmetric int8 weights with one scale per output channel."""
+
+    def __init__(self, linear: torch.nn.Linear, switch: FullWeightsSwitch | None) -> None:
+        super().__init__(linear, switch)
         w = linear.weight.detach().float()
         scales = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
         self.register_buffer("weight", torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scales", scales.to(linear.weight.dtype))
-        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.keep_full_copy((self.weight.float() * self.scales.float()[:, None]).to(linear.weight.dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int8pack_mm(_flat(x), self.weight, self.scales).view(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+    def kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(rows, self.weight, self.scales)
 
 
 def int4_quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -86,53 +126,51 @@ def int4_quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return codes.view(n, k), scales, zeros
 
 
-class Int4Linear(torch.nn.Module):
-    """4-bit weights, groups of 32 inputs with a scale and a zero each (asymmetric). With
-    `max_rows`, inputs of more rows go through a oneDNN-packed copy of the dequantized weights."""
+class Int4Linear(LowBitLinear):
+    """4-bit weights, groups of 32 inputs with a scale and a zero each (asymmetric)."""
 
-    def __init__(self, linear: torch.nn.Linear, max_rows: int | None) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+    def __init__(self, linear: torch.nn.Linear, switch: FullWeightsSwitch | None) -> None:
+        super().__init__(linear, switch)
         weight = linear.weight.detach()
         codes, scales, zeros = int4_quantize(weight)
         self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(codes, 1))
         self.register_buffer("scales_and_zeros",
                              torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(weight.dtype))
-        self.bias = None if linear.bias is None else linear.bias.detach()
-        self.max_rows = max_rows
-        self.full: PackedLinear | None = None
-        if max_rows is not None:
-            n, k = weight.shape
-            dequantized = (codes.view(n, -1, INT4_GROUP) - 8) * scales[..., None] + zeros[..., None]
-            self.full = PackedLinear(dequantized.view(n, k).to(weight.dtype), linear.bias)
+        n, k = weight.shape
+        dequantized = (codes.view(n, -1, INT4_GROUP) - 8) * scales[..., None] + zeros[..., None]
+        self.keep_full_copy(dequantized.view(n, k).to(weight.dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = _flat(x)
-        if self.full is not None and rows.shape[0] > self.max_rows:
-            return self.full(x)
-        y = torch._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP, self.scales_and_zeros)
-        y = y.view(*x.shape[:-1], self.out_features)  # not -1: a step may keep no rows
-        return y if self.bias is None else y + self.bias
+    def kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP, self.scales_and_zeros)
 
 
-def _replacement(linear: torch.nn.Linear, quantization: str, deterministic: bool) -> torch.nn.Module:
+def _replacement(linear: torch.nn.Linear, quantization: str, switch: FullWeightsSwitch | None) -> torch.nn.Module:
     if quantization == "int8":
-        return Int8Linear(linear)
+        return Int8Linear(linear, switch)
     if quantization == "int4" and linear.in_features % INT4_GROUP == 0 and linear.out_features % 16 == 0:
-        return Int4Linear(linear, None if deterministic else INT4_MAX_ROWS)
+        return Int4Linear(linear, switch)
     return PackedLinear(linear.weight, linear.bias)
 
 
-def quantize_linears(model: torch.nn.Module, quantization: str, deterministic: bool) -> int:
+def quantize_linears(model: torch.nn.Module, quantization: str, switch: FullWeightsSwitch | None = None) -> int:
     """Swap every CPU nn.Linear (the tied lm_head too: the embedding keeps its own weights) for the
     chosen kind; returns how many. int4 needs in_features % 32 == 0 and out_features % 16 == 0; other
-    layers keep full weights. A no-op without oneDNN or off the CPU."""
+    layers keep full weights. Low-bit linears keep bf16 copies for `switch` (None: deterministic, the
+    low-bit kernel for every step). A no-op without oneDNN or off the CPU."""
     if not torch.backends.mkldnn.is_available():
         return 0
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear and child.weight.device.type == "cpu":
-                setattr(parent, name, _replacement(child, quantization, deterministic))
+                setattr(parent, name, _replacement(child, quantization, switch))
                 swapped += 1
     return swapped
+
+
+def one_row_rounds_differently(model: torch.nn.Module) -> bool:
+    """Whether a one-row decode step would round differently from the same row among others: true
+    when some linear runs a dense kernel there (oneDNN, cuBLAS and torch's own take a GEMV path for one
+    row); the low-bit kernels give each row the same result at any row count."""
+    copies = {id(m.full) for m in model.modules() if isinstance(m, LowBitLinear)}
+    return any(isinstance(m, (torch.nn.Linear, PackedLinear)) and id(m) not in copies for m in model.modules())

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_service.model import attention, llama
-from engine_service.model.linear import quantize_linears, resolve_quantization
+from engine_service.model.linear import (FullWeightsSwitch, one_row_rounds_differently, quantize_linears,
+                                         resolve_quantization)
 from engine_service.model.rotary import install_rotary_table
 from engine_service.model.kv_cache import CacheShape, KVCache
 from engine_service.core.scheduler import ScheduledBatch
@@ -73,9 +74,12 @@ class ModelRunner:
         install_rotary_table(model, max_positions, device)
         # Before quantizing: the lean forward fuses linears, which are then quantized like the rest.
         self.lean = llama.LeanLlama(model) if lean_forward and llama.supports(model) else None
-        self.quantization = resolve_quantization(quantization, device, dtype)
+        self.quantization = resolve_quantization(quantization, device, dtype, deterministic)
+        # Low-bit linears run bf16 copies for prompt chunks and big steps, unless deterministic.
+        self.full_weights = None if deterministic else FullWeightsSwitch()
         if device.type == "cpu":
-            quantize_linears(model, self.quantization, deterministic)
+            quantize_linears(model, self.quantization, self.full_weights)
+        self.pads_single_rows = one_row_rounds_differently(model)
         self.device = device
         config = model.config
         model.config._attn_implementation = attention.register()
@@ -93,11 +97,15 @@ class ModelRunner:
         batch = PackedBatch()
         self.prepare_decode(batch, scheduled.decode)
         padding_row = None
-        if len(scheduled.decode) + sum(length for _, length in scheduled.prefill) < 2:
+        rows = len(scheduled.decode) + sum(length for _, length in scheduled.prefill)
+        # A prompt chunk may run dense kernels (low-bit weights' bf16 copies), which round one row apart.
+        if rows < 2 and (self.pads_single_rows or scheduled.prefill):
             padding_row = self.add_padding_row(batch)
         self.prepare_prefill(batch, scheduled.prefill, wants_prompt_logprobs)
         if padding_row is not None:
             batch.keep_row(padding_row)  # its logits row comes last and is dropped
+        if self.full_weights is not None:
+            self.full_weights.set_for_step(len(batch.input_ids), bool(scheduled.prefill))
         logits = self.forward(batch)
         return StepLogits(
             next_token={seq_id: logits[row] for seq_id, row in batch.next_token_rows.items()},
@@ -117,8 +125,9 @@ class ModelRunner:
             batch.decode_lens.append(position + 1)
 
     def add_padding_row(self, batch: PackedBatch) -> int:
-        """One-row matmuls take a different (GEMV) kernel whose rounding differs, so a sequence running
-        alone would not match itself in a batch. A dummy decode row in the scratch block makes two.
+        """One-row dense matmuls take a different (GEMV) kernel whose rounding differs, so a sequence
+        running alone would not match itself in a batch. A dummy decode row in the scratch block makes
+        two. (Not needed when every linear is a low-bit kernel: those round each row alike.)
         Returns its packed position."""
         batch.add(0, 0, self.scratch_block * self.block_size)
         batch.decode_tables.append([self.scratch_block])
