@@ -21,7 +21,7 @@ def attend(cache: KVCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fi
     n, context = q.shape[2], first + q.shape[2]
     table = torch.arange(-(-context // BLOCK))
     layout = attention.StepLayout(cache=cache, slot_mapping=torch.arange(first, context), num_decode=0,
-                                  decode_block_tables=None, decode_lens=None, max_decode_context=0,
+                                  decode_block_ids=None, decode_lens=None, max_decode_context=0,
                                   prefills=[attention.PrefillChunk(0, n, context, table)])
     out, _ = attention.paged_attention(Layer(), q, k, v, None, scaling=DIM ** -0.5, layout=layout)
     return out

@@ -54,7 +54,7 @@ class StepLayout:
     cache: KVCache
     slot_mapping: torch.Tensor  # [T] flat cache slot of each new token
     num_decode: int
-    decode_block_tables: torch.Tensor | None  # [num_decode, max_blocks]
+    decode_block_ids: torch.Tensor | None  # [num_decode * max_blocks]: the block tables, flat
     decode_lens: torch.Tensor | None  # [num_decode] context length of each decode row, its token included
     max_decode_context: int  # whole blocks
     prefills: list[PrefillChunk]
@@ -91,12 +91,12 @@ def causal_mask(queries: torch.Tensor, keys: torch.Tensor, window: int | None) -
     return mask
 
 
-def _gather(cache_layer: torch.Tensor, block_tables: torch.Tensor, block_size: int, length: int) -> torch.Tensor:
-    """[B, max_blocks] block ids -> [B, kv_heads, length, head_dim] cached tensors."""
+def _gather(cache_layer: torch.Tensor, block_ids: torch.Tensor, batch: int, block_size: int,
+            length: int) -> torch.Tensor:
+    """Flat block ids of `batch` equally long block tables -> [B, kv_heads, length, head_dim] cached tensors."""
     num_slots, heads, dim = cache_layer.shape
     # Whole blocks as flat rows: index_select copies each block as one contiguous run.
-    blocks = cache_layer.view(num_slots // block_size, -1).index_select(0, block_tables.flatten())
-    batch = block_tables.shape[0]
+    blocks = cache_layer.view(num_slots // block_size, -1).index_select(0, block_ids)
     return blocks.view(batch, -1, heads, dim)[:, :length].transpose(1, 2)
 
 
@@ -121,50 +121,64 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                     sliding_window: int | None = None, softcap: float | None = None,
                     layout: StepLayout | None = None, **kwargs: object) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: query [1, Hq, T, D], key/value [1, Hkv, T, D] -> [1, T, Hq, D]."""
     assert layout is not None, "the conduit_paged attention needs a StepLayout (layout=...)"
     _refuse_unsupported(kwargs)
+    out = attend_packed(module.layer_idx, query[0].transpose(0, 1), key[0].transpose(0, 1),
+                        value[0].transpose(0, 1), layout, scaling, sliding_window, softcap)
+    return out.unsqueeze(0), None
+
+
+def attend_packed(layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: StepLayout,
+                  scaling: float | None, sliding_window: int | None = None,
+                  softcap: float | None = None) -> torch.Tensor:
+    """The step's packed tokens, query [T, Hq, D] and key/value [T, Hkv, D] (views of any strides):
+    writes the new k/v into the cache and returns the attention output [T, Hq, D]."""
     cache = layout.cache
     block_size = cache.shape.block_size
-    k_cache = cache.keys[module.layer_idx]
-    v_cache = cache.values[module.layer_idx]
-    # query [1, Hq, T, D]; key/value [1, Hkv, T, D]
-    _, q_heads, num_tokens, head_dim = query.shape
+    k_cache = cache.keys[layer_idx]
+    v_cache = cache.values[layer_idx]
+    num_tokens, q_heads, head_dim = query.shape
     kv_heads = key.shape[1]
-    k_cache.index_copy_(0, layout.slot_mapping, key[0].transpose(0, 1))
-    v_cache.index_copy_(0, layout.slot_mapping, value[0].transpose(0, 1))
+    k_cache.index_copy_(0, layout.slot_mapping, key)
+    v_cache.index_copy_(0, layout.slot_mapping, value)
 
-    out = query.new_empty(num_tokens, q_heads, head_dim)
     nd = layout.num_decode
+    decoded = None
     if nd:
         # One query per sequence: fold the query heads that share a kv head into the
         # "length" axis, so grouped-query attention needs no repeated k/v.
-        group = q_heads // kv_heads
-        q = query[0, :, :nd].transpose(0, 1).reshape(nd, kv_heads, group, head_dim)
-        k = _gather(k_cache, layout.decode_block_tables, block_size, layout.max_decode_context)
-        v = _gather(v_cache, layout.decode_block_tables, block_size, layout.max_decode_context)
-        o = _attend(q, k, v, layout.decode_mask(sliding_window), scaling, softcap)
-        out[:nd] = o.reshape(nd, q_heads, head_dim)
+        q = query[:nd].reshape(nd, kv_heads, q_heads // kv_heads, head_dim)
+        ids, length = layout.decode_block_ids, layout.max_decode_context
+        k = _gather(k_cache, ids, nd, block_size, length)
+        v = _gather(v_cache, ids, nd, block_size, length)
+        decoded = _attend(q, k, v, layout.decode_mask(sliding_window), scaling, softcap).reshape(nd, q_heads, head_dim)
+        if nd == num_tokens:
+            return decoded
+    out = query.new_empty(num_tokens, q_heads, head_dim)
+    if decoded is not None:
+        out[:nd] = decoded
     for index, chunk in enumerate(layout.prefills):
         s, n = chunk.start, chunk.length
-        q = query[:, :, s:s + n]
+        q = query[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
         if not chunk.first:  # the whole context is this chunk
-            k, v = key[:, :, s:s + n], value[:, :, s:s + n]
+            k, v = key[s:s + n].transpose(0, 1).unsqueeze(0), value[s:s + n].transpose(0, 1).unsqueeze(0)
             in_window = sliding_window is None or n <= sliding_window
             mask = None if in_window else layout.chunk_mask(index, 0, sliding_window)
         else:
             # Earlier chunks are in the cache; a sliding layer reads only the blocks its window reaches.
             first_block = 0 if sliding_window is None else max(0, chunk.first - sliding_window + 1) // block_size
-            table = chunk.block_table[first_block:].unsqueeze(0)
+            table = chunk.block_table[first_block:]
             first_key = first_block * block_size
-            k = _gather(k_cache, table, block_size, chunk.context_len - first_key)
-            v = _gather(v_cache, table, block_size, chunk.context_len - first_key)
+            k = _gather(k_cache, table, 1, block_size, chunk.context_len - first_key)
+            v = _gather(v_cache, table, 1, block_size, chunk.context_len - first_key)
             padding = max(0, MIN_CHUNK_QUERIES - n)
             mask = layout.chunk_mask(index, first_key, sliding_window, padding)
             if padding:
                 q = torch.cat([q.new_zeros(1, q_heads, padding, head_dim), q], dim=2)
         o = _attend(q, k, v, mask, scaling, softcap)
         out[s:s + n] = o[0, :, -n:].transpose(0, 1)
-    return out.unsqueeze(0), None
+    return out
 
 
 def _refuse_unsupported(kwargs: dict[str, object]) -> None:

@@ -91,7 +91,10 @@ class LowBitLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.full is not None and self.switch.on:
             return self.full(x)
-        y = self.kernel(_flat(x)).view(*x.shape[:-1], self.out_features)  # not -1: a step may keep no rows
+        if x.dim() == 2:  # the lean forward's [tokens, features]: no reshaping
+            y = self.kernel(x)
+        else:
+            y = self.kernel(_flat(x)).view(*x.shape[:-1], self.out_features)  # not -1: a step may keep no rows
         return y if self.bias is None else y + self.bias
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:

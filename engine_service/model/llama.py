@@ -40,17 +40,21 @@ def _fused(*linears: torch.nn.Linear) -> torch.nn.Linear:
 
 
 def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """LlamaRMSNorm.forward: float32 statistics, the weight applied in the input's dtype."""
-    dtype = x.dtype
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(dtype)
+    """LlamaRMSNorm.forward: float32 statistics, the weight applied in the input's dtype. F.rms_norm
+    computes the same float32 ops in one call (tested bit for bit against transformers)."""
+    return norm.weight * F.rms_norm(x.to(torch.float32), x.shape[-1:], eps=norm.variance_epsilon).to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """apply_rotary_pos_emb on one tensor (q and k heads together)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """apply_rotary_pos_emb on one tensor (q and k heads together): x * cos + rotate_half(x) * sin,
+    where rotate_half(x) * sin = [-x2 * s1, x1 * s2] is computed as roll(x) * [-s1, s2] (the same bits:
+    negating a factor rounds a product alike)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
 class LeanLlama:
@@ -64,7 +68,7 @@ class LeanLlama:
         self.model = model
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.q_heads = config.num_attention_heads
-        self.qk_width = (config.num_attention_heads + config.num_key_value_heads) * self.head_dim
+        self.qk_heads = config.num_attention_heads + config.num_key_value_heads
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             attn.qkv_proj = _fused(attn.q_proj, attn.k_proj, attn.v_proj)
@@ -74,20 +78,19 @@ class LeanLlama:
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, logits_to_keep: torch.Tensor,
                  layout: attention.StepLayout) -> torch.Tensor:
         base = self.model.model
-        tokens = input_ids.shape[1]
-        h = F.embedding(input_ids, base.embed_tokens.weight)
+        tokens, head_dim, q_heads, qk_heads = input_ids.shape[1], self.head_dim, self.q_heads, self.qk_heads
+        h = F.embedding(input_ids[0], base.embed_tokens.weight)  # [T, hidden] all the way: no reshapes
         cos, sin = base.rotary_emb(h, position_ids)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, D]: broadcast over heads
+        cos, sin = cos[0].unsqueeze(1), _signed_sin(sin[0]).unsqueeze(1)  # [T, 1, D]: broadcast over heads
         for layer in base.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = attn.qkv_proj(_rms_norm(layer.input_layernorm, h))
-            # q and k heads rotated together, then split: [1, heads, T, D] views, as transformers has them.
-            qk = _rotate(qkv[..., :self.qk_width].view(1, tokens, -1, self.head_dim).transpose(1, 2), cos, sin)
-            q, k = qk[:, :self.q_heads], qk[:, self.q_heads:]
-            v = qkv[..., self.qk_width:].view(1, tokens, -1, self.head_dim).transpose(1, 2)
-            out, _ = attention.paged_attention(attn, q, k, v, None, scaling=attn.scaling, layout=layout)
-            h = h + attn.o_proj(out.reshape(1, tokens, -1))
+            # [T, heads, D] views of the fused projection: q and k heads rotated together, then split.
+            qkv = attn.qkv_proj(_rms_norm(layer.input_layernorm, h)).view(tokens, -1, head_dim)
+            qk = _rotate(qkv[:, :qk_heads], cos, sin)
+            out = attention.attend_packed(attn.layer_idx, qk[:, :q_heads], qk[:, q_heads:], qkv[:, qk_heads:],
+                                          layout, attn.scaling)
+            h = h + attn.o_proj(out.reshape(tokens, -1))
             gate, up = mlp.gate_up_proj(_rms_norm(layer.post_attention_layernorm, h)).chunk(2, dim=-1)
             h = h + mlp.down_proj(mlp.act_fn(gate) * up)
         h = _rms_norm(base.norm, h)
-        return self.model.lm_head(h[:, logits_to_keep])
+        return self.model.lm_head(h[logits_to_keep]).unsqueeze(0)

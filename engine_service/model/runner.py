@@ -158,21 +158,21 @@ class ModelRunner:
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         """The model over the packed batch: float32 logits of the kept rows, on the CPU."""
         device = self.device
-        tables = lens = None
+        block_ids = lens = None
         max_context = 0
         if batch.decode_lens:
             width = -(-max(batch.decode_lens) // self.block_size)
             # Whole blocks: a sequence's softmax then reduces over the same padded length
             # whether it runs alone or beside longer ones, so its output is batch-invariant.
             max_context = width * self.block_size
-            tables = torch.tensor([t[:width] + [0] * (width - len(t[:width])) for t in batch.decode_tables],
-                                  dtype=torch.long, device=device)
+            block_ids = torch.tensor([b for t in batch.decode_tables for b in t[:width] + [0] * (width - len(t[:width]))],
+                                     dtype=torch.long, device=device)
             lens = torch.tensor(batch.decode_lens, device=device)
         layout = attention.StepLayout(
             cache=self.cache,
             slot_mapping=torch.tensor(batch.slots, dtype=torch.long, device=device),
             num_decode=len(batch.decode_lens),
-            decode_block_tables=tables,
+            decode_block_ids=block_ids,
             decode_lens=lens,
             max_decode_context=max_context,
             prefills=batch.prefills,
