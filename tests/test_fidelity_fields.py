@@ -85,8 +85,10 @@ def test_token_limit_gives_length(openai_client: openai.OpenAI, field: str) -> N
 
 @pytest.mark.parametrize("penalty", ["presence_penalty", "frequency_penalty"])
 def test_penalties_change_a_repetitive_answer(openai_client: openai.OpenAI, penalty: str) -> None:
-    plain = text_of(ask(openai_client, messages=POEM, max_tokens=16))
-    penalised = text_of(ask(openai_client, messages=POEM, max_tokens=16, **{penalty: 2.0}))
+    # 32 tokens: the greedy poem repeats itself ("A creature of the deep, a creature of") within them;
+    # its first 16 tokens repeat nothing, so a penalty has nothing to change there.
+    plain = text_of(ask(openai_client, messages=POEM, max_tokens=32))
+    penalised = text_of(ask(openai_client, messages=POEM, max_tokens=32, **{penalty: 2.0}))
     assert penalised != plain
 
 
