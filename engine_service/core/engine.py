@@ -102,7 +102,8 @@ class Engine:
                         FAULT_INJECT_ENV, self._fault_marker)
         log.info("KV cache: %d blocks of %d tokens (%d tokens), max batch %d, max model len %d",
                  num_blocks, config.block_size, self.kv_capacity_tokens, config.max_batch_size, self.max_model_len)
-        log.info("weights: %s on %s (%s)%s", self.runner.quantization, loaded.device, str(loaded.dtype)[6:],
+        log.info("weights: %s on %s (%s)%s", self.runner.quantization, loaded.device,
+                 str(loaded.dtype).removeprefix("torch."),
                  ", deterministic" if config.deterministic else "")
 
     def _num_blocks(self) -> int:

@@ -10,8 +10,9 @@ default model's GGUF weights are Q4_1, which this layout holds up to scale round
 kernels give each row the same result whatever the number of rows. Past a few rows they are slower
 than oneDNN's bf16 GEMM, so a low-bit linear may also keep a bf16 copy of its dequantized weights
 (the same values, rounded to bf16), which a FullWeightsSwitch turns on for steps with many rows and
-for prompt chunks; that changes rounding with the batch, which `deterministic` forbids. Figures: benchmarks/RESULTS.md, "Step time and low-bit weights
-(issue 11)" and "int8 by default". On other devices the model is left as it is.
+for prompt chunks; that changes rounding with the batch, which `deterministic` forbids. Figures:
+benchmarks/RESULTS.md, "Step time and low-bit weights (issue 11)" and "int8 weights by default".
+On other devices the model is left as it is.
 """
 
 from __future__ import annotations

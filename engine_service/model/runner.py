@@ -165,8 +165,8 @@ class ModelRunner:
             # Whole blocks: a sequence's softmax then reduces over the same padded length
             # whether it runs alone or beside longer ones, so its output is batch-invariant.
             max_context = width * self.block_size
-            block_ids = torch.tensor([b for t in batch.decode_tables for b in t[:width] + [0] * (width - len(t[:width]))],
-                                     dtype=torch.long, device=device)
+            padded = [t[:width] + [0] * (width - len(t)) for t in batch.decode_tables]
+            block_ids = torch.tensor([b for table in padded for b in table], dtype=torch.long, device=device)
             lens = torch.tensor(batch.decode_lens, device=device)
         layout = attention.StepLayout(
             cache=self.cache,
