@@ -23,7 +23,8 @@ if __name__ == "__main__":
     die_with_parent()
 
 from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
-from engine_service.core.engine import Engine, EngineConfig  # noqa: E402
+from engine_service.core.engine import (  # noqa: E402
+    AUTO_MAX_STREAM_INTERVAL, AUTO_STREAMS_PER_STEP, Engine, EngineConfig)
 from engine_service.model.linear import QUANTIZATIONS  # noqa: E402
 from clients.cli import EnvArgumentParser, prog_name  # noqa: E402
 from clients.logs import LOG_FORMATS, configure_logging  # noqa: E402
@@ -72,10 +73,12 @@ def build_parser() -> EnvArgumentParser:
                    help="a request's output never depends on what it is batched with: the default weights "
                         "become none (bf16: ~1.4x slower at batch 1 than int8, the same past 8); with int8 or "
                         "int4, their kernel for every step (slower big batches and prefill; see README)")
-    p.add_argument("--stream-interval", metavar="N", type=positive_int, default=d.stream_interval,
+    p.add_argument("--stream-interval", metavar="N|auto", type=stream_interval, default="auto",
                    help="send a stream's tokens every N steps (its first token and its end at once): fewer, "
                         "larger messages, which cost the shim and clients less CPU per token under load "
-                        "(vLLM's and SGLang's flag of that name)")
+                        "(vLLM's and SGLang's flag of that name). auto (default): every token while a step "
+                        f"feeds up to {AUTO_STREAMS_PER_STEP} requests, then every ceil(requests / "
+                        f"{AUTO_STREAMS_PER_STEP}) steps, at most {AUTO_MAX_STREAM_INTERVAL}; 1: always every token")
     p.add_argument("--threads", metavar="N", type=int, default=0, help="torch CPU threads; default: all cores")
     p.add_argument("--log-level", default="INFO", help="Python logging level")
     p.add_argument("--log-format", default="text", choices=LOG_FORMATS,
@@ -103,6 +106,11 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+def stream_interval(text: str) -> int:
+    """0 stands for auto in EngineConfig."""
+    return 0 if text == "auto" else positive_int(text)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

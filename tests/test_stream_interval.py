@@ -1,5 +1,6 @@
 """--stream-interval: a stream's tokens go out every N steps, its first token and its end at once,
-and what is sent (tokens, text, finals) does not change."""
+and what is sent (tokens, text, finals) does not change. The default (auto) sends every token until
+a step feeds more than 8 requests, then groups them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from engine_service.__main__ import parse_args
-from engine_service.core.engine import Engine, EngineConfig
+from engine_service.core.engine import Engine, EngineConfig, auto_stream_interval
 from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReason
 from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
 from engine_service.core.sequence import Request
@@ -39,8 +40,9 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[dict[int, Engine]]:
+    # 0: auto, the default
     started = {interval: Engine(load_model(None, device="cpu"), EngineConfig(stream_interval=interval))
-               for interval in (1, 4)}
+               for interval in (1, 4, 0)}
     for engine in started.values():
         engine.start()
     yield started
@@ -48,13 +50,18 @@ def engines() -> Iterator[dict[int, Engine]]:
         engine.stop()
 
 
-def generate(engine: Engine, n: int = 1, seed: int | None = None) -> Recorder:
+def submit(engine: Engine, n: int = 1, seed: int | None = None) -> Recorder:
     sink = Recorder(n)
     prompt = engine.tokenizer("Write a poem about the sea.")["input_ids"]
     temperature = 0.0 if seed is None else 1.0
     params = RequestParams(SamplingParams(temperature=temperature, seed=seed),
                            StoppingParams(max_tokens=MAX_TOKENS, ignore_eos=True), n=n)
     engine.submit(Request(f"interval-{id(sink)}", prompt, params, max_tokens=MAX_TOKENS, sink=sink))
+    return sink
+
+
+def generate(engine: Engine, n: int = 1, seed: int | None = None) -> Recorder:
+    sink = submit(engine, n, seed)
     assert sink.done.wait(120), "the engine did not finish in time"
     return sink
 
@@ -83,8 +90,37 @@ def test_every_choice_of_a_request_is_grouped_and_completed(engines) -> None:
     assert len(grouped.calls) < len(every.calls)
 
 
+def test_auto_groups_only_past_eight_requests_a_step_and_at_most_four_steps() -> None:
+    assert [auto_stream_interval(n) for n in (1, 8, 9, 16, 17, 24, 25, 32, 64)] == [1, 1, 2, 2, 3, 3, 4, 4, 4]
+
+
+@pytest.mark.model
+def test_auto_sends_every_token_of_a_lone_stream(engines) -> None:
+    assert [len(c.token_ids) for c in generate(engines[0]).chunks()] == [1] * MAX_TOKENS
+
+
+@pytest.mark.model
+def test_auto_groups_tokens_when_many_streams_run(engines) -> None:
+    """17 streams at once: once they step together, each message holds 3 steps' tokens
+    (ceil(17 / 8)); nothing is lost and the first token still goes alone."""
+    sinks = [submit(engines[0]) for _ in range(17)]
+    for sink in sinks:
+        assert sink.done.wait(120), "the engine did not finish in time"
+    for sink in sinks:
+        sizes = [len(c.token_ids) for c in sink.chunks()]
+        assert sum(sizes) == MAX_TOKENS and sizes[0] == 1
+        assert max(sizes) <= 3 and sizes.count(3) >= 2, sizes
+        assert isinstance(sink.calls[-1][-1], FinalEvent)
+
+
 @pytest.mark.parametrize("value", ["0", "-2", "two"])
 def test_the_interval_must_be_a_positive_whole_number(value: str, capsys) -> None:
     with pytest.raises(SystemExit):
         parse_args(["--stream-interval", value])
     assert "--stream-interval" in capsys.readouterr().err
+
+
+def test_the_interval_defaults_to_auto() -> None:
+    assert parse_args([]).stream_interval == 0 == EngineConfig().stream_interval
+    assert parse_args(["--stream-interval", "auto"]).stream_interval == 0
+    assert parse_args(["--stream-interval", "3"]).stream_interval == 3

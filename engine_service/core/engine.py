@@ -66,7 +66,21 @@ class EngineConfig:
     deterministic: bool = False  # a sequence's results never depend on the batch it runs in
     # Steps whose tokens a request gathers before they are sent (its first token and its end go at
     # once): fewer, larger messages cost the shim and clients less per token at high concurrency.
-    stream_interval: int = 1
+    # 0 (auto): every step while a step feeds up to AUTO_STREAMS_PER_STEP requests, then every
+    # ceil(requests / AUTO_STREAMS_PER_STEP) steps, at most AUTO_MAX_STREAM_INTERVAL.
+    stream_interval: int = 0
+
+
+# Auto stream interval: about this many requests' messages per step however big the batch (the
+# relay's CPU per step stays bounded, and on a shared CPU that is the engine's), with text still
+# arriving every few steps. At 32 streams: 4 tokens a message; up to 8 streams: every token.
+AUTO_STREAMS_PER_STEP = 8
+AUTO_MAX_STREAM_INTERVAL = 4
+
+
+def auto_stream_interval(requests: int) -> int:
+    """The auto stream interval of a step that gives tokens to this many requests."""
+    return min(AUTO_MAX_STREAM_INTERVAL, -(-requests // AUTO_STREAMS_PER_STEP))
 
 
 class Engine:
@@ -357,17 +371,23 @@ class Engine:
             for seq, token, logprob in zip(seqs, tokens, logprobs):
                 self._append_token(seq, token, logprob)
             self.recorder.tokens(seqs)
-        for request in {scheduled[seq_id].request.request_id: scheduled[seq_id].request
-                        for seq_id in logits.next_token}.values():
+        stepped = {scheduled[seq_id].request.request_id: scheduled[seq_id].request
+                   for seq_id in logits.next_token}
+        interval = self._stream_interval(len(stepped))
+        for request in stepped.values():
             request.unsent_steps += 1
-            if self._output_due(request):
+            if self._output_due(request, interval):
                 self._send_events(request)
         return seqs
 
-    def _output_due(self, request: Request) -> bool:
-        """Every `stream_interval` steps; at once for the first token (its PromptEvent waits in the
-        outbox) and for a choice's end."""
-        return (request.unsent_steps >= self.config.stream_interval or bool(request.outbox)
+    def _stream_interval(self, requests: int) -> int:
+        return self.config.stream_interval or auto_stream_interval(requests)
+
+    @staticmethod
+    def _output_due(request: Request, interval: int) -> bool:
+        """Every `interval` steps; at once for the first token (its PromptEvent waits in the outbox)
+        and for a choice's end."""
+        return (request.unsent_steps >= interval or bool(request.outbox)
                 or any(seq.finished and not seq.final_sent for seq in request.sequences))
 
     def _collect_prompt_logprobs(self, logits: StepLogits, batch: ScheduledBatch) -> None:
