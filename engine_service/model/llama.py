@@ -39,10 +39,15 @@ def _fused(*linears: torch.nn.Linear) -> torch.nn.Linear:
     return fused.requires_grad_(False)
 
 
-def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+class _Norm:
     """LlamaRMSNorm.forward: float32 statistics, the weight applied in the input's dtype. F.rms_norm
     computes the same float32 ops in one call (tested bit for bit against transformers)."""
-    return norm.weight * F.rms_norm(x.to(torch.float32), x.shape[-1:], eps=norm.variance_epsilon).to(x.dtype)
+
+    def __init__(self, norm: torch.nn.Module) -> None:
+        self.weight, self.eps = norm.weight, norm.variance_epsilon
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * F.rms_norm(x.to(torch.float32), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -61,7 +66,7 @@ class LeanLlama:
     """Call with (input_ids [1, T], position_ids [1, T], logits_to_keep [K], layout) -> logits [1, K, vocab].
 
     Takes the model over: its q/k/v and gate/up linears are replaced by fused ones, so transformers'
-    own forward no longer runs on it."""
+    own forward no longer runs on it. Call `bind` once the linears are final (quantized or not)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         config = model.config
@@ -74,6 +79,14 @@ class LeanLlama:
             attn.qkv_proj = _fused(attn.q_proj, attn.k_proj, attn.v_proj)
             mlp.gate_up_proj = _fused(mlp.gate_proj, mlp.up_proj)
             del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj
+        self.layers: list[_Layer] = []
+
+    def bind(self) -> None:
+        """Each layer's modules as plain calls and its norms' weights at hand: nn.Module's __call__ and
+        __getattr__ cost ~1-2 us each, some 0.3 ms of a batch-1 step (no hooks are used on them)."""
+        self.layers = [_Layer(layer) for layer in self.model.model.layers]
+        self.norm = _Norm(self.model.model.norm)
+        self.lm_head = self.model.lm_head.forward
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, logits_to_keep: torch.Tensor,
                  layout: attention.StepLayout) -> torch.Tensor:
@@ -82,15 +95,26 @@ class LeanLlama:
         h = F.embedding(input_ids[0], base.embed_tokens.weight)  # [T, hidden] all the way: no reshapes
         cos, sin = base.rotary_emb(h, position_ids)
         cos, sin = cos[0].unsqueeze(1), _signed_sin(sin[0]).unsqueeze(1)  # [T, 1, D]: broadcast over heads
-        for layer in base.layers:
-            attn, mlp = layer.self_attn, layer.mlp
+        for layer in self.layers:
             # [T, heads, D] views of the fused projection: q and k heads rotated together, then split.
-            qkv = attn.qkv_proj(_rms_norm(layer.input_layernorm, h)).view(tokens, -1, head_dim)
+            qkv = layer.qkv_proj(layer.input_norm(h)).view(tokens, -1, head_dim)
             qk = _rotate(qkv[:, :qk_heads], cos, sin)
-            out = attention.attend_packed(attn.layer_idx, qk[:, :q_heads], qk[:, q_heads:], qkv[:, qk_heads:],
-                                          layout, attn.scaling)
-            h = h + attn.o_proj(out.reshape(tokens, -1))
-            gate, up = mlp.gate_up_proj(_rms_norm(layer.post_attention_layernorm, h)).chunk(2, dim=-1)
-            h = h + mlp.down_proj(mlp.act_fn(gate) * up)
-        h = _rms_norm(base.norm, h)
-        return self.model.lm_head(h[logits_to_keep]).unsqueeze(0)
+            out = attention.attend_packed(layer.index, qk[:, :q_heads], qk[:, q_heads:], qkv[:, qk_heads:],
+                                          layout, layer.scaling)
+            h = h + layer.o_proj(out.reshape(tokens, -1))
+            gate, up = layer.gate_up_proj(layer.post_attention_norm(h)).chunk(2, dim=-1)
+            h = h + layer.down_proj(layer.act_fn(gate) * up)
+        h = self.norm(h)
+        return self.lm_head(h[logits_to_keep]).unsqueeze(0)
+
+
+class _Layer:
+    """One decoder layer's parts, the modules' forward methods taken out."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.index, self.scaling = attn.layer_idx, attn.scaling
+        self.input_norm, self.post_attention_norm = _Norm(layer.input_layernorm), _Norm(layer.post_attention_layernorm)
+        self.qkv_proj, self.o_proj = attn.qkv_proj.forward, attn.o_proj.forward
+        self.gate_up_proj, self.down_proj = mlp.gate_up_proj.forward, mlp.down_proj.forward
+        self.act_fn = mlp.act_fn.forward

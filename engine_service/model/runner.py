@@ -79,6 +79,8 @@ class ModelRunner:
         self.full_weights = None if deterministic else FullWeightsSwitch()
         if device.type == "cpu":
             quantize_linears(model, self.quantization, self.full_weights)
+        if self.lean is not None:
+            self.lean.bind()
         self.pads_single_rows = one_row_rounds_differently(model)
         self.device = device
         config = model.config
