@@ -269,18 +269,19 @@ class ChatStreamTranslator(_StreamTranslator):
         return [self.envelope([self._choice(i, {"role": "assistant", "content": ""})]) for i in range(self.plan.n)]
 
     def _tool_deltas(self, state: _StreamChoice, deltas: list[pb.ToolCallDelta]) -> list[dict[str, Any]]:
-        out = []
+        """One entry per call in the chunk, as OpenAI sends: a message holding several steps' tokens
+        (--stream-interval) may carry a call's header and argument pieces together."""
+        out: dict[int, dict[str, Any]] = {}
         for d in deltas:
-            item: dict[str, Any] = {"index": d.index}
-            if d.index not in state.tool_ids:
+            if d.index in out:
+                out[d.index]["function"]["arguments"] += d.arguments
+            elif d.index not in state.tool_ids:
                 state.tool_ids[d.index] = d.id or new_tool_call_id()
-                item.update(
-                    id=state.tool_ids[d.index], type="function", function={"name": d.name, "arguments": d.arguments}
-                )
+                out[d.index] = {"index": d.index, "id": state.tool_ids[d.index], "type": "function",
+                                "function": {"name": d.name, "arguments": d.arguments}}
             else:
-                item["function"] = {"arguments": d.arguments}
-            out.append(item)
-        return out
+                out[d.index] = {"index": d.index, "function": {"arguments": d.arguments}}
+        return list(out.values())
 
     def on_chunk(self, prompt_index: int, chunk: pb.Chunk) -> list[dict[str, Any]]:
         state = self.state(prompt_index, chunk.index)

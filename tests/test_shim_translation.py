@@ -393,6 +393,26 @@ def test_chat_stream_chunks_sequence_with_tool_calls_and_usage():
     }
 
 
+
+def test_a_chunk_with_several_pieces_of_a_call_sends_one_entry_per_call() -> None:
+    """A grouped message (--stream-interval) may hold a call's header and argument pieces, and
+    a second call's: the SSE chunk has one tool_calls entry per call, pieces joined in order."""
+    t = ChatStreamTranslator("chatcmpl-1", 0, "m", chat(stream=True))
+    t.on_response(0, prompt_info(4))
+    pieces = [pb.ToolCallDelta(index=0, id="call_a", name="f", arguments=""),
+              pb.ToolCallDelta(index=0, arguments='{"x"'), pb.ToolCallDelta(index=0, arguments=": 1}"),
+              pb.ToolCallDelta(index=1, id="call_b", name="g", arguments="{}")]
+    (c,) = t.on_response(0, pb.GenerateResponse(chunk=pb.Chunk(index=0, tool_calls=pieces, completion_tokens=4)))
+    assert c["choices"][0]["delta"]["tool_calls"] == [
+        {"index": 0, "id": "call_a", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
+        {"index": 1, "id": "call_b", "type": "function", "function": {"name": "g", "arguments": "{}"}},
+    ]
+    more = [pb.ToolCallDelta(index=1, arguments=""), pb.ToolCallDelta(index=0, arguments=" ")]
+    (c,) = t.on_response(0, pb.GenerateResponse(chunk=pb.Chunk(index=0, tool_calls=more, completion_tokens=5)))
+    assert c["choices"][0]["delta"]["tool_calls"] == [{"index": 1, "function": {"arguments": ""}},
+                                                      {"index": 0, "function": {"arguments": " "}}]
+
+
 def test_chat_stream_whole_tool_calls_when_engine_sent_no_pieces():
     t = ChatStreamTranslator("id", 1, "m", chat(stream=True))
     call = pb.ToolCall(id="call_z", name="f", arguments="{}")
