@@ -78,6 +78,12 @@ AUTO_STREAMS_PER_STEP = 8
 AUTO_MAX_STREAM_INTERVAL = 4
 
 
+def _describe_stream_interval(interval: int) -> str:
+    if interval == 0:
+        return f"every token up to {AUTO_STREAMS_PER_STEP} requests a step, grouped past that (--stream-interval auto)"
+    return "every token" if interval == 1 else f"a message every {interval} steps (--stream-interval {interval})"
+
+
 def auto_stream_interval(requests: int) -> int:
     """The auto stream interval of a step that gives tokens to this many requests."""
     return min(AUTO_MAX_STREAM_INTERVAL, -(-requests // AUTO_STREAMS_PER_STEP))
@@ -119,6 +125,7 @@ class Engine:
         log.info("weights: %s on %s (%s)%s", self.runner.quantization, loaded.device,
                  str(loaded.dtype).removeprefix("torch."),
                  ", deterministic" if config.deterministic else "")
+        log.info("streaming: %s", _describe_stream_interval(config.stream_interval))
 
     def _num_blocks(self) -> int:
         cfg, model_cfg = self.config, self.loaded.model.config
