@@ -7,8 +7,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
+import openai
 import pytest
 
+from clients.launch import Stack
+from conftest import STARTUP_TIMEOUT_S
 from engine_service.__main__ import parse_args
 from engine_service.core.engine import Engine, EngineConfig, auto_stream_interval
 from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReason
@@ -124,3 +127,40 @@ def test_the_interval_defaults_to_auto() -> None:
     assert parse_args([]).stream_interval == 0 == EngineConfig().stream_interval
     assert parse_args(["--stream-interval", "auto"]).stream_interval == 0
     assert parse_args(["--stream-interval", "3"]).stream_interval == 3
+
+
+@pytest.fixture(scope="module")
+def grouped_client() -> Iterator[openai.OpenAI]:
+    """The openai SDK against a stack whose engine sends every 3 steps' tokens in one message."""
+    with Stack(engine_args=["--stream-interval", "3"], startup_timeout=STARTUP_TIMEOUT_S) as stack, \
+            openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120) as client:
+        yield client
+
+
+@pytest.mark.model
+def test_grouped_chat_stream_carries_what_the_whole_answer_does(grouped_client) -> None:
+    """Through the shim, a chunk holds several tokens' text and logprobs; joined, they are the
+    non-streamed answer's."""
+    args = dict(model=grouped_client.models.list().data[0].id, max_tokens=MAX_TOKENS, temperature=0,
+                logprobs=True, top_logprobs=2, messages=[{"role": "user", "content": "Write a poem about the sea."}])
+    whole = grouped_client.chat.completions.create(**args).choices[0]
+    chunks = [c for c in grouped_client.chat.completions.create(stream=True, **args) if c.choices]
+    texts = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
+    entries = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert "".join(texts) == whole.message.content
+    assert [(e.token, e.logprob) for e in entries] == [(e.token, e.logprob) for e in whole.logprobs.content]
+    assert [len(e.top_logprobs) for e in entries] == [2] * len(entries)
+    assert max(len(c.choices[0].logprobs.content) for c in chunks if c.choices[0].logprobs) == 3
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason
+
+
+@pytest.mark.model
+def test_grouped_completion_stream_offsets_follow_the_text(grouped_client) -> None:
+    args = dict(model=grouped_client.models.list().data[0].id, prompt="The sea is", max_tokens=MAX_TOKENS,
+                temperature=0, logprobs=1)
+    whole = grouped_client.completions.create(**args).choices[0]
+    chunks = [c.choices[0] for c in grouped_client.completions.create(stream=True, **args) if c.choices]
+    assert "".join(c.text for c in chunks) == whole.text
+    tokens = [t for c in chunks if c.logprobs for t in c.logprobs.tokens]
+    offsets = [o for c in chunks if c.logprobs for o in c.logprobs.text_offset]
+    assert tokens == whole.logprobs.tokens and offsets == whole.logprobs.text_offset
