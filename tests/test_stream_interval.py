@@ -1,6 +1,6 @@
 """--stream-interval: a stream's tokens go out every N steps, its first token and its end at once,
-and what is sent (tokens, text, finals) does not change. The default (auto) sends every token until
-a step feeds more than 8 requests, then groups them."""
+and what is sent (tokens, text, finals) does not change, in the engine's events and through the shim's
+SSE. The default (auto) sends every token until a step feeds more than 8 requests, then groups them."""
 
 from __future__ import annotations
 
