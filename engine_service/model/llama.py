@@ -62,11 +62,24 @@ def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
+def fuse_projections(model: torch.nn.Module) -> None:
+    """Replace each layer's q/k/v and gate/up linears by one fused linear each (before quantizing:
+    the fused linears are then quantized like the rest). transformers' own forward no longer runs
+    on the model afterwards."""
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.qkv_proj = _fused(attn.q_proj, attn.k_proj, attn.v_proj)
+        mlp.gate_up_proj = _fused(mlp.gate_proj, mlp.up_proj)
+        del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj
+
+
 class LeanLlama:
     """Call with (input_ids [1, T], position_ids [1, T], logits_to_keep [K], layout) -> logits [1, K, vocab].
 
-    Takes the model over: its q/k/v and gate/up linears are replaced by fused ones, so transformers'
-    own forward no longer runs on it. Call `bind` once the linears are final (quantized or not)."""
+    Built over a model whose projections are fused (`fuse_projections`) and whose linears are final
+    (quantized or not): it holds each layer's modules as plain calls and its norms' weights at hand,
+    because nn.Module's __call__ and __getattr__ cost ~1-2 us each, some 0.3 ms of a batch-1 step
+    (no hooks are used on them)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         config = model.config
@@ -74,19 +87,9 @@ class LeanLlama:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.q_heads = config.num_attention_heads
         self.qk_heads = config.num_attention_heads + config.num_key_value_heads
-        for layer in model.model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            attn.qkv_proj = _fused(attn.q_proj, attn.k_proj, attn.v_proj)
-            mlp.gate_up_proj = _fused(mlp.gate_proj, mlp.up_proj)
-            del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj
-        self.layers: list[_Layer] = []
-
-    def bind(self) -> None:
-        """Each layer's modules as plain calls and its norms' weights at hand: nn.Module's __call__ and
-        __getattr__ cost ~1-2 us each, some 0.3 ms of a batch-1 step (no hooks are used on them)."""
-        self.layers = [_Layer(layer) for layer in self.model.model.layers]
-        self.norm = _Norm(self.model.model.norm)
-        self.lm_head = self.model.lm_head.forward
+        self.layers = [_Layer(layer) for layer in model.model.layers]
+        self.norm = _Norm(model.model.norm)
+        self.lm_head = model.lm_head.forward
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, logits_to_keep: torch.Tensor,
                  layout: attention.StepLayout) -> torch.Tensor:

@@ -72,15 +72,15 @@ class ModelRunner:
         lean_forward: Llama models run model/llama.py's forward (False: transformers', for comparison)."""
         self.model = model
         install_rotary_table(model, max_positions, device)
-        # Before quantizing: the lean forward fuses linears, which are then quantized like the rest.
-        self.lean = llama.LeanLlama(model) if lean_forward and llama.supports(model) else None
+        lean = lean_forward and llama.supports(model)
+        if lean:
+            llama.fuse_projections(model)  # before quantizing: fused linears are quantized like the rest
         self.quantization = resolve_quantization(quantization, device, dtype, deterministic)
         # Low-bit linears run bf16 copies for prompt chunks and big steps, unless deterministic.
         self.full_weights = None if deterministic else FullWeightsSwitch()
         if device.type == "cpu":
             quantize_linears(model, self.quantization, self.full_weights)
-        if self.lean is not None:
-            self.lean.bind()
+        self.lean = llama.LeanLlama(model) if lean else None
         self.pads_single_rows = one_row_rounds_differently(model)
         self.device = device
         config = model.config
