@@ -1,7 +1,8 @@
 """Time one engine step on the default model: decode at batch 1, 8 and 32 and a 512-token prefill,
 for each weights choice, through the engine's own ModelRunner (no server, no sampling).
 
-    python -m benchmarks.step_time [--weights none int8 int4] [--deterministic] [--transformers-forward] [--threads 1]
+    python -m benchmarks.step_time [--weights none int8 int4] [--deterministic] [--transformers-forward]
+                                   [--torch-int8] [--threads 1]
 
 Each figure is the fastest of --repeats steps after warm-up (on a shared machine the least disturbed
 one), then the median; run it twice and compare. Decode rows attend to --context cached tokens each.
@@ -33,11 +34,12 @@ class FakeSequence:
     block_table: list[int] = field(default_factory=list)
 
 
-def build_runner(weights: str, deterministic: bool, num_blocks: int, lean_forward: bool = True) -> ModelRunner:
+def build_runner(weights: str, deterministic: bool, num_blocks: int, lean_forward: bool = True,
+                 native_kernels: bool = True) -> ModelRunner:
     loaded = load_model(None, device="cpu", dtype="bfloat16")
     return ModelRunner(loaded.model, loaded.device, loaded.dtype, BLOCK, num_blocks,
                        loaded.max_context_length, quantization=weights, deterministic=deterministic,
-                       lean_forward=lean_forward)
+                       lean_forward=lean_forward, native_kernels=native_kernels)
 
 
 def decode_batch(batch: int, context: int) -> ScheduledBatch:
@@ -77,6 +79,8 @@ def main() -> None:
     parser.add_argument("--deterministic", action="store_true", help="also time int4 with --deterministic")
     parser.add_argument("--transformers-forward", action="store_true",
                         help="also time each weights choice through transformers' forward instead of the lean one")
+    parser.add_argument("--torch-int8", action="store_true",
+                        help="also time int8 on torch's kernel instead of the native one")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; default: all cores")
     args = parser.parse_args()
     if args.threads:
@@ -85,6 +89,8 @@ def main() -> None:
     runners = {weights: build_runner(weights, False, num_blocks) for weights in args.weights}
     if args.deterministic:
         runners["int4 det."] = build_runner("int4", True, num_blocks)
+    if args.torch_int8:
+        runners["int8 (torch's kernel)"] = build_runner("int8", False, num_blocks, native_kernels=False)
     if args.transformers_forward:
         runners |= {f"{weights} (transformers)": build_runner(weights, False, num_blocks, lean_forward=False)
                     for weights in args.weights}

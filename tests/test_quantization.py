@@ -21,6 +21,7 @@ from engine_service.core.scheduler import ScheduledBatch
 from engine_service.model.linear import (CPU_BF16_DEFAULT, INT4_GROUP, LOW_BIT_MAX_ROWS, QUANTIZATIONS,
                                          FullWeightsSwitch, Int4Linear, Int8Linear, PackedLinear, int4_quantize,
                                          one_row_rounds_differently, quantize_linears, resolve_quantization)
+from engine_service.model import native
 from engine_service.model.loader import load_model
 from engine_service.model.runner import ModelRunner
 
@@ -76,7 +77,14 @@ def test_quantized_kernels_compute_their_dequantized_weights(bias: bool) -> None
         assert (weight - source.weight.float()).abs().max() < 0.1 * source.weight.float().abs().max()
 
 
-LOW_BIT = {"int8": Int8Linear, "int4": Int4Linear}
+def native_int8(source: torch.nn.Linear, switch: FullWeightsSwitch | None) -> Int8Linear:
+    kernel = native.int8_matmul()
+    if kernel is None:
+        pytest.skip("the native int8 kernel cannot be built here")
+    return Int8Linear(source, switch, kernel)
+
+
+LOW_BIT = {"int8": Int8Linear, "int8 native": native_int8, "int4": Int4Linear}
 
 
 @pytest.mark.parametrize("kind", LOW_BIT)

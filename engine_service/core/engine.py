@@ -64,6 +64,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True  # share cached full prompt blocks across requests (block_manager.py)
     quantization: str | None = None  # linear weights: none, int8, int4; None: the default (model/linear.py)
     deterministic: bool = False  # a sequence's results never depend on the batch it runs in
+    native_kernels: bool = True  # int8 linears on model/native.py's kernel where it builds (else torch's)
     # Steps whose tokens a request gathers before they are sent (its first token and its end go at
     # once): fewer, larger messages cost the shim and clients less per token at high concurrency.
     # 0 (auto): every step while a step feeds up to AUTO_STREAMS_PER_STEP requests, then every
@@ -101,7 +102,8 @@ class Engine:
         num_blocks = self._num_blocks()
         self.kv_capacity_tokens = (num_blocks - 1) * config.block_size
         self.runner = ModelRunner(loaded.model, loaded.device, loaded.dtype, config.block_size, num_blocks,
-                                  self.max_model_len, config.quantization, config.deterministic)
+                                  self.max_model_len, config.quantization, config.deterministic,
+                                  native_kernels=config.native_kernels)
         blocks = BlockManager(num_blocks - 1,  # the runner keeps the last block for padding
                               config.block_size, self.runner.cache.copy_block, config.enable_prefix_caching)
         self.scheduler = Scheduler(blocks, config.max_batch_size, config.max_step_tokens)
@@ -122,7 +124,9 @@ class Engine:
                         FAULT_INJECT_ENV, self._fault_marker)
         log.info("KV cache: %d blocks of %d tokens (%d tokens), max batch %d, max model len %d",
                  num_blocks, config.block_size, self.kv_capacity_tokens, config.max_batch_size, self.max_model_len)
-        log.info("weights: %s on %s (%s)%s", self.runner.quantization, loaded.device,
+        kernel = {"native": " (native kernel)", "torch": " (torch's kernel)"}[self.runner.int8_kernel] \
+            if self.runner.quantization == "int8" else ""
+        log.info("weights: %s%s on %s (%s)%s", self.runner.quantization, kernel, loaded.device,
                  str(loaded.dtype).removeprefix("torch."),
                  ", deterministic" if config.deterministic else "")
         log.info("streaming: %s", _describe_stream_interval(config.stream_interval))

@@ -1,12 +1,14 @@
-"""CPU linear layers: oneDNN-prepacked full weights, or int8 / 4-bit weights on torch's own kernels.
+"""CPU linear layers: oneDNN-prepacked full weights, int8 weights (our native kernel, or torch's), or
+4-bit weights on torch's kernel.
 
 torch's plain CPU linear re-lays out the weight on every call; prepacking it once for oneDNN
 makes bf16 decode-sized matmuls (a few rows) about 2x faster here, with the same results.
 
 A decode step at a small batch is bound by streaming the weights from memory, so smaller weights
-are faster: `_weight_int8pack_mm` (int8, one scale per output channel) and
+are faster: int8 with one scale per output channel (model/native.py's kernel, which streams the
+weights ~1.5x faster, where it builds; else torch's `_weight_int8pack_mm`) and
 `_weight_int4pack_mm_for_cpu` (4-bit, groups of 32 inputs with a scale and a zero each; the
-default model's GGUF weights are Q4_1, which this layout holds up to scale rounding). Both
+default model's GGUF weights are Q4_1, which this layout holds up to scale rounding). These
 kernels give each row the same result whatever the number of rows. Past a few rows they are slower
 than oneDNN's bf16 GEMM, so a low-bit linear may also keep a bf16 copy of its dequantized weights
 (the same values, rounded to bf16), which a FullWeightsSwitch turns on for steps with many rows and
@@ -18,6 +20,8 @@ On other devices the model is left as it is.
 from __future__ import annotations
 
 import torch
+
+from engine_service.model.native import Int8Matmul
 
 QUANTIZATIONS = ("none", "int8", "int4")
 # The default for bf16 on the CPU. int8 makes a decode step at batch <= 8 about 1.4x faster and
@@ -103,17 +107,24 @@ class LowBitLinear(torch.nn.Module):
 
 
 class Int8Linear(LowBitLinear):
-    """Symmetric int8 weights with one scale per output channel."""
+    """Symmetric int8 weights with one scale per output channel; run by the native kernel (`native`,
+    model/native.py) where it supports the layer, else by torch's."""
 
-    def __init__(self, linear: torch.nn.Linear, switch: FullWeightsSwitch | None) -> None:
+    def __init__(self, linear: torch.nn.Linear, switch: FullWeightsSwitch | None,
+                 native: Int8Matmul | None = None) -> None:
         super().__init__(linear, switch)
         w = linear.weight.detach().float()
         scales = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
         self.register_buffer("weight", torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scales", scales.to(linear.weight.dtype))
+        self.native = native if native is not None and native.supports(self.weight, linear.weight.dtype) else None
+        # The native kernel takes float32 scales: the same values as `scales`, which the bf16 copy uses too.
+        self.register_buffer("float_scales", self.scales.float() if self.native is not None else None)
         self.keep_full_copy((self.weight.float() * self.scales.float()[:, None]).to(linear.weight.dtype))
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            return self.native(rows, self.weight, self.float_scales)
         return torch._weight_int8pack_mm(rows, self.weight, self.scales)
 
 
@@ -148,26 +159,29 @@ class Int4Linear(LowBitLinear):
         return torch._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP, self.scales_and_zeros)
 
 
-def _replacement(linear: torch.nn.Linear, quantization: str, switch: FullWeightsSwitch | None) -> torch.nn.Module:
+def _replacement(linear: torch.nn.Linear, quantization: str, switch: FullWeightsSwitch | None,
+                 native_int8: Int8Matmul | None) -> torch.nn.Module:
     if quantization == "int8":
-        return Int8Linear(linear, switch)
+        return Int8Linear(linear, switch, native_int8)
     if quantization == "int4" and linear.in_features % INT4_GROUP == 0 and linear.out_features % 16 == 0:
         return Int4Linear(linear, switch)
     return PackedLinear(linear.weight, linear.bias)
 
 
-def quantize_linears(model: torch.nn.Module, quantization: str, switch: FullWeightsSwitch | None = None) -> int:
+def quantize_linears(model: torch.nn.Module, quantization: str, switch: FullWeightsSwitch | None = None,
+                     native_int8: Int8Matmul | None = None) -> int:
     """Swap every CPU nn.Linear (the tied lm_head too: the embedding keeps its own weights) for the
     chosen kind; returns how many. int4 needs in_features % 32 == 0 and out_features % 16 == 0; other
     layers keep full weights. Low-bit linears keep bf16 copies for `switch` (None: deterministic, the
-    low-bit kernel for every step). A no-op without oneDNN or off the CPU."""
+    low-bit kernel for every step). int8 linears run `native_int8` where it supports them (None:
+    torch's kernel). A no-op without oneDNN or off the CPU."""
     if not torch.backends.mkldnn.is_available():
         return 0
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear and child.weight.device.type == "cpu":
-                setattr(parent, name, _replacement(child, quantization, switch))
+                setattr(parent, name, _replacement(child, quantization, switch, native_int8))
                 swapped += 1
     return swapped
 

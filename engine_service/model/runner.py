@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine_service.model import attention, llama
+from engine_service.model import attention, llama, native
 from engine_service.model.linear import (FullWeightsSwitch, one_row_rounds_differently, quantize_linears,
                                          resolve_quantization)
 from engine_service.model.rotary import install_rotary_table
@@ -66,10 +66,12 @@ class PackedBatch:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
                  block_size: int, num_blocks: int, max_positions: int,
-                 quantization: str | None = None, deterministic: bool = False, lean_forward: bool = True) -> None:
+                 quantization: str | None = None, deterministic: bool = False, lean_forward: bool = True,
+                 native_kernels: bool = True) -> None:
         """quantization: see linear.QUANTIZATIONS (None: the default for the device and dtype);
         deterministic: a sequence's results never depend on the batch it runs in;
-        lean_forward: Llama models run model/llama.py's forward (False: transformers', for comparison)."""
+        lean_forward: Llama models run model/llama.py's forward (False: transformers', for comparison);
+        native_kernels: int8 linears run model/native.py's kernel where it builds (False: torch's)."""
         self.model = model
         install_rotary_table(model, max_positions, device)
         lean = lean_forward and llama.supports(model)
@@ -78,8 +80,12 @@ class ModelRunner:
         self.quantization = resolve_quantization(quantization, device, dtype, deterministic)
         # Low-bit linears run bf16 copies for prompt chunks and big steps, unless deterministic.
         self.full_weights = None if deterministic else FullWeightsSwitch()
+        native_int8 = None
         if device.type == "cpu":
-            quantize_linears(model, self.quantization, self.full_weights)
+            if native_kernels and self.quantization == "int8":
+                native_int8 = native.int8_matmul()
+            quantize_linears(model, self.quantization, self.full_weights, native_int8)
+        self.int8_kernel = "native" if native_int8 is not None else "torch"
         self.lean = llama.LeanLlama(model) if lean else None
         self.pads_single_rows = one_row_rounds_differently(model)
         self.device = device

@@ -1,0 +1,119 @@
+/* int8 weight-only matmul for x86-64 CPUs with AVX-512 (built and loaded by native.py):
+ *
+ *     y[m, n] = (sum over k of x[m, k] * w[n, k]) * scales[n]
+ *
+ * x: [M, K] bf16 or float32 activations; w: [N, K] int8 weights, one float32 scale per output
+ * channel n; y: [M, N] in x's type. The same math as torch._weight_int8pack_mm (float32 sums,
+ * rounded once to the output type), faster when the weights come from memory:
+ *
+ * - A decode step at a small batch is bound by streaming the weights. The hardware prefetcher
+ *   stops at each 4 KB page, so every block of weight rows first asks for the bytes PREFETCH_AHEAD
+ *   further on: a batch-1 layer's matmuls went from ~26 to ~39 GB/s here (benchmarks/RESULTS.md).
+ * - Each int8 weight vector is widened to float once and used for every row of x (up to
+ *   MAX_ROWS at a time), so a few rows cost little more than one.
+ *
+ * Batch invariance: every output element is one 16-lane float32 accumulation over k in order,
+ * then one horizontal sum, whatever M, the block shapes or the thread count; so a row's result
+ * never depends on the other rows (the engine's --deterministic relies on it).
+ * Threads: OpenMP over blocks of output channels, from the OpenMP runtime torch already loaded
+ * (the same pool and thread count as torch's own kernels).
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PREFETCH_AHEAD 4096 /* bytes; 2-8 KB measured alike, 1 KB and 16 KB slower */
+#define MAX_ROWS 8          /* rows of x per pass over the weights */
+#define LANES 16            /* K must be a multiple of this (checked by the caller) */
+
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Round to nearest even, as torch converts; NaN stays NaN. */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline void store(void *y, int y_bf16, size_t index, float value) {
+    if (y_bf16)
+        ((uint16_t *)y)[index] = float_to_bf16(value);
+    else
+        ((float *)y)[index] = value;
+}
+
+/* The ROWS x OUTS dot products of x's rows with the weight rows from w, into out[ROWS][OUTS].
+ * Always inlined with constant ROWS and OUTS, so the accumulators live in registers. */
+static inline __attribute__((always_inline)) void dot_block(const float *x, int rows, int outs, int64_t k_len,
+                                                            const int8_t *w, const char *w_end, float *out) {
+    __m512 acc[MAX_ROWS][8];
+    for (int m = 0; m < rows; m++)
+        for (int r = 0; r < outs; r++) acc[m][r] = _mm512_setzero_ps();
+    const char *ahead = (const char *)w + PREFETCH_AHEAD;
+    for (int64_t i = 0; i < outs * k_len; i += 64)
+        if (ahead + i < w_end) _mm_prefetch(ahead + i, _MM_HINT_T0);
+    for (int64_t k = 0; k < k_len; k += LANES) {
+        for (int r = 0; r < outs; r++) {
+            __m128i bytes = _mm_loadu_si128((const __m128i *)(w + r * k_len + k));
+            __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+            for (int m = 0; m < rows; m++)
+                acc[m][r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + m * k_len + k), acc[m][r]);
+        }
+    }
+    for (int m = 0; m < rows; m++)
+        for (int r = 0; r < outs; r++) out[m * outs + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
+/* One pass over all N weight rows for ROWS rows of x, OUTS output channels per block (ROWS x OUTS
+ * accumulators: at most 16, a margin under AVX-512's 32 registers). */
+#define PASS(ROWS, OUTS)                                                                              \
+    do {                                                                                              \
+        int64_t blocks = n / (OUTS);                                                                  \
+        _Pragma("omp parallel for schedule(static)") for (int64_t b = 0; b < blocks; b++) {           \
+            float out[(ROWS) * (OUTS)];                                                               \
+            int64_t n0 = b * (OUTS);                                                                  \
+            dot_block(xf, ROWS, OUTS, k, w + n0 * k, w_end, out);                                     \
+            for (int m = 0; m < (ROWS); m++)                                                          \
+                for (int r = 0; r < (OUTS); r++)                                                      \
+                    store(y, y_bf16, (size_t)(m0 + m) * n + n0 + r, out[m * (OUTS) + r] * scales[n0 + r]); \
+        }                                                                                             \
+        for (int64_t n0 = blocks * (OUTS); n0 < n; n0++) { /* the last n % OUTS channels */           \
+            float out[(ROWS)];                                                                        \
+            dot_block(xf, ROWS, 1, k, w + n0 * k, w_end, out);                                        \
+            for (int m = 0; m < (ROWS); m++) store(y, y_bf16, (size_t)(m0 + m) * n + n0, out[m] * scales[n0]); \
+        }                                                                                             \
+    } while (0)
+
+/* Returns 0, or -1 when its scratch memory could not be allocated. */
+int conduit_int8_matmul(const void *x, int x_bf16, int64_t m_len, int64_t k, const int8_t *w,
+                        const float *scales, void *y, int64_t n) {
+    const int y_bf16 = x_bf16;
+    const char *w_end = (const char *)w + n * k;
+    float *xf = malloc(sizeof(float) * MAX_ROWS * k); /* the pass's rows of x, as float32 */
+    if (xf == NULL) return -1;
+    for (int64_t m0 = 0; m0 < m_len; m0 += MAX_ROWS) {
+        int rows = m_len - m0 < MAX_ROWS ? (int)(m_len - m0) : MAX_ROWS;
+        for (int64_t i = 0; i < rows * k; i++)
+            xf[i] = x_bf16 ? bf16_to_float(((const uint16_t *)x)[m0 * k + i]) : ((const float *)x)[m0 * k + i];
+        switch (rows) {
+            case 1: PASS(1, 8); break;
+            case 2: PASS(2, 8); break;
+            case 3: PASS(3, 5); break;
+            case 4: PASS(4, 4); break;
+            case 5: PASS(5, 3); break;
+            case 6: PASS(6, 2); break;
+            case 7: PASS(7, 2); break;
+            default: PASS(8, 2); break;
+        }
+    }
+    free(xf);
+    return 0;
+}

@@ -1,0 +1,113 @@
+"""Native CPU kernels: C sources next to this file, compiled on first use and loaded with ctypes.
+
+int8_matmul.c is an int8 weight-only matmul (see its header) that reads the weights at ~1.5x
+torch._weight_int8pack_mm's speed on a batch-1 decode step. It needs x86-64 with AVX-512 and a
+C compiler with OpenMP (`cc`, or $CC); the shared library is built once per source, compiler and
+flags into the cache folder (CONDUIT_CACHE_DIR/kernels, ~1 s) and reused after. Where it cannot
+be built or loaded, int8_matmul() returns None and says why once in the log, and the int8 linears
+keep torch's kernel: slower, never wrong.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from engine_service.model.loader import cache_dir
+
+log = logging.getLogger(__name__)
+
+INT8_SOURCE = Path(__file__).with_name("int8_matmul.c")
+# -fopenmp links libgomp, which resolves to the copy torch has loaded: one thread pool for both.
+CFLAGS = ("-O3", "-std=gnu11", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC")
+LANES = 16  # the kernel's K granularity (int8_matmul.c's LANES)
+DTYPES = (torch.bfloat16, torch.float32)
+
+
+class Int8Matmul:
+    """rows [M, K] (bf16 or float32) x int8 weight [N, K] -> [M, N] in rows' dtype, scaled per output
+    channel by float32 `scales` [N]."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._fn = library.conduit_int8_matmul
+        self._fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        self._fn.restype = ctypes.c_int
+
+    @staticmethod
+    def supports(weight: torch.Tensor, dtype: torch.dtype) -> bool:
+        """Whether this kernel can run a linear with these int8 weights on activations of `dtype`."""
+        return (weight.device.type == "cpu" and weight.dtype == torch.int8 and weight.dim() == 2
+                and weight.is_contiguous() and weight.shape[1] % LANES == 0 and dtype in DTYPES)
+
+    def __call__(self, rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        if rows.dtype not in DTYPES or rows.shape[-1] != weight.shape[1]:
+            raise ValueError(f"int8 matmul: rows {tuple(rows.shape)} {rows.dtype} against weight {tuple(weight.shape)}")
+        rows = rows.contiguous()
+        m, k = rows.shape
+        n = weight.shape[0]
+        out = torch.empty(m, n, dtype=rows.dtype)
+        if m and self._fn(rows.data_ptr(), rows.dtype == torch.bfloat16, m, k, weight.data_ptr(),
+                          scales.data_ptr(), out.data_ptr(), n):
+            raise MemoryError("int8 matmul: no memory for its scratch rows")
+        return out
+
+
+@functools.cache
+def int8_matmul() -> Int8Matmul | None:
+    """The native int8 kernel, built on the first call; None (and why, in the log) where it is not
+    available."""
+    try:
+        return Int8Matmul(ctypes.CDLL(str(build(INT8_SOURCE))))
+    except Unavailable as exc:
+        log.info("int8 weights run torch's kernel: the native one is unavailable (%s)", exc)
+    except OSError as exc:  # dlopen
+        log.warning("int8 weights run torch's kernel: the native one failed to load (%s)", exc)
+    return None
+
+
+class Unavailable(RuntimeError):
+    """This machine cannot build or run the native kernels."""
+
+
+def build(source: Path) -> Path:
+    """The shared library of `source`, compiled into the cache unless there already."""
+    if platform.machine() not in ("x86_64", "AMD64") or torch.backends.cpu.get_cpu_capability() != "AVX512":
+        raise Unavailable(f"needs an x86-64 CPU with AVX-512 (this is {platform.machine()}, "
+                          f"{torch.backends.cpu.get_cpu_capability()})")
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise Unavailable("no C compiler (cc, gcc or $CC) on PATH")
+    version = _run([compiler, "--version"]).splitlines()[0]
+    key = hashlib.sha256("\0".join([source.read_text(), compiler, version, *CFLAGS]).encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"{source.stem}-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Built beside the target, then renamed: engines starting together never load a half-written file.
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        _run([compiler, *CFLAGS, str(source), "-o", str(built)])
+        os.replace(built, target)
+    log.info("built %s with %s", target, version)
+    return target
+
+
+def _run(command: list[str]) -> str:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Unavailable(f"{command[0]} failed to run: {exc}") from exc
+    if done.returncode:
+        raise Unavailable(f"{' '.join(command)} exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    return done.stdout
