@@ -111,3 +111,88 @@ def test_a_missing_or_failing_compiler_makes_it_unavailable(tmp_path, monkeypatc
     monkeypatch.setenv("CC", "false")
     with pytest.raises(native.Unavailable, match="exited"):
         native.build(native.INT8_SOURCE)
+
+
+# ------------------------------------------------------------------ decode attention
+
+
+@pytest.fixture(scope="module")
+def attend() -> native.DecodeAttention:
+    built = native.decode_attention()
+    if built is None:
+        pytest.skip("the native decode attention cannot be built here (needs x86-64 AVX-512 and a C compiler)")
+    return built
+
+
+def paged_case(lens: list[int], q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+               block: int = 16, seed: int = 0):
+    """A cache whose blocks are handed out shuffled, each sequence's table padded with block 0."""
+    torch.manual_seed(seed)
+    width = max(-(-n // block) for n in lens)
+    blocks = torch.randperm(sum(-(-n // block) for n in lens) + 2)
+    cache_k = torch.randn(len(blocks) * block, kv_heads, head_dim).to(dtype)
+    cache_v = torch.randn(len(blocks) * block, kv_heads, head_dim).to(dtype)
+    tables, taken = [], 0
+    for n in lens:
+        own = blocks[taken:taken + -(-n // block)].tolist()
+        taken += len(own)
+        tables.append(own + [0] * (width - len(own)))
+    qkv = torch.randn(len(lens), q_heads + 2 * kv_heads, head_dim).to(dtype)
+    query = qkv[:, :q_heads]  # a view with the fused projection's row stride, as the lean forward passes it
+    return query, cache_k, cache_v, torch.tensor(tables).view(-1), torch.tensor(lens), width
+
+
+def reference(query, cache_k, cache_v, ids, lens, width, window, scale, block=16):
+    """float64 softmax attention of each row over its own gathered context."""
+    out = []
+    group = query.shape[1] // cache_k.shape[1]
+    for row, n in enumerate(lens.tolist()):
+        table = ids[row * width:(row + 1) * width]
+        slots = (table[:, None] * block + torch.arange(block)).view(-1)[:n]
+        first = max(0, n - window) if window else 0
+        k = cache_k[slots[first:]].double().repeat_interleave(group, dim=1)  # [n, Hq, D]
+        v = cache_v[slots[first:]].double().repeat_interleave(group, dim=1)
+        weights = torch.softmax(torch.einsum("hd,nhd->hn", query[row].double(), k) * scale, dim=-1)
+        out.append(torch.einsum("hn,nhd->hd", weights, v))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("q_heads, kv_heads, head_dim", [(9, 3, 64), (4, 4, 32), (8, 1, 256), (6, 2, 16)])
+@pytest.mark.parametrize("window", [None, 20])
+def test_decode_attention_matches_softmax_attention_over_each_context(
+        attend: native.DecodeAttention, dtype: torch.dtype, q_heads: int, kv_heads: int, head_dim: int,
+        window: int | None) -> None:
+    lens = [1, 17, 40, 129, 16]
+    query, k, v, ids, lens_t, width = paged_case(lens, q_heads, kv_heads, head_dim, dtype)
+    assert attend.supports(query, k)
+    got = attend(query, k, v, ids, lens_t, 16, window, head_dim ** -0.5)
+    expected = reference(query, k, v, ids, lens_t, width, window, head_dim ** -0.5)
+    assert got.shape == (len(lens), q_heads, head_dim) and got.dtype == dtype
+    tolerance = 2 ** -7 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got.double(), expected, rtol=tolerance, atol=tolerance)
+
+
+def test_decode_attention_gives_a_row_the_same_bits_in_any_batch(attend: native.DecodeAttention) -> None:
+    lens = [5, 130, 33, 64, 200]
+    query, k, v, ids, lens_t, width = paged_case(lens, 9, 3, 64, torch.bfloat16)
+    batched = attend(query, k, v, ids, lens_t, 16, None, 0.125)
+    for row in range(len(lens)):
+        alone = attend(query[row:row + 1], k, v, ids[row * width:(row + 1) * width].clone(), lens_t[row:row + 1],
+                       16, None, 0.125)
+        assert torch.equal(alone, batched[row:row + 1]), row
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(attend(query, k, v, ids, lens_t, 16, None, 0.125), batched)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_decode_attention_refuses_what_it_cannot_compute(attend: native.DecodeAttention) -> None:
+    query, k, v, ids, lens_t, _ = paged_case([3], 4, 2, 24, torch.bfloat16)
+    assert not attend.supports(query, k)  # head_dim 24: not a multiple of 16
+    query, k, v, ids, lens_t, _ = paged_case([3], 4, 2, 32, torch.bfloat16)
+    assert not attend.supports(query.float(), k)  # dtypes differ
+    with pytest.raises(ValueError, match="int64"):
+        attend(query, k, v, ids.int(), lens_t, 16, None, 1.0)

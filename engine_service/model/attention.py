@@ -13,6 +13,7 @@ config tells (check_supported), never with different output.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,9 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from engine_service.model.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from engine_service.model.native import DecodeAttention
 
 ATTENTION_NAME = "conduit_paged"
 LAYER_TYPES = ("full_attention", "sliding_attention")  # config.layer_types this attention serves
@@ -59,6 +63,8 @@ class StepLayout:
     max_decode_context: int  # whole blocks
     prefills: list[PrefillChunk]
     masks: dict[tuple, torch.Tensor] = field(default_factory=dict)  # built once per step, shared by layers
+    # Attends the decode rows in place in the cache (model/native.py); None: gather, then SDPA.
+    decode_kernel: DecodeAttention | None = None
 
     def decode_mask(self, window: int | None) -> torch.Tensor:
         """[num_decode, 1, 1, max_decode_context]: each row's own context (its last `window` tokens)."""
@@ -139,22 +145,13 @@ def attend_packed(layer_idx: int, query: torch.Tensor, key: torch.Tensor, value:
     k_cache = cache.keys[layer_idx]
     v_cache = cache.values[layer_idx]
     num_tokens, q_heads, head_dim = query.shape
-    kv_heads = key.shape[1]
     k_cache.index_copy_(0, layout.slot_mapping, key)
     v_cache.index_copy_(0, layout.slot_mapping, value)
 
     nd = layout.num_decode
-    decoded = None
-    if nd:
-        # One query per sequence: fold the query heads that share a kv head into the
-        # "length" axis, so grouped-query attention needs no repeated k/v.
-        q = query[:nd].reshape(nd, kv_heads, q_heads // kv_heads, head_dim)
-        ids, length = layout.decode_block_ids, layout.max_decode_context
-        k = _gather(k_cache, ids, nd, block_size, length)
-        v = _gather(v_cache, ids, nd, block_size, length)
-        decoded = _attend(q, k, v, layout.decode_mask(sliding_window), scaling, softcap).reshape(nd, q_heads, head_dim)
-        if nd == num_tokens:
-            return decoded
+    decoded = _attend_decode_rows(query[:nd], k_cache, v_cache, layout, scaling, sliding_window, softcap) if nd else None
+    if decoded is not None and nd == num_tokens:
+        return decoded
     out = query.new_empty(num_tokens, q_heads, head_dim)
     if decoded is not None:
         out[:nd] = decoded
@@ -179,6 +176,25 @@ def attend_packed(layer_idx: int, query: torch.Tensor, key: torch.Tensor, value:
         o = _attend(q, k, v, mask, scaling, softcap)
         out[s:s + n] = o[0, :, -n:].transpose(0, 1)
     return out
+
+
+def _attend_decode_rows(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: StepLayout,
+                        scaling: float | None, sliding_window: int | None, softcap: float | None) -> torch.Tensor:
+    """The decode rows' queries [nd, Hq, D], one per sequence, over their cached contexts -> [nd, Hq, D]."""
+    nd, q_heads, head_dim = query.shape
+    block_size = layout.cache.shape.block_size
+    kernel = layout.decode_kernel
+    if kernel is not None and softcap is None and kernel.supports(query, k_cache):
+        return kernel(query, k_cache, v_cache, layout.decode_block_ids, layout.decode_lens, block_size,
+                      sliding_window, head_dim ** -0.5 if scaling is None else scaling)
+    # Gathered, then SDPA. The query heads that share a kv head are folded into the "length" axis,
+    # so grouped-query attention needs no repeated k/v.
+    kv_heads = k_cache.shape[1]
+    q = query.reshape(nd, kv_heads, q_heads // kv_heads, head_dim)
+    ids, length = layout.decode_block_ids, layout.max_decode_context
+    k = _gather(k_cache, ids, nd, block_size, length)
+    v = _gather(v_cache, ids, nd, block_size, length)
+    return _attend(q, k, v, layout.decode_mask(sliding_window), scaling, softcap).reshape(nd, q_heads, head_dim)
 
 
 def _refuse_unsupported(kwargs: dict[str, object]) -> None:

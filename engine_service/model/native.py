@@ -1,11 +1,14 @@
 """Native CPU kernels: C sources next to this file, compiled on first use and loaded with ctypes.
 
-int8_matmul.c is an int8 weight-only matmul (see its header) that reads the weights at ~1.5x
-torch._weight_int8pack_mm's speed on a batch-1 decode step. It needs x86-64 with AVX-512 and a
-C compiler with OpenMP (`cc`, or $CC); the shared library is built once per source, compiler and
-flags into the cache folder (CONDUIT_CACHE_DIR/kernels, ~1 s) and reused after. Where it cannot
-be built or loaded, int8_matmul() returns None and says why once in the log, and the int8 linears
-keep torch's kernel: slower, never wrong.
+- int8_matmul.c: an int8 weight-only matmul that streams the weights at ~1.5x the speed of
+  torch._weight_int8pack_mm on a batch-1 decode step.
+- decode_attention.c: decode attention read in place from the paged KV cache, where torch's path
+  gathers each sequence's blocks and then runs SDPA.
+
+They need x86-64 with AVX-512 and a C compiler with OpenMP (`cc`, or $CC); each shared library is
+built once per source, compiler and flags into the cache folder (CONDUIT_CACHE_DIR/kernels, ~1 s)
+and reused after. Where one cannot be built or loaded, its getter returns None and the log says
+why once, and torch's kernels run instead: slower, never wrong.
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from engine_service.model.loader import cache_dir
 log = logging.getLogger(__name__)
 
 INT8_SOURCE = Path(__file__).with_name("int8_matmul.c")
+ATTENTION_SOURCE = Path(__file__).with_name("decode_attention.c")
 # -fopenmp links libgomp, which resolves to the copy torch has loaded: one thread pool for both.
 CFLAGS = ("-O3", "-std=gnu11", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC")
-LANES = 16  # the kernel's K granularity (int8_matmul.c's LANES)
+LANES = 16  # the kernels' granularity of K and of head_dim (LANES in the C sources)
+MAX_HEAD_DIM = 256  # decode_attention.c's MAX_CHUNKS * LANES
 DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -63,16 +68,61 @@ class Int8Matmul:
         return out
 
 
+class DecodeAttention:
+    """attend(query [rows, q_heads, head_dim], one layer's k/v cache [slots, kv_heads, head_dim],
+    block_ids [rows * width], lens [rows], ...) -> [rows, q_heads, head_dim]: decode_attention.c."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._fn = library.conduit_decode_attention
+        self._fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                             ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float,
+                             ctypes.c_int, ctypes.c_void_p]
+        self._fn.restype = ctypes.c_int
+
+    @staticmethod
+    def supports(query: torch.Tensor, cache_layer: torch.Tensor) -> bool:
+        """Whether the kernel can attend these queries over this cache layer."""
+        q_heads, kv_heads, head_dim = query.shape[1], cache_layer.shape[1], cache_layer.shape[2]
+        return (query.device.type == "cpu" and query.dtype == cache_layer.dtype and query.dtype in DTYPES
+                and cache_layer.is_contiguous() and query.stride(-1) == 1 and query.shape[2] == head_dim
+                and head_dim % LANES == 0 and head_dim <= MAX_HEAD_DIM and q_heads % kv_heads == 0)
+
+    def __call__(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids: torch.Tensor,
+                 lens: torch.Tensor, block_size: int, window: int | None, scale: float) -> torch.Tensor:
+        rows, q_heads, head_dim = query.shape
+        if block_ids.dtype != torch.int64 or lens.dtype != torch.int64 or lens.shape != (rows,):
+            raise ValueError("decode attention: block ids and lengths must be int64, one length per row")
+        out = torch.empty(rows, q_heads, head_dim, dtype=query.dtype)
+        if rows and self._fn(query.data_ptr(), query.stride(0), query.stride(1), k_cache.data_ptr(),
+                             v_cache.data_ptr(), block_ids.data_ptr(), block_ids.numel() // rows, lens.data_ptr(),
+                             rows, q_heads, k_cache.shape[1], head_dim, block_size, window or 0, scale,
+                             query.dtype == torch.bfloat16, out.data_ptr()):
+            raise MemoryError("decode attention: no memory for its scratch scores")
+        return out
+
+
 @functools.cache
 def int8_matmul() -> Int8Matmul | None:
-    """The native int8 kernel, built on the first call; None (and why, in the log) where it is not
-    available."""
+    """The native int8 matmul, built on the first call; None where it is not available."""
+    library = _library(INT8_SOURCE)
+    return None if library is None else Int8Matmul(library)
+
+
+@functools.cache
+def decode_attention() -> DecodeAttention | None:
+    """The native decode attention, built on the first call; None where it is not available."""
+    library = _library(ATTENTION_SOURCE)
+    return None if library is None else DecodeAttention(library)
+
+
+def _library(source: Path) -> ctypes.CDLL | None:
     try:
-        return Int8Matmul(ctypes.CDLL(str(build(INT8_SOURCE))))
+        return ctypes.CDLL(str(build(source)))
     except Unavailable as exc:
-        log.info("int8 weights run torch's kernel: the native one is unavailable (%s)", exc)
+        log.info("%s is unavailable, torch's kernels run instead: %s", source.name, exc)
     except OSError as exc:  # dlopen
-        log.warning("int8 weights run torch's kernel: the native one failed to load (%s)", exc)
+        log.warning("%s failed to load, torch's kernels run instead: %s", source.name, exc)
     return None
 
 

@@ -71,7 +71,8 @@ class ModelRunner:
         """quantization: see linear.QUANTIZATIONS (None: the default for the device and dtype);
         deterministic: a sequence's results never depend on the batch it runs in;
         lean_forward: Llama models run model/llama.py's forward (False: transformers', for comparison);
-        native_kernels: int8 linears run model/native.py's kernel where it builds (False: torch's)."""
+        native_kernels: int8 linears and decode attention run model/native.py's kernels where they
+        build (False: torch's)."""
         self.model = model
         install_rotary_table(model, max_positions, device)
         lean = lean_forward and llama.supports(model)
@@ -86,6 +87,7 @@ class ModelRunner:
                 native_int8 = native.int8_matmul()
             quantize_linears(model, self.quantization, self.full_weights, native_int8)
         self.int8_kernel = "native" if native_int8 is not None else "torch"
+        self.decode_attention = native.decode_attention() if native_kernels and device.type == "cpu" else None
         self.lean = llama.LeanLlama(model) if lean else None
         self.pads_single_rows = one_row_rounds_differently(model)
         self.device = device
@@ -184,6 +186,7 @@ class ModelRunner:
             decode_lens=lens,
             max_decode_context=max_context,
             prefills=batch.prefills,
+            decode_kernel=self.decode_attention,
         )
         input_ids = torch.tensor([batch.input_ids], device=device)
         position_ids = torch.tensor([batch.positions], device=device)
