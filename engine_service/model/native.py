@@ -5,10 +5,11 @@
 - decode_attention.c: decode attention read in place from the paged KV cache, where torch's path
   gathers each sequence's blocks and then runs SDPA.
 
-They need x86-64 with AVX-512 and a C compiler with OpenMP (`cc`, or $CC); each shared library is
-built once per source, compiler and flags into the cache folder (CONDUIT_CACHE_DIR/kernels, ~1 s)
-and reused after. Where one cannot be built or loaded, its getter returns None and the log says
-why once, and torch's kernels run instead: slower, never wrong.
+They need x86-64 with AVX-512, and a C compiler with OpenMP (`cc`, or $CC) to build them: each
+shared library is built once per source and flags into the cache folder (CONDUIT_CACHE_DIR/kernels,
+~1 s) and reused after; `python -m engine_service.model.native` builds them ahead (the container
+image does, then needs no compiler). Where one cannot be built or loaded, its getter returns None
+and the log says why once, and torch's kernels run instead: slower, never wrong.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def decode_attention() -> DecodeAttention | None:
 
 def _library(source: Path) -> ctypes.CDLL | None:
     try:
+        _check_cpu()
         return ctypes.CDLL(str(build(source)))
     except Unavailable as exc:
         log.info("%s is unavailable, torch's kernels run instead: %s", source.name, exc)
@@ -130,34 +132,46 @@ class Unavailable(RuntimeError):
     """This machine cannot build or run the native kernels."""
 
 
-def build(source: Path) -> Path:
-    """The shared library of `source`, compiled into the cache unless there already."""
+def _check_cpu() -> None:
     if platform.machine() not in ("x86_64", "AMD64") or torch.backends.cpu.get_cpu_capability() != "AVX512":
         raise Unavailable(f"needs an x86-64 CPU with AVX-512 (this is {platform.machine()}, "
                           f"{torch.backends.cpu.get_cpu_capability()})")
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise Unavailable("no C compiler (cc, gcc or $CC) on PATH")
-    version = _run([compiler, "--version"]).splitlines()[0]
-    key = hashlib.sha256("\0".join([source.read_text(), compiler, version, *CFLAGS]).encode()).hexdigest()[:16]
+
+
+def build(source: Path) -> Path:
+    """The shared library of `source`, compiled into the cache unless there already (the name holds
+    a hash of the source and the flags, so an image can ship them prebuilt and need no compiler)."""
+    key = hashlib.sha256("\0".join([source.read_text(), *CFLAGS]).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"{source.stem}-{key}.so"
     if target.exists():
         return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise Unavailable("no C compiler (cc, gcc or $CC) on PATH")
     target.parent.mkdir(parents=True, exist_ok=True)
     # Built beside the target, then renamed: engines starting together never load a half-written file.
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
         _run([compiler, *CFLAGS, str(source), "-o", str(built)])
         os.replace(built, target)
-    log.info("built %s with %s", target, version)
+    log.info("built %s with %s", target, compiler)
     return target
 
 
-def _run(command: list[str]) -> str:
+def _run(command: list[str]) -> None:
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise Unavailable(f"{command[0]} failed to run: {exc}") from exc
     if done.returncode:
         raise Unavailable(f"{' '.join(command)} exited {done.returncode}: {done.stderr.strip()[-500:]}")
-    return done.stdout
+
+
+def main() -> None:
+    """Build every kernel into the cache (container images run this at build time)."""
+    for source in (INT8_SOURCE, ATTENTION_SOURCE):
+        print(build(source))
+
+
+if __name__ == "__main__":
+    main()
