@@ -3,18 +3,22 @@
  *     y[m, n] = (sum over k of x[m, k] * w[n, k]) * scales[n]
  *
  * x: [M, K] bf16 or float32 activations; w: [N, K] int8 weights, one float32 scale per output
- * channel n; y: [M, N] in x's type. The same math as torch._weight_int8pack_mm (float32 sums,
- * rounded once to the output type), faster when the weights come from memory:
+ * channel n; y: [M, N] in x's type. Float32 sums, rounded once to the output type, as
+ * torch._weight_int8pack_mm, and faster:
  *
  * - A decode step at a small batch is bound by streaming the weights. The hardware prefetcher
  *   stops at each 4 KB page, so every block of weight rows first asks for the bytes PREFETCH_AHEAD
  *   further on: a batch-1 layer's matmuls went from ~26 to ~39 GB/s here (benchmarks/RESULTS.md).
- * - Each int8 weight vector is widened to float once and used for every row of x (up to
- *   MAX_ROWS at a time), so a few rows cost little more than one.
+ * - Each weight vector is widened once and used for every row of x (up to MAX_ROWS at a time).
+ * - With a few rows the multiply-adds bound the work, so bf16 activations on a CPU with
+ *   AVX512_BF16 take `vdpbf16ps`: an int8 weight is exact in bf16, a bf16 x bf16 product exact in
+ *   float32, and one instruction adds 32 of them in pairs (half the instructions of float32 FMAs;
+ *   8 rows ~1.8x faster). Otherwise x is widened to float32 and float32 FMAs run.
  *
- * Batch invariance: every output element is one 16-lane float32 accumulation over k in order,
- * then one horizontal sum, whatever M, the block shapes or the thread count; so a row's result
- * never depends on the other rows (the engine's --deterministic relies on it).
+ * Batch invariance: which path runs depends on the dtype, K and the CPU only, and every output
+ * element is one accumulation over k in order, then one horizontal sum, whatever M, the block
+ * shapes or the thread count; so a row's result never depends on the other rows (the engine's
+ * --deterministic relies on it).
  * Threads: OpenMP over blocks of output channels, from the OpenMP runtime torch already loaded
  * (the same pool and thread count as torch's own kernels).
  */
@@ -26,6 +30,7 @@
 #define PREFETCH_AHEAD 4096 /* bytes; 2-8 KB measured alike, 1 KB and 16 KB slower */
 #define MAX_ROWS 8          /* rows of x per pass over the weights */
 #define LANES 16            /* K must be a multiple of this (checked by the caller) */
+#define PAIR_LANES 32       /* the bf16 path's step: K must be a multiple of it too */
 
 static inline float bf16_to_float(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
@@ -72,6 +77,38 @@ static inline __attribute__((always_inline)) void dot_block(const float *x, int 
         for (int r = 0; r < outs; r++) out[m * outs + r] = _mm512_reduce_add_ps(acc[m][r]);
 }
 
+/* dot_block for bf16 rows of x, with vdpbf16ps (see the header); K a multiple of PAIR_LANES. */
+static inline __attribute__((always_inline)) void dot_block_bf16(const uint16_t *x, int rows, int outs, int64_t k_len,
+                                                                 const int8_t *w, const char *w_end, float *out) {
+    __m512 acc[MAX_ROWS][8];
+    for (int m = 0; m < rows; m++)
+        for (int r = 0; r < outs; r++) acc[m][r] = _mm512_setzero_ps();
+    const char *ahead = (const char *)w + PREFETCH_AHEAD;
+    for (int64_t i = 0; i < outs * k_len; i += 64)
+        if (ahead + i < w_end) _mm_prefetch(ahead + i, _MM_HINT_T0);
+    for (int64_t k = 0; k < k_len; k += PAIR_LANES) {
+        for (int r = 0; r < outs; r++) {
+            const int8_t *wr = w + r * k_len + k;
+            __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)wr)));
+            __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(wr + LANES))));
+            __m512bh wv = _mm512_cvtne2ps_pbh(high, low); /* exact: |w| <= 127 */
+            for (int m = 0; m < rows; m++)
+                acc[m][r] = _mm512_dpbf16_ps(acc[m][r], (__m512bh)_mm512_loadu_si512(x + m * k_len + k), wv);
+        }
+    }
+    for (int m = 0; m < rows; m++)
+        for (int r = 0; r < outs; r++) out[m * outs + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
+/* One block of OUTS output channels from n0 for ROWS rows of x, by the pass's path. */
+#define DOT_BLOCK(ROWS, OUTS, n0, out)                                                                \
+    do {                                                                                              \
+        if (pairs)                                                                                    \
+            dot_block_bf16(xb, ROWS, OUTS, k, w + (n0) * k, w_end, out);                              \
+        else                                                                                          \
+            dot_block(xf, ROWS, OUTS, k, w + (n0) * k, w_end, out);                                   \
+    } while (0)
+
 /* One pass over all N weight rows for ROWS rows of x, OUTS output channels per block (ROWS x OUTS
  * accumulators: at most 16, a margin under AVX-512's 32 registers). */
 #define PASS(ROWS, OUTS)                                                                              \
@@ -80,14 +117,14 @@ static inline __attribute__((always_inline)) void dot_block(const float *x, int 
         _Pragma("omp parallel for schedule(static)") for (int64_t b = 0; b < blocks; b++) {           \
             float out[(ROWS) * (OUTS)];                                                               \
             int64_t n0 = b * (OUTS);                                                                  \
-            dot_block(xf, ROWS, OUTS, k, w + n0 * k, w_end, out);                                     \
+            DOT_BLOCK(ROWS, OUTS, n0, out);                                                           \
             for (int m = 0; m < (ROWS); m++)                                                          \
                 for (int r = 0; r < (OUTS); r++)                                                      \
                     store(y, y_bf16, (size_t)(m0 + m) * n + n0 + r, out[m * (OUTS) + r] * scales[n0 + r]); \
         }                                                                                             \
         for (int64_t n0 = blocks * (OUTS); n0 < n; n0++) { /* the last n % OUTS channels */           \
             float out[(ROWS)];                                                                        \
-            dot_block(xf, ROWS, 1, k, w + n0 * k, w_end, out);                                        \
+            DOT_BLOCK(ROWS, 1, n0, out);                                                              \
             for (int m = 0; m < (ROWS); m++) store(y, y_bf16, (size_t)(m0 + m) * n + n0, out[m] * scales[n0]); \
         }                                                                                             \
     } while (0)
@@ -96,12 +133,14 @@ static inline __attribute__((always_inline)) void dot_block(const float *x, int 
 int conduit_int8_matmul(const void *x, int x_bf16, int64_t m_len, int64_t k, const int8_t *w,
                         const float *scales, void *y, int64_t n) {
     const int y_bf16 = x_bf16;
+    const int pairs = x_bf16 && k % PAIR_LANES == 0 && __builtin_cpu_supports("avx512bf16");
     const char *w_end = (const char *)w + n * k;
-    float *xf = malloc(sizeof(float) * MAX_ROWS * k); /* the pass's rows of x, as float32 */
-    if (xf == NULL) return -1;
+    float *xf = pairs ? NULL : malloc(sizeof(float) * MAX_ROWS * k); /* the pass's rows of x, as float32 */
+    if (!pairs && xf == NULL) return -1;
     for (int64_t m0 = 0; m0 < m_len; m0 += MAX_ROWS) {
         int rows = m_len - m0 < MAX_ROWS ? (int)(m_len - m0) : MAX_ROWS;
-        for (int64_t i = 0; i < rows * k; i++)
+        const uint16_t *xb = (const uint16_t *)x + m0 * k; /* the pass's rows of x, as bf16 (pairs) */
+        for (int64_t i = 0; !pairs && i < rows * k; i++)
             xf[i] = x_bf16 ? bf16_to_float(((const uint16_t *)x)[m0 * k + i]) : ((const float *)x)[m0 * k + i];
         switch (rows) {
             case 1: PASS(1, 8); break;

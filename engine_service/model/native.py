@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 INT8_SOURCE = Path(__file__).with_name("int8_matmul.c")
 ATTENTION_SOURCE = Path(__file__).with_name("decode_attention.c")
 # -fopenmp links libgomp, which resolves to the copy torch has loaded: one thread pool for both.
-CFLAGS = ("-O3", "-std=gnu11", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC")
+# -mavx512bf16 only lets int8_matmul.c use vdpbf16ps, which it does after checking the CPU has it.
+CFLAGS = ("-O3", "-std=gnu11", "-mavx512f", "-mfma", "-mavx512bf16", "-fopenmp", "-shared", "-fPIC")
 LANES = 16  # the kernels' granularity of K and of head_dim (LANES in the C sources)
 MAX_HEAD_DIM = 256  # decode_attention.c's MAX_CHUNKS * LANES
 DTYPES = (torch.bfloat16, torch.float32)
