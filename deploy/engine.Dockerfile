@@ -44,15 +44,15 @@ RUN pip install --no-cache-dir ".[engine]" \
     && python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
 # The native CPU kernels (engine_service/model/native.py), built into the image's cache with a
-# compiler that is removed in the same layer: an engine on an AVX-512 CPU loads them; elsewhere it
-# runs torch's kernels.
-# hadolint ignore=DL3008
-RUN apt-get update -q \
-    && apt-get install -y -q --no-install-recommends gcc libc6-dev \
+# compiler installed for it and removed in the same layer (only what the base image lacked): an
+# engine on an AVX-512 CPU loads them; elsewhere it runs torch's kernels. ($missing is split into
+# package names on purpose, hence SC2086.)
+# hadolint ignore=DL3008,SC2086
+RUN missing="$(for p in gcc libc6-dev; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)" \
+    && if [ -n "$missing" ]; then apt-get update -q && apt-get install -y -q --no-install-recommends $missing; fi \
     && python -m engine_service.model.native \
     && chown -R conduit:conduit /var/cache/conduit \
-    && apt-get purge -y -q --auto-remove gcc libc6-dev \
-    && rm -rf /var/lib/apt/lists/*
+    && if [ -n "$missing" ]; then apt-get purge -y -q --auto-remove $missing && rm -rf /var/lib/apt/lists/*; fi
 
 # Numeric, so Kubernetes' runAsNonRoot can verify it.
 USER 10001:10001

@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_configs import RUNNER_COMMON, RunnerSeq, tiny_in_memory
+from transformers import LlamaConfig
 
+from engine_service.core.scheduler import ScheduledBatch
 from engine_service.model import native
 from engine_service.model.linear import Int8Linear
+from engine_service.model.runner import ModelRunner
+
+CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +180,7 @@ def test_decode_attention_matches_softmax_attention_over_each_context(
         window: int | None) -> None:
     lens = [1, 17, 40, 129, 16]
     query, k, v, ids, lens_t, width = paged_case(lens, q_heads, kv_heads, head_dim, dtype)
-    assert attend.supports(query, k)
+    assert attend.supports(q_heads, kv_heads, head_dim, dtype)
     got = attend(query, k, v, ids, lens_t, 16, window, head_dim ** -0.5)
     expected = reference(query, k, v, ids, lens_t, width, window, head_dim ** -0.5)
     assert got.shape == (len(lens), q_heads, head_dim) and got.dtype == dtype
@@ -199,9 +205,44 @@ def test_decode_attention_gives_a_row_the_same_bits_in_any_batch(attend: native.
 
 
 def test_decode_attention_refuses_what_it_cannot_compute(attend: native.DecodeAttention) -> None:
-    query, k, v, ids, lens_t, _ = paged_case([3], 4, 2, 24, torch.bfloat16)
-    assert not attend.supports(query, k)  # head_dim 24: not a multiple of 16
+    assert not attend.supports(4, 2, 24, torch.bfloat16)  # head_dim not a multiple of 16
+    assert not attend.supports(4, 2, 272, torch.bfloat16)  # past 256
+    assert not attend.supports(4, 3, 32, torch.bfloat16)  # query heads not grouped evenly
+    assert not attend.supports(4, 2, 32, torch.float16)
     query, k, v, ids, lens_t, _ = paged_case([3], 4, 2, 32, torch.bfloat16)
-    assert not attend.supports(query.float(), k)  # dtypes differ
+    with pytest.raises(ValueError, match="against cache"):
+        attend(query.float(), k, v, ids, lens_t, 16, None, 1.0)
     with pytest.raises(ValueError, match="int64"):
         attend(query, k, v, ids.int(), lens_t, 16, None, 1.0)
+
+
+def test_decode_attention_takes_queries_of_any_layout(attend: native.DecodeAttention) -> None:
+    """transformers' forward hands [heads, tokens, dim] transposed; a strided dim is copied first."""
+    query, k, v, ids, lens_t, _ = paged_case([40, 7], 4, 2, 32, torch.bfloat16)
+    expected = attend(query.contiguous(), k, v, ids, lens_t, 16, None, 0.2)
+    heads_first = query.transpose(0, 1).contiguous().transpose(0, 1)
+    dim_strided = query.transpose(1, 2).contiguous().transpose(1, 2)
+    assert dim_strided.stride(-1) != 1
+    for layout in (query, heads_first, dim_strided):
+        assert torch.equal(attend(layout, k, v, ids, lens_t, 16, None, 0.2), expected)
+
+
+def test_the_runner_attends_decode_rows_with_it(attend: native.DecodeAttention) -> None:
+    """Wired in: every layer of a decode step calls the kernel, and the next token's logits match
+    torch's gather-then-SDPA path within float32 rounding; --no-native-kernels keeps torch's path."""
+    config = LlamaConfig(**RUNNER_COMMON)
+    runners = {}
+    for native_kernels in (True, False):
+        runners[native_kernels] = ModelRunner(tiny_in_memory(config, torch.float32), CPU, torch.float32, 16, 16,
+                                              256, native_kernels=native_kernels)
+    assert runners[False].decode_attention is None
+    calls = []
+    runners[True].decode_attention = lambda *args: calls.append(1) or attend(*args)
+    logits = {}
+    for native_kernels, runner in runners.items():
+        seq = RunnerSeq(0, list(range(3, 43)), block_table=[0, 1, 2])
+        runner.run(ScheduledBatch(prefill=[(seq, 39)]), set())  # all but the last token, cached
+        seq.num_cached = 39
+        logits[native_kernels] = runner.run(ScheduledBatch(decode=[seq]), set()).next_token[0]
+    assert len(calls) == config.num_hidden_layers
+    torch.testing.assert_close(logits[True], logits[False], rtol=1e-4, atol=1e-4)

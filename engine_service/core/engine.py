@@ -64,7 +64,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True  # share cached full prompt blocks across requests (block_manager.py)
     quantization: str | None = None  # linear weights: none, int8, int4; None: the default (model/linear.py)
     deterministic: bool = False  # a sequence's results never depend on the batch it runs in
-    native_kernels: bool = True  # int8 linears on model/native.py's kernel where it builds (else torch's)
+    native_kernels: bool = True  # int8 linears and decode attention on model/native.py's kernels where they build
     # Steps whose tokens a request gathers before they are sent (its first token and its end go at
     # once): fewer, larger messages cost the shim and clients less per token at high concurrency.
     # 0 (auto): every step while a step feeds up to AUTO_STREAMS_PER_STEP requests, then every
@@ -124,11 +124,12 @@ class Engine:
                         FAULT_INJECT_ENV, self._fault_marker)
         log.info("KV cache: %d blocks of %d tokens (%d tokens), max batch %d, max model len %d",
                  num_blocks, config.block_size, self.kv_capacity_tokens, config.max_batch_size, self.max_model_len)
-        kernel = {"native": " (native kernel)", "torch": " (torch's kernel)"}[self.runner.int8_kernel] \
-            if self.runner.quantization == "int8" else ""
+        kernel = f" ({self.runner.int8_kernel} kernel)" if self.runner.quantization == "int8" else ""
         log.info("weights: %s%s on %s (%s)%s", self.runner.quantization, kernel, loaded.device,
                  str(loaded.dtype).removeprefix("torch."),
                  ", deterministic" if config.deterministic else "")
+        log.info("decode attention: %s", "native, in place in the paged cache" if self.runner.decode_attention
+                 else "gathered, then SDPA")
         log.info("streaming: %s", _describe_stream_interval(config.stream_interval))
 
     def _num_blocks(self) -> int:

@@ -63,7 +63,8 @@ class StepLayout:
     max_decode_context: int  # whole blocks
     prefills: list[PrefillChunk]
     masks: dict[tuple, torch.Tensor] = field(default_factory=dict)  # built once per step, shared by layers
-    # Attends the decode rows in place in the cache (model/native.py); None: gather, then SDPA.
+    # Attends the decode rows in place in the cache (model/native.py), for a model it supports (the
+    # runner checks); None: gather, then SDPA.
     decode_kernel: DecodeAttention | None = None
 
     def decode_mask(self, window: int | None) -> torch.Tensor:
@@ -184,7 +185,7 @@ def _attend_decode_rows(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     nd, q_heads, head_dim = query.shape
     block_size = layout.cache.shape.block_size
     kernel = layout.decode_kernel
-    if kernel is not None and softcap is None and kernel.supports(query, k_cache):
+    if kernel is not None and softcap is None:
         return kernel(query, k_cache, v_cache, layout.decode_block_ids, layout.decode_lens, block_size,
                       sliding_window, head_dim ** -0.5 if scaling is None else scaling)
     # Gathered, then SDPA. The query heads that share a kv head are folded into the "length" axis,

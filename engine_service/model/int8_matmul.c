@@ -55,6 +55,21 @@ static inline void store(void *y, int y_bf16, size_t index, float value) {
         ((float *)y)[index] = value;
 }
 
+/* Ask for the weight bytes PREFETCH_AHEAD past a block's start, as many as the block holds. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const int8_t *w, int64_t block_bytes,
+                                                                 const char *w_end) {
+    const char *ahead = (const char *)w + PREFETCH_AHEAD;
+    for (int64_t i = 0; i < block_bytes; i += 64)
+        if (ahead + i < w_end) _mm_prefetch(ahead + i, _MM_HINT_T0);
+}
+
+/* out[m * outs + r] = the sum of acc[m][r]'s lanes. */
+static inline __attribute__((always_inline)) void sum_lanes(__m512 acc[MAX_ROWS][8], int rows, int outs,
+                                                            float *out) {
+    for (int m = 0; m < rows; m++)
+        for (int r = 0; r < outs; r++) out[m * outs + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
 /* The ROWS x OUTS dot products of x's rows with the weight rows from w, into out[ROWS][OUTS].
  * Always inlined with constant ROWS and OUTS, so the accumulators live in registers. */
 static inline __attribute__((always_inline)) void dot_block(const float *x, int rows, int outs, int64_t k_len,
@@ -62,9 +77,7 @@ static inline __attribute__((always_inline)) void dot_block(const float *x, int 
     __m512 acc[MAX_ROWS][8];
     for (int m = 0; m < rows; m++)
         for (int r = 0; r < outs; r++) acc[m][r] = _mm512_setzero_ps();
-    const char *ahead = (const char *)w + PREFETCH_AHEAD;
-    for (int64_t i = 0; i < outs * k_len; i += 64)
-        if (ahead + i < w_end) _mm_prefetch(ahead + i, _MM_HINT_T0);
+    prefetch_ahead(w, outs * k_len, w_end);
     for (int64_t k = 0; k < k_len; k += LANES) {
         for (int r = 0; r < outs; r++) {
             __m128i bytes = _mm_loadu_si128((const __m128i *)(w + r * k_len + k));
@@ -73,8 +86,7 @@ static inline __attribute__((always_inline)) void dot_block(const float *x, int 
                 acc[m][r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + m * k_len + k), acc[m][r]);
         }
     }
-    for (int m = 0; m < rows; m++)
-        for (int r = 0; r < outs; r++) out[m * outs + r] = _mm512_reduce_add_ps(acc[m][r]);
+    sum_lanes(acc, rows, outs, out);
 }
 
 /* dot_block for bf16 rows of x, with vdpbf16ps (see the header); K a multiple of PAIR_LANES. */
@@ -83,9 +95,7 @@ static inline __attribute__((always_inline)) void dot_block_bf16(const uint16_t 
     __m512 acc[MAX_ROWS][8];
     for (int m = 0; m < rows; m++)
         for (int r = 0; r < outs; r++) acc[m][r] = _mm512_setzero_ps();
-    const char *ahead = (const char *)w + PREFETCH_AHEAD;
-    for (int64_t i = 0; i < outs * k_len; i += 64)
-        if (ahead + i < w_end) _mm_prefetch(ahead + i, _MM_HINT_T0);
+    prefetch_ahead(w, outs * k_len, w_end);
     for (int64_t k = 0; k < k_len; k += PAIR_LANES) {
         for (int r = 0; r < outs; r++) {
             const int8_t *wr = w + r * k_len + k;
@@ -96,8 +106,7 @@ static inline __attribute__((always_inline)) void dot_block_bf16(const uint16_t 
                 acc[m][r] = _mm512_dpbf16_ps(acc[m][r], (__m512bh)_mm512_loadu_si512(x + m * k_len + k), wv);
         }
     }
-    for (int m = 0; m < rows; m++)
-        for (int r = 0; r < outs; r++) out[m * outs + r] = _mm512_reduce_add_ps(acc[m][r]);
+    sum_lanes(acc, rows, outs, out);
 }
 
 /* One block of OUTS output channels from n0 for ROWS rows of x, by the pass's path. */

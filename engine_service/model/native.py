@@ -83,18 +83,20 @@ class DecodeAttention:
         self._fn.restype = ctypes.c_int
 
     @staticmethod
-    def supports(query: torch.Tensor, cache_layer: torch.Tensor) -> bool:
-        """Whether the kernel can attend these queries over this cache layer."""
-        q_heads, kv_heads, head_dim = query.shape[1], cache_layer.shape[1], cache_layer.shape[2]
-        return (query.device.type == "cpu" and query.dtype == cache_layer.dtype and query.dtype in DTYPES
-                and cache_layer.is_contiguous() and query.stride(-1) == 1 and query.shape[2] == head_dim
-                and head_dim % LANES == 0 and head_dim <= MAX_HEAD_DIM and q_heads % kv_heads == 0)
+    def supports(q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
+        """Whether the kernel can serve a model with these heads in this dtype (CPU tensors)."""
+        return dtype in DTYPES and head_dim % LANES == 0 and head_dim <= MAX_HEAD_DIM and q_heads % kv_heads == 0
 
     def __call__(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids: torch.Tensor,
                  lens: torch.Tensor, block_size: int, window: int | None, scale: float) -> torch.Tensor:
         rows, q_heads, head_dim = query.shape
+        if query.dtype != k_cache.dtype or head_dim != k_cache.shape[2]:
+            raise ValueError(f"decode attention: query {tuple(query.shape)} {query.dtype} against cache "
+                             f"{tuple(k_cache.shape)} {k_cache.dtype}")
         if block_ids.dtype != torch.int64 or lens.dtype != torch.int64 or lens.shape != (rows,):
             raise ValueError("decode attention: block ids and lengths must be int64, one length per row")
+        if query.stride(-1) != 1:  # rows and heads may be strided; each head's values must be contiguous
+            query = query.contiguous()
         out = torch.empty(rows, q_heads, head_dim, dtype=query.dtype)
         if rows and self._fn(query.data_ptr(), query.stride(0), query.stride(1), k_cache.data_ptr(),
                              v_cache.data_ptr(), block_ids.data_ptr(), block_ids.numel() // rows, lens.data_ptr(),

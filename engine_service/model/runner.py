@@ -87,7 +87,6 @@ class ModelRunner:
                 native_int8 = native.int8_matmul()
             quantize_linears(model, self.quantization, self.full_weights, native_int8)
         self.int8_kernel = "native" if native_int8 is not None else "torch"
-        self.decode_attention = native.decode_attention() if native_kernels and device.type == "cpu" else None
         self.lean = llama.LeanLlama(model) if lean else None
         self.pads_single_rows = one_row_rounds_differently(model)
         self.device = device
@@ -98,6 +97,9 @@ class ModelRunner:
             CacheShape(config.num_hidden_layers, config.num_key_value_heads, head_dim, block_size, num_blocks),
             dtype=dtype, device=device,
         )
+        # Decided once for the model; a softcapped layer still takes torch's path (attention.py).
+        fits = native.DecodeAttention.supports(config.num_attention_heads, config.num_key_value_heads, head_dim, dtype)
+        self.decode_attention = native.decode_attention() if native_kernels and device.type == "cpu" and fits else None
         self.block_size = block_size
         # The last block is never handed out: padding tokens write there.
         self.scratch_block = num_blocks - 1
