@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_service.core.scheduler import ScheduledBatch
-from engine_service.model.loader import load_model
+from engine_service.model.loader import load_model, pick_dtype
 from engine_service.model.runner import ModelRunner
 
 BLOCK = 16
@@ -35,8 +35,8 @@ class FakeSequence:
 
 
 def build_runner(weights: str, deterministic: bool, num_blocks: int, lean_forward: bool = True,
-                 native_kernels: bool = True) -> ModelRunner:
-    loaded = load_model(None, device="cpu", dtype="bfloat16")
+                 native_kernels: bool = True, dtype: str = "auto") -> ModelRunner:
+    loaded = load_model(None, device="cpu", dtype=dtype)
     return ModelRunner(loaded.model, loaded.device, loaded.dtype, BLOCK, num_blocks,
                        loaded.max_context_length, quantization=weights, deterministic=deterministic,
                        lean_forward=lean_forward, native_kernels=native_kernels)
@@ -82,22 +82,30 @@ def main() -> None:
     parser.add_argument("--torch-int8", action="store_true",
                         help="also time int8 on torch's kernel instead of the native one")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; default: all cores")
+    parser.add_argument("--dtypes", nargs="+", default=["auto"], choices=["auto", "bfloat16", "float32"],
+                        help="the model's dtype (auto: the engine's choice, bf16 where the CPU has AVX512_BF16)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     num_blocks = max(args.batches) * (-(-(args.context + 1) // BLOCK)) + args.prefill // BLOCK + 2
-    runners = {weights: build_runner(weights, False, num_blocks) for weights in args.weights}
-    if args.deterministic:
-        runners["int4 det."] = build_runner("int4", True, num_blocks)
-    if args.torch_int8:
-        runners["int8 (torch's kernel)"] = build_runner("int8", False, num_blocks, native_kernels=False)
-    if args.transformers_forward:
-        runners |= {f"{weights} (transformers)": build_runner(weights, False, num_blocks, lean_forward=False)
-                    for weights in args.weights}
+    runners: dict[str, ModelRunner] = {}
+    for dtype in args.dtypes:
+        label = f"{dtype} " if len(args.dtypes) > 1 else ""
+        runners |= {f"{label}{weights}": build_runner(weights, False, num_blocks, dtype=dtype) for weights in args.weights}
+        if args.deterministic:
+            runners[f"{label}int4 det."] = build_runner("int4", True, num_blocks, dtype=dtype)
+        if args.torch_int8:
+            runners[f"{label}int8 (torch's kernel)"] = build_runner("int8", False, num_blocks, native_kernels=False,
+                                                                  dtype=dtype)
+        if args.transformers_forward:
+            runners |= {f"{label}{weights} (transformers)": build_runner(weights, False, num_blocks,
+                                                                          lean_forward=False, dtype=dtype)
+                        for weights in args.weights}
     cases = [(f"decode b={batch}", decode_batch(batch, args.context), args.repeats) for batch in args.batches]
     if args.prefill:
         cases.append((f"prefill {args.prefill}", prefill_batch(args.prefill), max(3, args.repeats // 5)))
-    print(f"threads={torch.get_num_threads()} context={args.context} repeats={args.repeats}; "
+    print(f"dtype {', '.join(args.dtypes)} (auto: {pick_dtype('auto', torch.device('cpu'))}); "
+          f"threads={torch.get_num_threads()} context={args.context} repeats={args.repeats}; "
           f"ms per step, fastest (median)")
     print("| weights | " + " | ".join(name for name, _, _ in cases) + " |")
     print("| --- " * (len(cases) + 1) + "|")

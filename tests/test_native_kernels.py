@@ -1,9 +1,12 @@
-"""The native int8 kernel (engine_service/model/native.py, int8_matmul.c): it computes what the int8
-weights and scales say, in bf16 and float32, for any number of rows and output channels; a row's
-bits never depend on the other rows or on the thread count; it is built once into the cache and
-refused, not miscompiled, where it cannot be built."""
+"""The native kernels (engine_service/model/native.py, int8_matmul.c, decode_attention.c, simd.h):
+they compute what the int8 weights and scales (and the paged cache) say, in bf16 and float32, for
+any number of rows and output channels; a row's bits never depend on the other rows or on the
+thread count; each is built once into the cache and refused, not miscompiled, where it cannot be
+built. Each test runs on every build this CPU can run (AVX2, and AVX-512 where it has it)."""
 
 from __future__ import annotations
+
+import ctypes
 
 import pytest
 import torch
@@ -18,12 +21,48 @@ from engine_service.model.runner import ModelRunner
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def kernel() -> native.Int8Matmul:
-    built = native.int8_matmul()
-    if built is None:  # the reason is in the log; the int8 linears then keep torch's kernel
-        pytest.skip("the native int8 kernel cannot be built here (needs x86-64 AVX-512 and a C compiler)")
-    return built
+def runnable_isas() -> list[str]:
+    """The builds this CPU runs: an AVX-512 CPU runs the AVX2 build too."""
+    try:
+        isa = native.cpu_isa()
+    except native.Unavailable:
+        return []
+    return ["AVX2", "AVX512"] if isa == "AVX512" else [isa]
+
+
+def load(source, isa: str) -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL(str(native.build(source, isa)))
+    except native.Unavailable as exc:  # no C compiler: the engine then keeps torch's kernels
+        pytest.skip(f"the native kernels cannot be built here: {exc}")
+
+
+ISAS = runnable_isas() or [pytest.param(None, marks=pytest.mark.skip(reason="needs x86-64 with AVX-512 or AVX2"))]
+
+
+@pytest.fixture(scope="module", params=ISAS)
+def kernel(request) -> native.Int8Matmul:
+    return native.Int8Matmul(load(native.INT8_SOURCE, request.param))
+
+
+def test_the_engine_gets_this_cpus_build() -> None:
+    if not runnable_isas():
+        pytest.skip("needs x86-64 with AVX-512 or AVX2")
+    assert native.int8_matmul() is not None and native.decode_attention() is not None
+
+
+def test_every_build_compiles_on_any_x86_64(tmp_path, monkeypatch) -> None:
+    """The container image builds them all (`python -m engine_service.model.native`), whatever the
+    CPU that builds it."""
+    if not runnable_isas():
+        pytest.skip("needs x86-64 and a C compiler")
+    monkeypatch.setenv("CONDUIT_CACHE_DIR", str(tmp_path))
+    try:
+        native.main()
+    except native.Unavailable as exc:
+        pytest.skip(f"no C compiler: {exc}")
+    built = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "kernels").iterdir())
+    assert built == ["decode_attention-avx2", "decode_attention-avx512", "int8_matmul-avx2", "int8_matmul-avx512"]
 
 
 def quantized(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,10 +139,10 @@ def test_int8_linears_run_it_where_it_supports_the_layer(kernel: native.Int8Matm
 
 def test_the_library_is_built_once_into_the_cache(kernel: native.Int8Matmul, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("CONDUIT_CACHE_DIR", str(tmp_path))
-    first = native.build(native.INT8_SOURCE)
+    first = native.build(native.INT8_SOURCE, "AVX2")
     assert first.parent == tmp_path / "kernels" and first.exists()
     built_at = first.stat().st_mtime_ns
-    assert native.build(native.INT8_SOURCE) == first and first.stat().st_mtime_ns == built_at
+    assert native.build(native.INT8_SOURCE, "AVX2") == first and first.stat().st_mtime_ns == built_at
     assert list(first.parent.iterdir()) == [first]  # no scratch left behind
 
 
@@ -111,10 +150,10 @@ def test_a_missing_or_failing_compiler_makes_it_unavailable(tmp_path, monkeypatc
     monkeypatch.setenv("CONDUIT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     with pytest.raises(native.Unavailable, match="failed to run"):
-        native.build(native.INT8_SOURCE)
+        native.build(native.INT8_SOURCE, "AVX2")
     monkeypatch.setenv("CC", "false")
     with pytest.raises(native.Unavailable, match="exited"):
-        native.build(native.INT8_SOURCE)
+        native.build(native.INT8_SOURCE, "AVX2")
     assert not (tmp_path / "kernels").exists() or not list((tmp_path / "kernels").iterdir())
 
 
@@ -122,21 +161,18 @@ def test_a_prebuilt_library_needs_no_compiler(kernel: native.Int8Matmul, tmp_pat
     """As in the container image, which builds the kernels (`python -m engine_service.model.native`)
     and ships without a compiler."""
     monkeypatch.setenv("CONDUIT_CACHE_DIR", str(tmp_path))
-    built = native.build(native.INT8_SOURCE)
+    built = native.build(native.INT8_SOURCE, "AVX2")
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert native.build(native.INT8_SOURCE) == built
+    assert native.build(native.INT8_SOURCE, "AVX2") == built
 
 
 # ------------------------------------------------------------------ decode attention
 
 
-@pytest.fixture(scope="module")
-def attend() -> native.DecodeAttention:
-    built = native.decode_attention()
-    if built is None:
-        pytest.skip("the native decode attention cannot be built here (needs x86-64 AVX-512 and a C compiler)")
-    return built
+@pytest.fixture(scope="module", params=ISAS)
+def attend(request) -> native.DecodeAttention:
+    return native.DecodeAttention(load(native.ATTENTION_SOURCE, request.param))
 
 
 def paged_case(lens: list[int], q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,

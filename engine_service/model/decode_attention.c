@@ -1,5 +1,5 @@
-/* Decode attention read in place from the paged KV cache, for x86-64 CPUs with AVX-512 (built and
- * loaded by native.py): one query token per sequence, attending to its own cached context.
+/* Decode attention read in place from the paged KV cache, for x86-64 CPUs with AVX-512 or AVX2
+ * (simd.h; built and loaded by native.py): one query token per sequence, attending to its own cached context.
  *
  * q: the step's decode rows, [batch, q_heads, head_dim] with the given row and head strides
  * (elements); k_cache, v_cache: one layer's cache, [slots, kv_heads, head_dim] contiguous, slot =
@@ -15,65 +15,61 @@
  * attention) are computed together, so each cached k/v row is read once. A sequence's result
  * depends only on its own query and context, never on the batch or the thread count.
  */
-#include <immintrin.h>
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 
-#define LANES 16          /* head_dim must be a multiple of this (checked by the caller) */
-#define MAX_CHUNKS 16     /* and at most MAX_CHUNKS * LANES = 256 */
+#include "simd.h"
 
-static inline __m512 load16(const void *p, int bf16) {
-    if (!bf16) return _mm512_loadu_ps(p);
-    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
+#define LANES 16                 /* head_dim must be a multiple of this (checked by the caller) */
+#define MAX_CHUNKS (256 / VL)    /* and at most 256 */
 
-static inline void store16(void *p, __m512 v, int bf16) {
-    if (!bf16) {
-        _mm512_storeu_ps(p, v);
-        return;
-    }
-    /* round to nearest even, as torch converts (attention outputs are finite) */
-    __m512i bits = _mm512_castps_si512(v);
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    bits = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+static inline vec load_row(const void *p, int bf16) { return bf16 ? vload_bf16(p) : vload(p); }
+
+static inline void store_row(void *p, vec v, int bf16) {
+    if (bf16)
+        vstore_bf16(p, v); /* attention outputs are finite */
+    else
+        vstore(p, v);
 }
 
 /* e^x for x <= 0 (softmax numerators), within ~2 ulp: x = n ln2 + r, a degree-6 polynomial for e^r
  * (Cephes' expf), times 2^n. */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(y, n);
+static inline vec vexp(vec x) {
+    x = vmax(x, vset1(-87.0f));
+    vec n = vround(vmul(x, vset1(1.44269504088896341f)));
+    vec r = vfnmadd(n, vset1(0.693359375f), x);
+    r = vfnmadd(n, vset1(-2.12194440e-4f), r);
+    vec p = vset1(1.9875691500e-4f);
+    p = vfmadd(p, r, vset1(1.3981999507e-3f));
+    p = vfmadd(p, r, vset1(8.3334519073e-3f));
+    p = vfmadd(p, r, vset1(4.1665795894e-2f));
+    p = vfmadd(p, r, vset1(1.6666665459e-1f));
+    p = vfmadd(p, r, vset1(5.0000001201e-1f));
+    vec y = vadd(vfmadd(vmul(p, r), r, r), vset1(1.0f));
+    return vscale2(y, n);
 }
 
-/* Softmax numerators of s[0..n) in place; returns their sum. */
+/* Softmax numerators of s[0..n) in place; returns their sum. The last n % VL scores go through a
+ * padded copy (-inf: they neither raise the peak nor add to the sum). */
 static float softmax_numerators(float *s, int64_t n) {
-    __m512 top = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < n; i += LANES) {
-        __mmask16 live = n - i >= LANES ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
-        top = _mm512_mask_max_ps(top, live, top, _mm512_maskz_loadu_ps(live, s + i));
+    const int64_t whole = n - n % VL;
+    float tail[VL];
+    for (int i = 0; i < VL; i++) tail[i] = whole + i < n ? s[whole + i] : -INFINITY;
+    vec top = vload(tail);
+    for (int64_t i = 0; i < whole; i += VL) top = vmax(top, vload(s + i));
+    vec peak = vset1(vmax_lane(top)), total = vzero();
+    for (int64_t i = 0; i < whole; i += VL) {
+        vec e = vexp(vsub(vload(s + i), peak));
+        vstore(s + i, e);
+        total = vadd(total, e);
     }
-    __m512 peak = _mm512_set1_ps(_mm512_reduce_max_ps(top)), total = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += LANES) {
-        __mmask16 live = n - i >= LANES ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + i), peak));
-        _mm512_mask_storeu_ps(s + i, live, e);
-        total = _mm512_mask_add_ps(total, live, total, e);
+    if (whole < n) {
+        vstore(tail, vexp(vsub(vload(tail), peak)));
+        for (int i = whole; i < n; i++) s[i] = tail[i - whole];
+        for (int i = n - whole; i < VL; i++) tail[i] = 0.0f;
+        total = vadd(total, vload(tail));
     }
-    return _mm512_reduce_add_ps(total);
+    return vsum(total);
 }
 
 /* One sequence's query heads [group] that share kv head h.
@@ -82,23 +78,21 @@ static void attend_group(const char *q, int64_t q_head_stride, const char *k_cac
                          const int64_t *table, int64_t len, int64_t first, int64_t group, int64_t kv_heads,
                          int64_t h, int64_t head_dim, int64_t block_size, float scale, int bf16, size_t esize,
                          float *scratch, char *out) {
-    const int64_t n = len - first, chunks = head_dim / LANES;
+    const int64_t n = len - first, chunks = head_dim / VL;
     float *scores = scratch, *queries = scratch + group * n, *acc = queries + group * head_dim;
-    __m512 row[MAX_CHUNKS];
+    vec row[MAX_CHUNKS];
     for (int64_t g = 0; g < group; g++)
         for (int64_t c = 0; c < chunks; c++)
-            _mm512_storeu_ps(queries + g * head_dim + c * LANES,
-                             _mm512_mul_ps(load16(q + (size_t)(g * q_head_stride + c * LANES) * esize, bf16),
-                                           _mm512_set1_ps(scale)));
+            vstore(queries + g * head_dim + c * VL,
+                   vmul(load_row(q + (size_t)(g * q_head_stride + c * VL) * esize, bf16), vset1(scale)));
     for (int64_t t = first; t < len; t++) {
         int64_t slot = table[t / block_size] * block_size + t % block_size;
         const char *k = k_cache + (size_t)(slot * kv_heads + h) * head_dim * esize;
-        for (int64_t c = 0; c < chunks; c++) row[c] = load16(k + c * LANES * esize, bf16);
+        for (int64_t c = 0; c < chunks; c++) row[c] = load_row(k + c * VL * esize, bf16);
         for (int64_t g = 0; g < group; g++) {
-            __m512 dot = _mm512_setzero_ps();
-            for (int64_t c = 0; c < chunks; c++)
-                dot = _mm512_fmadd_ps(_mm512_loadu_ps(queries + g * head_dim + c * LANES), row[c], dot);
-            scores[g * n + (t - first)] = _mm512_reduce_add_ps(dot);
+            vec dot = vzero();
+            for (int64_t c = 0; c < chunks; c++) dot = vfmadd(vload(queries + g * head_dim + c * VL), row[c], dot);
+            scores[g * n + (t - first)] = vsum(dot);
         }
     }
     float totals[group];
@@ -107,19 +101,18 @@ static void attend_group(const char *q, int64_t q_head_stride, const char *k_cac
     for (int64_t t = first; t < len; t++) {
         int64_t slot = table[t / block_size] * block_size + t % block_size;
         const char *v = v_cache + (size_t)(slot * kv_heads + h) * head_dim * esize;
-        for (int64_t c = 0; c < chunks; c++) row[c] = load16(v + c * LANES * esize, bf16);
+        for (int64_t c = 0; c < chunks; c++) row[c] = load_row(v + c * VL * esize, bf16);
         for (int64_t g = 0; g < group; g++) {
-            __m512 weight = _mm512_set1_ps(scores[g * n + (t - first)]);
+            vec weight = vset1(scores[g * n + (t - first)]);
             float *a = acc + g * head_dim;
-            for (int64_t c = 0; c < chunks; c++)
-                _mm512_storeu_ps(a + c * LANES, _mm512_fmadd_ps(weight, row[c], _mm512_loadu_ps(a + c * LANES)));
+            for (int64_t c = 0; c < chunks; c++) vstore(a + c * VL, vfmadd(weight, row[c], vload(a + c * VL)));
         }
     }
     for (int64_t g = 0; g < group; g++) {
-        __m512 inverse = _mm512_set1_ps(1.0f / totals[g]);
+        vec inverse = vset1(1.0f / totals[g]);
         for (int64_t c = 0; c < chunks; c++)
-            store16(out + (size_t)(g * head_dim + c * LANES) * esize,
-                    _mm512_mul_ps(_mm512_loadu_ps(acc + g * head_dim + c * LANES), inverse), bf16);
+            store_row(out + (size_t)(g * head_dim + c * VL) * esize, vmul(vload(acc + g * head_dim + c * VL), inverse),
+                      bf16);
     }
 }
 

@@ -1,4 +1,4 @@
-/* int8 weight-only matmul for x86-64 CPUs with AVX-512 (built and loaded by native.py):
+/* int8 weight-only matmul for x86-64 CPUs with AVX-512 or AVX2 (simd.h; built and loaded by native.py):
  *
  *     y[m, n] = (sum over k of x[m, k] * w[n, k]) * scales[n]
  *
@@ -15,38 +15,22 @@
  *   float32, and one instruction adds 32 of them in pairs (half the instructions of float32 FMAs;
  *   8 rows ~1.8x faster). Otherwise x is widened to float32 and float32 FMAs run.
  *
- * Batch invariance: which path runs depends on the dtype, K and the CPU only, and every output
+ * Batch invariance: which path runs depends on the dtype, K and the build only, and every output
  * element is one accumulation over k in order, then one horizontal sum, whatever M, the block
  * shapes or the thread count; so a row's result never depends on the other rows (the engine's
  * --deterministic relies on it).
  * Threads: OpenMP over blocks of output channels, from the OpenMP runtime torch already loaded
  * (the same pool and thread count as torch's own kernels).
  */
-#include <immintrin.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
+
+#include "simd.h"
 
 #define PREFETCH_AHEAD 4096 /* bytes; 2-8 KB measured alike, 1 KB and 16 KB slower */
 #define MAX_ROWS 8          /* rows of x per pass over the weights */
+#define MAX_OUTS 8          /* output channels per block */
 #define LANES 16            /* K must be a multiple of this (checked by the caller) */
 #define PAIR_LANES 32       /* the bf16 path's step: K must be a multiple of it too */
-
-static inline float bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* Round to nearest even, as torch converts; NaN stays NaN. */
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
 
 static inline void store(void *y, int y_bf16, size_t index, float value) {
     if (y_bf16)
@@ -63,63 +47,61 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const int8_t *w
         if (ahead + i < w_end) _mm_prefetch(ahead + i, _MM_HINT_T0);
 }
 
-/* out[m * outs + r] = the sum of acc[m][r]'s lanes. */
-static inline __attribute__((always_inline)) void sum_lanes(__m512 acc[MAX_ROWS][8], int rows, int outs,
-                                                            float *out) {
-    for (int m = 0; m < rows; m++)
-        for (int r = 0; r < outs; r++) out[m * outs + r] = _mm512_reduce_add_ps(acc[m][r]);
-}
-
 /* The ROWS x OUTS dot products of x's rows with the weight rows from w, into out[ROWS][OUTS].
  * Always inlined with constant ROWS and OUTS, so the accumulators live in registers. */
 static inline __attribute__((always_inline)) void dot_block(const float *x, int rows, int outs, int64_t k_len,
                                                             const int8_t *w, const char *w_end, float *out) {
-    __m512 acc[MAX_ROWS][8];
+    vec acc[MAX_ROWS][MAX_OUTS];
     for (int m = 0; m < rows; m++)
-        for (int r = 0; r < outs; r++) acc[m][r] = _mm512_setzero_ps();
+        for (int r = 0; r < outs; r++) acc[m][r] = vzero();
     prefetch_ahead(w, outs * k_len, w_end);
-    for (int64_t k = 0; k < k_len; k += LANES) {
+    for (int64_t k = 0; k < k_len; k += VL) {
         for (int r = 0; r < outs; r++) {
-            __m128i bytes = _mm_loadu_si128((const __m128i *)(w + r * k_len + k));
-            __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
-            for (int m = 0; m < rows; m++)
-                acc[m][r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + m * k_len + k), acc[m][r]);
+            vec wv = vload_i8(w + r * k_len + k);
+            for (int m = 0; m < rows; m++) acc[m][r] = vfmadd(wv, vload(x + m * k_len + k), acc[m][r]);
         }
     }
-    sum_lanes(acc, rows, outs, out);
+    for (int m = 0; m < rows; m++)
+        for (int r = 0; r < outs; r++) out[m * outs + r] = vsum(acc[m][r]);
 }
 
+#ifdef __AVX512BF16__
+#define HAVE_DPBF16 1
 /* dot_block for bf16 rows of x, with vdpbf16ps (see the header); K a multiple of PAIR_LANES. */
 static inline __attribute__((always_inline)) void dot_block_bf16(const uint16_t *x, int rows, int outs, int64_t k_len,
                                                                  const int8_t *w, const char *w_end, float *out) {
-    __m512 acc[MAX_ROWS][8];
+    __m512 acc[MAX_ROWS][MAX_OUTS];
     for (int m = 0; m < rows; m++)
         for (int r = 0; r < outs; r++) acc[m][r] = _mm512_setzero_ps();
     prefetch_ahead(w, outs * k_len, w_end);
     for (int64_t k = 0; k < k_len; k += PAIR_LANES) {
         for (int r = 0; r < outs; r++) {
             const int8_t *wr = w + r * k_len + k;
-            __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)wr)));
-            __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(wr + LANES))));
-            __m512bh wv = _mm512_cvtne2ps_pbh(high, low); /* exact: |w| <= 127 */
+            __m512bh wv = _mm512_cvtne2ps_pbh(vload_i8(wr + LANES), vload_i8(wr)); /* exact: |w| <= 127 */
             for (int m = 0; m < rows; m++)
                 acc[m][r] = _mm512_dpbf16_ps(acc[m][r], (__m512bh)_mm512_loadu_si512(x + m * k_len + k), wv);
         }
     }
-    sum_lanes(acc, rows, outs, out);
+    for (int m = 0; m < rows; m++)
+        for (int r = 0; r < outs; r++) out[m * outs + r] = _mm512_reduce_add_ps(acc[m][r]);
 }
+#define DOT_BLOCK_BF16(ROWS, OUTS, w0, out) dot_block_bf16(xb, ROWS, OUTS, k, w0, w_end, out)
+#else
+#define HAVE_DPBF16 0
+#define DOT_BLOCK_BF16(ROWS, OUTS, w0, out) ((void)xb)
+#endif
 
 /* One block of OUTS output channels from n0 for ROWS rows of x, by the pass's path. */
 #define DOT_BLOCK(ROWS, OUTS, n0, out)                                                                \
     do {                                                                                              \
         if (pairs)                                                                                    \
-            dot_block_bf16(xb, ROWS, OUTS, k, w + (n0) * k, w_end, out);                              \
+            DOT_BLOCK_BF16(ROWS, OUTS, w + (n0) * k, out);                                            \
         else                                                                                          \
             dot_block(xf, ROWS, OUTS, k, w + (n0) * k, w_end, out);                                   \
     } while (0)
 
 /* One pass over all N weight rows for ROWS rows of x, OUTS output channels per block (ROWS x OUTS
- * accumulators: at most 16, a margin under AVX-512's 32 registers). */
+ * accumulators: at most 16 on AVX-512, 10 on AVX2, a margin under their 32 and 16 registers). */
 #define PASS(ROWS, OUTS)                                                                              \
     do {                                                                                              \
         int64_t blocks = n / (OUTS);                                                                  \
@@ -142,7 +124,7 @@ static inline __attribute__((always_inline)) void dot_block_bf16(const uint16_t 
 int conduit_int8_matmul(const void *x, int x_bf16, int64_t m_len, int64_t k, const int8_t *w,
                         const float *scales, void *y, int64_t n) {
     const int y_bf16 = x_bf16;
-    const int pairs = x_bf16 && k % PAIR_LANES == 0 && __builtin_cpu_supports("avx512bf16");
+    const int pairs = HAVE_DPBF16 && x_bf16 && k % PAIR_LANES == 0 && __builtin_cpu_supports("avx512bf16");
     const char *w_end = (const char *)w + n * k;
     float *xf = pairs ? NULL : malloc(sizeof(float) * MAX_ROWS * k); /* the pass's rows of x, as float32 */
     if (!pairs && xf == NULL) return -1;
@@ -151,6 +133,7 @@ int conduit_int8_matmul(const void *x, int x_bf16, int64_t m_len, int64_t k, con
         const uint16_t *xb = (const uint16_t *)x + m0 * k; /* the pass's rows of x, as bf16 (pairs) */
         for (int64_t i = 0; !pairs && i < rows * k; i++)
             xf[i] = x_bf16 ? bf16_to_float(((const uint16_t *)x)[m0 * k + i]) : ((const float *)x)[m0 * k + i];
+#if VL == 16
         switch (rows) {
             case 1: PASS(1, 8); break;
             case 2: PASS(2, 8); break;
@@ -161,6 +144,18 @@ int conduit_int8_matmul(const void *x, int x_bf16, int64_t m_len, int64_t k, con
             case 7: PASS(7, 2); break;
             default: PASS(8, 2); break;
         }
+#else
+        switch (rows) {
+            case 1: PASS(1, 8); break;
+            case 2: PASS(2, 4); break;
+            case 3: PASS(3, 3); break;
+            case 4: PASS(4, 2); break;
+            case 5: PASS(5, 2); break;
+            case 6: PASS(6, 1); break;
+            case 7: PASS(7, 1); break;
+            default: PASS(8, 1); break;
+        }
+#endif
     }
     free(xf);
     return 0;

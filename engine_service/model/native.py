@@ -5,10 +5,11 @@
 - decode_attention.c: decode attention read in place from the paged KV cache, where torch's path
   gathers each sequence's blocks and then runs SDPA.
 
-They need x86-64 with AVX-512, and a C compiler with OpenMP (`cc`, or $CC) to build them: each
-shared library is built once per source and flags into the cache folder (CONDUIT_CACHE_DIR/kernels,
-~1 s) and reused after; `python -m engine_service.model.native` builds them ahead (the container
-image does, then needs no compiler). Where one cannot be built or loaded, its getter returns None
+They need x86-64 with AVX-512 or AVX2 (simd.h holds the vector code for both; each kernel is built
+for the one this CPU has), and a C compiler with OpenMP (`cc`, or $CC) to build them: each shared
+library is built once per source, instruction set and flags into the cache folder
+(CONDUIT_CACHE_DIR/kernels, ~1 s) and reused after; `python -m engine_service.model.native` builds
+them all ahead (the container image does, then needs no compiler). Where one cannot be built or loaded, its getter returns None
 and the log says why once, and torch's kernels run instead: slower, never wrong.
 """
 
@@ -33,10 +34,16 @@ log = logging.getLogger(__name__)
 
 INT8_SOURCE = Path(__file__).with_name("int8_matmul.c")
 ATTENTION_SOURCE = Path(__file__).with_name("decode_attention.c")
+SIMD_HEADER = Path(__file__).with_name("simd.h")
 # -fopenmp links libgomp, which resolves to the copy torch has loaded: one thread pool for both.
-# -mavx512bf16 only lets int8_matmul.c use vdpbf16ps, which it does after checking the CPU has it.
-CFLAGS = ("-O3", "-std=gnu11", "-mavx512f", "-mfma", "-mavx512bf16", "-fopenmp", "-shared", "-fPIC")
-LANES = 16  # the kernels' granularity of K and of head_dim (LANES in the C sources)
+CFLAGS = ("-O3", "-std=gnu11", "-fopenmp", "-shared", "-fPIC")
+# Per instruction set, by torch's name for the CPU's capability. -mavx512bf16 only lets
+# int8_matmul.c use vdpbf16ps, which it does after checking the CPU has it.
+ISA_FLAGS = {
+    "AVX512": ("-mavx512f", "-mfma", "-mavx512bf16"),
+    "AVX2": ("-mavx2", "-mfma", "-mf16c"),
+}
+LANES = 16  # the kernels' granularity of K and of head_dim (LANES in the C sources), on either build
 MAX_HEAD_DIM = 256  # decode_attention.c's MAX_CHUNKS * LANES
 DTYPES = (torch.bfloat16, torch.float32)
 
@@ -122,8 +129,7 @@ def decode_attention() -> DecodeAttention | None:
 
 def _library(source: Path) -> ctypes.CDLL | None:
     try:
-        _check_cpu()
-        return ctypes.CDLL(str(build(source)))
+        return ctypes.CDLL(str(build(source, cpu_isa())))
     except Unavailable as exc:
         log.info("%s is unavailable, torch's kernels run instead: %s", source.name, exc)
     except OSError as exc:  # dlopen
@@ -135,17 +141,21 @@ class Unavailable(RuntimeError):
     """This machine cannot build or run the native kernels."""
 
 
-def _check_cpu() -> None:
-    if platform.machine() not in ("x86_64", "AMD64") or torch.backends.cpu.get_cpu_capability() != "AVX512":
-        raise Unavailable(f"needs an x86-64 CPU with AVX-512 (this is {platform.machine()}, "
-                          f"{torch.backends.cpu.get_cpu_capability()})")
+def cpu_isa() -> str:
+    """The instruction set (a key of ISA_FLAGS) to build for on this CPU; Unavailable if none fits."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if platform.machine() not in ("x86_64", "AMD64") or capability not in ISA_FLAGS:
+        raise Unavailable(f"needs an x86-64 CPU with AVX-512 or AVX2 (this is {platform.machine()}, {capability})")
+    return capability
 
 
-def build(source: Path) -> Path:
-    """The shared library of `source`, compiled into the cache unless there already (the name holds
-    a hash of the source and the flags, so an image can ship them prebuilt and need no compiler)."""
-    key = hashlib.sha256("\0".join([source.read_text(), *CFLAGS]).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"{source.stem}-{key}.so"
+def build(source: Path, isa: str) -> Path:
+    """The shared library of `source` for `isa`, compiled into the cache unless there already (the
+    name holds a hash of the sources and the flags, so an image can ship them prebuilt and need no
+    compiler)."""
+    flags = (*CFLAGS, *ISA_FLAGS[isa])
+    key = hashlib.sha256("\0".join([source.read_text(), SIMD_HEADER.read_text(), *flags]).encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"{source.stem}-{isa.lower()}-{key}.so"
     if target.exists():
         return target
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -155,7 +165,7 @@ def build(source: Path) -> Path:
     # Built beside the target, then renamed: engines starting together never load a half-written file.
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
-        _run([compiler, *CFLAGS, str(source), "-o", str(built)])
+        _run([compiler, *flags, str(source), "-o", str(built)])
         os.replace(built, target)
     log.info("built %s with %s", target, compiler)
     return target
@@ -171,9 +181,11 @@ def _run(command: list[str]) -> None:
 
 
 def main() -> None:
-    """Build every kernel into the cache (container images run this at build time)."""
+    """Build every kernel for every instruction set into the cache (container images run this at
+    build time: the CPU that runs the image may differ from the one that built it)."""
     for source in (INT8_SOURCE, ATTENTION_SOURCE):
-        print(build(source))
+        for isa in ISA_FLAGS:
+            print(build(source, isa))
 
 
 if __name__ == "__main__":
