@@ -20,8 +20,10 @@ from clients.launch import Stack
 from engine_service.core.scheduler import ScheduledBatch
 from engine_service.model.linear import (CPU_BF16_DEFAULT, INT4_GROUP, LOW_BIT_MAX_ROWS, QUANTIZATIONS,
                                          FullWeightsSwitch, Int4Linear, Int8Linear, PackedLinear, int4_quantize,
-                                         one_row_rounds_differently, quantize_linears, resolve_quantization)
-from engine_service.model import native
+                                         one_row_rounds_differently, packable, quantize_linears,
+                                         resolve_quantization)
+from engine_service.model import linear as linear_module
+from engine_service.model import loader, native
 from engine_service.model.loader import load_model
 from engine_service.model.runner import ModelRunner
 
@@ -43,6 +45,31 @@ def test_the_default_is_full_weights_except_for_bf16_on_the_cpu() -> None:
     assert resolve_quantization("int8", CPU, torch.float32) == "int8"
     with pytest.raises(ValueError, match="CPU only"):
         resolve_quantization("int4", torch.device("cuda"), torch.bfloat16)
+
+
+def test_the_default_dtype_on_the_cpu_is_bf16_with_native_bf16_or_avx2(monkeypatch) -> None:
+    """On AVX2 the linears compute bf16 rows in float32 and int8 runs on the native kernel, so bf16
+    (and with it the int8 default) costs nothing there; older CPUs keep float32."""
+    monkeypatch.setattr(loader, "cpu_has_native_bf16", lambda: False)
+    for capability, dtype in (("AVX512", torch.bfloat16), ("AVX2", torch.bfloat16), ("DEFAULT", torch.float32)):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda capability=capability: capability)
+        assert loader.pick_dtype("auto", CPU) == dtype, capability
+    assert loader.pick_dtype("float32", CPU) == torch.float32
+
+
+def test_packed_linears_compute_bf16_rows_in_float32_where_onednn_has_no_bf16_kernel(monkeypatch) -> None:
+    """An AVX2-only CPU has no oneDNN bf16 kernel (packing bf16 weights raised there and the engine
+    did not start): the weights are packed as float32, and each output is rounded to bf16 once."""
+    assert packable(torch.bfloat16) == torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    monkeypatch.setattr(linear_module, "packable", lambda dtype: dtype == torch.float32)
+    layer = linear(bias=True)
+    packed = PackedLinear(layer.weight, layer.bias)
+    assert packed.compute_dtype == torch.float32 and packed.bias.dtype == torch.float32
+    x = torch.randn(5, 128, dtype=torch.bfloat16)
+    expected = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
+    got = packed(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected.bfloat16().float(), rtol=2 ** -8, atol=1e-6)
 
 
 def test_int4_codes_hold_weights_already_on_a_4_bit_grid_exactly() -> None:

@@ -80,7 +80,7 @@ class PackedLinear(torch.nn.Module):
     """A linear on oneDNN-prepacked weights. Where oneDNN has no kernel for the weights' dtype (bf16
     on an AVX2-only CPU), the weights are packed as float32 and the rows are computed in float32,
     then rounded once to their own dtype: the same sums as a bf16 kernel's float32 accumulation, and
-    ~6x faster than torch's own bf16 matmul there (benchmarks/RESULTS.md)."""
+    4-6x faster than torch's own bf16 matmul there at 8-512 rows (benchmarks/RESULTS.md)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int = 32) -> None:
         super().__init__()
