@@ -9,7 +9,7 @@
  * - A decode step at a small batch is bound by streaming the weights. The hardware prefetcher
  *   stops at each 4 KB page, so every block of weight rows first asks for the bytes PREFETCH_AHEAD
  *   further on: a batch-1 layer's matmuls went from ~26 to ~39 GB/s here (benchmarks/RESULTS.md).
- * - Each weight vector is widened once and used for every row of x (up to MAX_ROWS at a time).
+ * - Each weight vector is widened once and used for every row of x (PASS_ROWS at a time).
  * - With a few rows the multiply-adds bound the work, so bf16 activations on a CPU with
  *   AVX512_BF16 take `vdpbf16ps`: an int8 weight is exact in bf16, a bf16 x bf16 product exact in
  *   float32, and one instruction adds 32 of them in pairs (half the instructions of float32 FMAs;
@@ -27,7 +27,14 @@
 #include "simd.h"
 
 #define PREFETCH_AHEAD 4096 /* bytes; 2-8 KB measured alike, 1 KB and 16 KB slower */
-#define MAX_ROWS 8          /* rows of x per pass over the weights */
+#define MAX_ROWS 8          /* rows of x per pass over the weights, at most */
+#if VL == 16
+#define PASS_ROWS 8
+#else
+/* AVX2's 16 registers hold fewer accumulators: two passes of 4 rows (4 x 3 blocks) beat one of 8
+ * rows (8 x 1), 24% at 8 rows and 31% at 4 (benchmarks/RESULTS.md). */
+#define PASS_ROWS 4
+#endif
 #define MAX_OUTS 8          /* output channels per block */
 #define LANES 16            /* K must be a multiple of this (checked by the caller) */
 #define PAIR_LANES 32       /* the bf16 path's step: K must be a multiple of it too */
@@ -101,7 +108,7 @@ static inline __attribute__((always_inline)) void dot_block_bf16(const uint16_t 
     } while (0)
 
 /* One pass over all N weight rows for ROWS rows of x, OUTS output channels per block (ROWS x OUTS
- * accumulators: at most 16 on AVX-512, 10 on AVX2, a margin under their 32 and 16 registers). */
+ * accumulators: at most 16 on AVX-512, 12 on AVX2, a margin under their 32 and 16 registers). */
 #define PASS(ROWS, OUTS)                                                                              \
     do {                                                                                              \
         int64_t blocks = n / (OUTS);                                                                  \
@@ -128,8 +135,8 @@ int conduit_int8_matmul(const void *x, int x_bf16, int64_t m_len, int64_t k, con
     const char *w_end = (const char *)w + n * k;
     float *xf = pairs ? NULL : malloc(sizeof(float) * MAX_ROWS * k); /* the pass's rows of x, as float32 */
     if (!pairs && xf == NULL) return -1;
-    for (int64_t m0 = 0; m0 < m_len; m0 += MAX_ROWS) {
-        int rows = m_len - m0 < MAX_ROWS ? (int)(m_len - m0) : MAX_ROWS;
+    for (int64_t m0 = 0; m0 < m_len; m0 += PASS_ROWS) {
+        int rows = m_len - m0 < PASS_ROWS ? (int)(m_len - m0) : PASS_ROWS;
         const uint16_t *xb = (const uint16_t *)x + m0 * k; /* the pass's rows of x, as bf16 (pairs) */
         for (int64_t i = 0; !pairs && i < rows * k; i++)
             xf[i] = x_bf16 ? bf16_to_float(((const uint16_t *)x)[m0 * k + i]) : ((const float *)x)[m0 * k + i];
@@ -147,13 +154,9 @@ int conduit_int8_matmul(const void *x, int x_bf16, int64_t m_len, int64_t k, con
 #else
         switch (rows) {
             case 1: PASS(1, 8); break;
-            case 2: PASS(2, 4); break;
-            case 3: PASS(3, 3); break;
-            case 4: PASS(4, 2); break;
-            case 5: PASS(5, 2); break;
-            case 6: PASS(6, 1); break;
-            case 7: PASS(7, 1); break;
-            default: PASS(8, 1); break;
+            case 2: PASS(2, 6); break;
+            case 3: PASS(3, 4); break;
+            default: PASS(4, 3); break;
         }
 #endif
     }
