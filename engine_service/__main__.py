@@ -44,7 +44,7 @@ def build_parser() -> EnvArgumentParser:
     p.add_argument("--port", metavar="PORT", type=int, default=50051, help="gRPC port")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="compute dtype; auto: bf16 on GPUs and on CPUs with native bf16, else float32")
+                   help="compute dtype; auto: bf16 on GPUs and on CPUs with native bf16 or AVX2, else float32")
     p.add_argument("--chat-template", type=Path, metavar="FILE",
                    help="a Jinja chat template to use instead of the model's (or for a model without one)")
     d = EngineConfig()
