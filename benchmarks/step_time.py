@@ -83,7 +83,7 @@ def main() -> None:
                         help="also time int8 on torch's kernel instead of the native one")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; default: all cores")
     parser.add_argument("--dtypes", nargs="+", default=["auto"], choices=["auto", "bfloat16", "float32"],
-                        help="the model's dtype (auto: the engine's choice, bf16 where the CPU has AVX512_BF16)")
+                        help="the model's dtype (auto: the engine's choice, bf16 where the CPU has native bf16 or AVX2)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

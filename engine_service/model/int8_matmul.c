@@ -27,12 +27,11 @@
 #include "simd.h"
 
 #define PREFETCH_AHEAD 4096 /* bytes; 2-8 KB measured alike, 1 KB and 16 KB slower */
-#define MAX_ROWS 8          /* rows of x per pass over the weights, at most */
+/* Rows of x per pass over the weights. AVX2's 16 registers hold fewer accumulators: two passes of
+ * 4 rows (4 x 3 blocks) beat one of 8 rows (8 x 1), 24% at 8 rows and 31% at 4 (benchmarks/RESULTS.md). */
 #if VL == 16
 #define PASS_ROWS 8
 #else
-/* AVX2's 16 registers hold fewer accumulators: two passes of 4 rows (4 x 3 blocks) beat one of 8
- * rows (8 x 1), 24% at 8 rows and 31% at 4 (benchmarks/RESULTS.md). */
 #define PASS_ROWS 4
 #endif
 #define MAX_OUTS 8          /* output channels per block */
@@ -58,7 +57,7 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const int8_t *w
  * Always inlined with constant ROWS and OUTS, so the accumulators live in registers. */
 static inline __attribute__((always_inline)) void dot_block(const float *x, int rows, int outs, int64_t k_len,
                                                             const int8_t *w, const char *w_end, float *out) {
-    vec acc[MAX_ROWS][MAX_OUTS];
+    vec acc[PASS_ROWS][MAX_OUTS];
     for (int m = 0; m < rows; m++)
         for (int r = 0; r < outs; r++) acc[m][r] = vzero();
     prefetch_ahead(w, outs * k_len, w_end);
@@ -77,7 +76,7 @@ static inline __attribute__((always_inline)) void dot_block(const float *x, int 
 /* dot_block for bf16 rows of x, with vdpbf16ps (see the header); K a multiple of PAIR_LANES. */
 static inline __attribute__((always_inline)) void dot_block_bf16(const uint16_t *x, int rows, int outs, int64_t k_len,
                                                                  const int8_t *w, const char *w_end, float *out) {
-    __m512 acc[MAX_ROWS][MAX_OUTS];
+    __m512 acc[PASS_ROWS][MAX_OUTS];
     for (int m = 0; m < rows; m++)
         for (int r = 0; r < outs; r++) acc[m][r] = _mm512_setzero_ps();
     prefetch_ahead(w, outs * k_len, w_end);
@@ -133,7 +132,7 @@ int conduit_int8_matmul(const void *x, int x_bf16, int64_t m_len, int64_t k, con
     const int y_bf16 = x_bf16;
     const int pairs = HAVE_DPBF16 && x_bf16 && k % PAIR_LANES == 0 && __builtin_cpu_supports("avx512bf16");
     const char *w_end = (const char *)w + n * k;
-    float *xf = pairs ? NULL : malloc(sizeof(float) * MAX_ROWS * k); /* the pass's rows of x, as float32 */
+    float *xf = pairs ? NULL : malloc(sizeof(float) * PASS_ROWS * k); /* the pass's rows of x, as float32 */
     if (!pairs && xf == NULL) return -1;
     for (int64_t m0 = 0; m0 < m_len; m0 += PASS_ROWS) {
         int rows = m_len - m0 < PASS_ROWS ? (int)(m_len - m0) : PASS_ROWS;
