@@ -22,6 +22,15 @@
 
 #define LANES 16                 /* head_dim must be a multiple of this (checked by the caller) */
 #define MAX_CHUNKS (256 / VL)    /* and at most 256 */
+/* Cached rows are scattered in blocks, and each is a few cache lines, so the hardware prefetcher
+ * does not keep up: each key row is asked for AHEAD rows before its turn, and each value row when
+ * its key is read. That made a batch-32 step's attention ~3x faster (benchmarks/RESULTS.md). */
+#define AHEAD 16
+#define TILE 8 /* head_dim chunks summed in registers at once */
+
+static inline void prefetch_row(const char *p, size_t bytes) {
+    for (size_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
+}
 
 static inline vec load_row(const void *p, int bf16) { return bf16 ? vload_bf16(p) : vload(p); }
 
@@ -72,47 +81,56 @@ static float softmax_numerators(float *s, int64_t n) {
     return vsum(total);
 }
 
-/* One sequence's query heads [group] that share kv head h.
- * scratch: group * (n + 2 * head_dim) floats: scores, the queries in float32, the sums. */
+/* One sequence's query heads [group] that share kv head h. scratch: n int64 (each cached row's byte
+ * offset in k/v_cache), then group * (n + head_dim) floats (the scores, the queries in float32). */
 static void attend_group(const char *q, int64_t q_head_stride, const char *k_cache, const char *v_cache,
                          const int64_t *table, int64_t len, int64_t first, int64_t group, int64_t kv_heads,
                          int64_t h, int64_t head_dim, int64_t block_size, float scale, int bf16, size_t esize,
-                         float *scratch, char *out) {
+                         int64_t *scratch, char *out) {
     const int64_t n = len - first, chunks = head_dim / VL;
-    float *scores = scratch, *queries = scratch + group * n, *acc = queries + group * head_dim;
+    int64_t *offsets = scratch;
+    float *scores = (float *)(offsets + n), *queries = scores + group * n;
     vec row[MAX_CHUNKS];
     for (int64_t g = 0; g < group; g++)
         for (int64_t c = 0; c < chunks; c++)
             vstore(queries + g * head_dim + c * VL,
                    vmul(load_row(q + (size_t)(g * q_head_stride + c * VL) * esize, bf16), vset1(scale)));
-    for (int64_t t = first; t < len; t++) {
-        int64_t slot = table[t / block_size] * block_size + t % block_size;
-        const char *k = k_cache + (size_t)(slot * kv_heads + h) * head_dim * esize;
+    const size_t row_bytes = head_dim * esize;
+    for (int64_t t = first; t < len;) { /* each row's byte offset, block by block */
+        const int64_t base = (table[t / block_size] * block_size * kv_heads + h) * row_bytes;
+        for (int64_t o = t % block_size; o < block_size && t < len; o++, t++)
+            offsets[t - first] = base + o * kv_heads * row_bytes;
+    }
+    for (int64_t i = 0; i < n && i < AHEAD; i++) prefetch_row(k_cache + offsets[i], row_bytes);
+    for (int64_t i = 0; i < n; i++) {
+        if (i + AHEAD < n) prefetch_row(k_cache + offsets[i + AHEAD], row_bytes);
+        prefetch_row(v_cache + offsets[i], row_bytes);
+        const char *k = k_cache + offsets[i];
         for (int64_t c = 0; c < chunks; c++) row[c] = load_row(k + c * VL * esize, bf16);
         for (int64_t g = 0; g < group; g++) {
             vec dot = vzero();
             for (int64_t c = 0; c < chunks; c++) dot = vfmadd(vload(queries + g * head_dim + c * VL), row[c], dot);
-            scores[g * n + (t - first)] = vsum(dot);
+            scores[g * n + i] = vsum(dot);
         }
     }
     float totals[group];
     for (int64_t g = 0; g < group; g++) totals[g] = softmax_numerators(scores + g * n, n);
-    for (int64_t i = 0; i < group * head_dim; i++) acc[i] = 0.0f;
-    for (int64_t t = first; t < len; t++) {
-        int64_t slot = table[t / block_size] * block_size + t % block_size;
-        const char *v = v_cache + (size_t)(slot * kv_heads + h) * head_dim * esize;
-        for (int64_t c = 0; c < chunks; c++) row[c] = load_row(v + c * VL * esize, bf16);
-        for (int64_t g = 0; g < group; g++) {
-            vec weight = vset1(scores[g * n + (t - first)]);
-            float *a = acc + g * head_dim;
-            for (int64_t c = 0; c < chunks; c++) vstore(a + c * VL, vfmadd(weight, row[c], vload(a + c * VL)));
-        }
-    }
+    /* out = scores . V / total, per query head and per TILE chunks of head_dim, summed in registers. */
     for (int64_t g = 0; g < group; g++) {
-        vec inverse = vset1(1.0f / totals[g]);
-        for (int64_t c = 0; c < chunks; c++)
-            store_row(out + (size_t)(g * head_dim + c * VL) * esize, vmul(vload(acc + g * head_dim + c * VL), inverse),
-                      bf16);
+        const float *weights = scores + g * n;
+        const vec inverse = vset1(1.0f / totals[g]);
+        for (int64_t c0 = 0; c0 < chunks; c0 += TILE) {
+            const int64_t tile = chunks - c0 < TILE ? chunks - c0 : TILE;
+            vec sums[TILE];
+            for (int64_t c = 0; c < tile; c++) sums[c] = vzero();
+            for (int64_t i = 0; i < n; i++) {
+                const char *v = v_cache + offsets[i] + c0 * VL * esize;
+                const vec weight = vset1(weights[i]);
+                for (int64_t c = 0; c < tile; c++) sums[c] = vfmadd(weight, load_row(v + c * VL * esize, bf16), sums[c]);
+            }
+            for (int64_t c = 0; c < tile; c++)
+                store_row(out + (size_t)(g * head_dim + (c0 + c) * VL) * esize, vmul(sums[c], inverse), bf16);
+        }
     }
 }
 
@@ -129,7 +147,7 @@ int conduit_decode_attention(const void *q, int64_t q_row_stride, int64_t q_head
     for (int64_t task = 0; task < batch * kv_heads; task++) {
         int64_t b = task / kv_heads, h = task % kv_heads, len = lens[b];
         int64_t first = window > 0 && len > window ? len - window : 0;
-        float *scratch = malloc(sizeof(float) * group * (len - first + 2 * head_dim));
+        int64_t *scratch = malloc(sizeof(int64_t) * (len - first) + sizeof(float) * group * (len - first + head_dim));
         if (scratch == NULL) {
             failed = 1;
             continue;
