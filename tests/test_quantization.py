@@ -18,8 +18,9 @@ from clients import EngineClient
 from clients.launch import Stack
 
 from engine_service.core.scheduler import ScheduledBatch
-from engine_service.model.linear import (CPU_BF16_DEFAULT, INT4_GROUP, LOW_BIT_MAX_ROWS, QUANTIZATIONS,
-                                         FullWeightsSwitch, Int4Linear, Int8Linear, PackedLinear, int4_quantize,
+from engine_service.model.linear import (CPU_BF16_DEFAULT, INT4_GROUP, LOW_BIT_MAX_ROWS,
+                                         NATIVE_INT8_MAX_ROWS_WITHOUT_BF16_GEMM, QUANTIZATIONS, FullWeightsSwitch,
+                                         Int4Linear, Int8Linear, PackedLinear, int4_quantize, low_bit_max_rows,
                                          one_row_rounds_differently, packable, quantize_linears,
                                          resolve_quantization)
 from engine_service.model import linear as linear_module
@@ -167,12 +168,27 @@ def test_low_bit_linears_run_their_full_copy_while_the_switch_is_on(kind: str) -
     torch.testing.assert_close(fast(x).float(), deterministic(x).float(), rtol=0.02, atol=0.02)
 
 
-def test_the_switch_is_on_for_big_steps_and_prompt_chunks() -> None:
-    switch = FullWeightsSwitch()
-    for rows, has_prompt_chunk, on in ((1, False, False), (LOW_BIT_MAX_ROWS, False, False),
-                                       (LOW_BIT_MAX_ROWS + 1, False, True), (2, True, True)):
+@pytest.mark.parametrize("max_rows", [LOW_BIT_MAX_ROWS, NATIVE_INT8_MAX_ROWS_WITHOUT_BF16_GEMM])
+def test_the_switch_is_on_for_big_steps_and_prompt_chunks(max_rows: int) -> None:
+    switch = FullWeightsSwitch(max_rows)
+    for rows, has_prompt_chunk, on in ((1, False, False), (max_rows, False, False),
+                                       (max_rows + 1, False, True), (2, True, True)):
         switch.set_for_step(rows, has_prompt_chunk)
         assert switch.on is on, (rows, has_prompt_chunk)
+
+
+@pytest.mark.parametrize("bf16_gemm", [True, False])
+def test_native_int8_keeps_bigger_steps_where_onednn_has_no_bf16_gemm(bf16_gemm: bool,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an AVX2-only CPU the full copies compute in float32 and lose to the native kernel up to
+    64 rows; elsewhere, and on torch's int8 kernel, the copies take over past 8 rows."""
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: bf16_gemm)
+    kernel = native.int8_matmul()
+    expected = LOW_BIT_MAX_ROWS if bf16_gemm else NATIVE_INT8_MAX_ROWS_WITHOUT_BF16_GEMM
+    if kernel is not None:
+        assert low_bit_max_rows(torch.bfloat16, kernel) == expected
+    assert low_bit_max_rows(torch.bfloat16, None) == LOW_BIT_MAX_ROWS
+    assert low_bit_max_rows(torch.float32, kernel) == LOW_BIT_MAX_ROWS  # oneDNN's float32 GEMM runs there
 
 
 @pytest.mark.parametrize("quantization, deterministic, pads", [

@@ -34,19 +34,29 @@ CPU_BF16_DEFAULT = "int8"
 INT4_GROUP = 32
 # Decode rows (tokens in a step) above which low-bit linears use their bf16 copies, unless deterministic.
 LOW_BIT_MAX_ROWS = 8
+# The same where oneDNN has no bf16 GEMM (an AVX2-only CPU: the copies compute in float32) and int8
+# runs on the native kernel, which stays faster there at every batch measured, 8-64 rows: batch 16
+# 60 against 89 ms a step, 32 112 against 122, 64 235 against 252 (benchmarks/RESULTS.md).
+NATIVE_INT8_MAX_ROWS_WITHOUT_BF16_GEMM = 64
+
+
+def low_bit_max_rows(dtype: torch.dtype, native_int8: Int8Matmul | None) -> int:
+    """Decode rows up to which the low-bit kernel beats the full copy's GEMM for this dtype."""
+    return NATIVE_INT8_MAX_ROWS_WITHOUT_BF16_GEMM if native_int8 is not None and not packable(dtype) else LOW_BIT_MAX_ROWS
 
 
 class FullWeightsSwitch:
     """Set once per step by the model runner; while on, the low-bit linears that share it run their
-    bf16 copies. On for steps of more than LOW_BIT_MAX_ROWS rows, where oneDNN's GEMM is faster, and
+    bf16 copies. On for steps of more than `max_rows` rows, where oneDNN's GEMM is faster, and
     for any step with a prompt chunk: a prompt is then computed alike whether it is prefilled whole
     or, after a prefix-cache hit, only its last few tokens, so a hit never changes outputs."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_rows: int = LOW_BIT_MAX_ROWS) -> None:
+        self.max_rows = max_rows
         self.on = False
 
     def set_for_step(self, rows: int, has_prompt_chunk: bool) -> None:
-        self.on = has_prompt_chunk or rows > LOW_BIT_MAX_ROWS
+        self.on = has_prompt_chunk or rows > self.max_rows
 
 
 def resolve_quantization(requested: str | None, device: torch.device, dtype: torch.dtype,

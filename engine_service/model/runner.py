@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_service.model import attention, llama, native
-from engine_service.model.linear import (FullWeightsSwitch, one_row_rounds_differently, quantize_linears,
-                                         resolve_quantization)
+from engine_service.model.linear import (FullWeightsSwitch, low_bit_max_rows, one_row_rounds_differently,
+                                         quantize_linears, resolve_quantization)
 from engine_service.model.rotary import install_rotary_table
 from engine_service.model.kv_cache import CacheShape, KVCache
 from engine_service.core.scheduler import ScheduledBatch
@@ -79,12 +79,12 @@ class ModelRunner:
         if lean:
             llama.fuse_projections(model)  # before quantizing: fused linears are quantized like the rest
         self.quantization = resolve_quantization(quantization, device, dtype, deterministic)
-        # Low-bit linears run bf16 copies for prompt chunks and big steps, unless deterministic.
-        self.full_weights = None if deterministic else FullWeightsSwitch()
         native_int8 = None
+        if device.type == "cpu" and native_kernels and self.quantization == "int8":
+            native_int8 = native.int8_matmul()
+        # Low-bit linears run bf16 copies for prompt chunks and big steps, unless deterministic.
+        self.full_weights = None if deterministic else FullWeightsSwitch(low_bit_max_rows(dtype, native_int8))
         if device.type == "cpu":
-            if native_kernels and self.quantization == "int8":
-                native_int8 = native.int8_matmul()
             quantize_linears(model, self.quantization, self.full_weights, native_int8)
         self.int8_kernel = "native" if native_int8 is not None else "torch"
         self.lean = llama.LeanLlama(model) if lean else None
