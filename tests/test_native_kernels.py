@@ -1,4 +1,4 @@
-"""The native kernels (engine_service/model/native.py, int8_matmul.c, decode_attention.c, simd.h):
+"""The native kernels (engine_service/model/native.py, int8_matmul.c, decode_attention.c, rms_norm.c, simd.h):
 they compute what the int8 weights and scales (and the paged cache) say, in bf16 and float32, for
 any number of rows and output channels; a row's bits never depend on the other rows or on the
 thread count; each is built once into the cache and refused, not miscompiled, where it cannot be
@@ -63,7 +63,8 @@ def test_every_build_compiles_on_any_x86_64(tmp_path, monkeypatch) -> None:
     except native.Unavailable as exc:
         pytest.skip(f"no C compiler: {exc}")
     built = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "kernels").iterdir())
-    assert built == ["decode_attention-avx2", "decode_attention-avx512", "int8_matmul-avx2", "int8_matmul-avx512"]
+    assert built == ["decode_attention-avx2", "decode_attention-avx512", "int8_matmul-avx2", "int8_matmul-avx512",
+                     "rms_norm-avx2", "rms_norm-avx512"]
 
 
 def quantized(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,3 +284,76 @@ def test_the_runner_attends_decode_rows_with_it(attend: native.DecodeAttention) 
         logits[native_kernels] = runner.run(ScheduledBatch(decode=[seq]), set()).next_token[0]
     assert len(calls) == config.num_hidden_layers
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module", params=ISAS)
+def add_norm(request) -> native.AddRmsNorm:
+    return native.AddRmsNorm(load(native.NORM_SOURCE, request.param))
+
+
+def torch_add_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    """The lean forward's torch path: h + delta, then LlamaRMSNorm as transformers computes it."""
+    h = h + delta
+    normed = torch.nn.functional.rms_norm(h.float(), h.shape[-1:], eps=eps).to(h.dtype)
+    return h, weight * normed
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows, dim", [(1, 576), (5, 576), (3, 100), (40, 2048)])
+def test_add_rms_norm_adds_in_place_and_normalizes_as_transformers(add_norm: native.AddRmsNorm, dtype: torch.dtype,
+                                                                   rows: int, dim: int) -> None:
+    torch.manual_seed(rows * dim)
+    h, delta = (torch.randn(rows, dim) * 4).to(dtype), torch.randn(rows, dim).to(dtype)
+    weight = torch.randn(dim).to(dtype)
+    expected_h, expected = torch_add_norm(h, delta, weight, 1e-5)
+    target = h.clone()
+    got_h, got = add_norm(target, delta, weight, 1e-5)
+    assert got_h.data_ptr() == target.data_ptr() and torch.equal(got_h, expected_h)  # the add rounds as torch's
+    # Only the order of the sum of squares differs: at most the last bit of a bf16 output.
+    tolerance = 2 ** -7 if dtype == torch.bfloat16 else 1e-6
+    torch.testing.assert_close(got.float(), expected.float(), rtol=tolerance, atol=tolerance)
+    h_before = h.clone()
+    _, alone = add_norm(h, None, weight, 1e-5)
+    assert torch.equal(h, h_before)  # no delta: h is only read
+    torch.testing.assert_close(alone.float(), torch_add_norm(h, torch.zeros_like(h), weight, 1e-5)[1].float(),
+                               rtol=tolerance, atol=tolerance)
+
+
+def test_add_rms_norm_gives_a_row_the_same_bits_in_any_batch(add_norm: native.AddRmsNorm) -> None:
+    h, delta, weight = torch.randn(64, 2048).bfloat16(), torch.randn(64, 2048).bfloat16(), torch.randn(2048).bfloat16()
+    _, batched = add_norm(h.clone(), delta, weight, 1e-6)
+    for row in (0, 17, 63):
+        assert torch.equal(add_norm(h[row:row + 1].clone(), delta[row:row + 1], weight, 1e-6)[1], batched[row:row + 1])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(add_norm(h.clone(), delta, weight, 1e-6)[1], batched)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_add_rms_norm_refuses_what_it_cannot_compute(add_norm: native.AddRmsNorm) -> None:
+    h, weight = torch.randn(2, 64).bfloat16(), torch.randn(64).bfloat16()
+    for bad in (
+        (h, torch.randn(2, 64), weight),  # float32 delta on bf16 h
+        (h, torch.randn(3, 64).bfloat16(), weight),
+        (h, None, torch.randn(32).bfloat16()),
+        (torch.randn(64, 2).bfloat16().t(), None, weight),  # not contiguous
+        (h.half(), None, weight.half()),
+    ):
+        with pytest.raises(ValueError):
+            add_norm(*bad, 1e-5)
+
+
+def test_the_lean_forward_adds_and_normalizes_with_it() -> None:
+    """Wired in: the lean Llama forward's norms run the native kernel where it builds, and torch's
+    with --no-native-kernels."""
+    config = LlamaConfig(**RUNNER_COMMON)
+    on = ModelRunner(tiny_in_memory(config, torch.bfloat16), CPU, torch.bfloat16, 16, 16, 256)
+    off = ModelRunner(tiny_in_memory(config, torch.bfloat16), CPU, torch.bfloat16, 16, 16, 256, native_kernels=False)
+    norms = lambda runner: [runner.lean.norm] + [n for layer in runner.lean.layers  # noqa: E731
+                                                 for n in (layer.input_norm, layer.post_attention_norm)]
+    assert all(n.native is None for n in norms(off))
+    if native.add_rms_norm() is None:
+        pytest.skip("the native kernels cannot be built here")
+    assert all(isinstance(n.native, native.AddRmsNorm) for n in norms(on))

@@ -13,10 +13,15 @@ transformers' own forward. Figures: benchmarks/RESULTS.md, "A lean Llama forward
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from engine_service.model import attention
+
+if TYPE_CHECKING:
+    from engine_service.model.native import AddRmsNorm
 
 ARCHITECTURE = "LlamaForCausalLM"
 
@@ -41,13 +46,24 @@ def _fused(*linears: torch.nn.Linear) -> torch.nn.Linear:
 
 class _Norm:
     """LlamaRMSNorm.forward: float32 statistics, the weight applied in the input's dtype. F.rms_norm
-    computes the same float32 ops in one call (tested bit for bit against transformers)."""
+    computes the same float32 ops in one call (tested bit for bit against transformers). With
+    `native` (model/native.py's rms_norm.c) one call adds the residual and normalizes; it sums the
+    squares in another order, so the lean forward then matches transformers closely, not bit for bit."""
 
-    def __init__(self, norm: torch.nn.Module) -> None:
-        self.weight, self.eps = norm.weight, norm.variance_epsilon
+    def __init__(self, norm: torch.nn.Module, native: AddRmsNorm | None = None) -> None:
+        self.weight, self.eps, self.native = norm.weight, norm.variance_epsilon, native
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            return self.native(x, None, self.weight, self.eps)[1]
         return self.weight * F.rms_norm(x.to(torch.float32), x.shape[-1:], eps=self.eps).to(x.dtype)
+
+    def after_adding(self, h: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h + delta, this norm of it); the native kernel writes the sum into h."""
+        if self.native is not None:
+            return self.native(h, delta, self.weight, self.eps)
+        h = h + delta
+        return h, self(h)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -79,16 +95,17 @@ class LeanLlama:
     Built over a model whose projections are fused (`fuse_projections`) and whose linears are final
     (quantized or not): it holds each layer's modules as plain calls and its norms' weights at hand,
     because nn.Module's __call__ and __getattr__ cost ~1-2 us each, some 0.3 ms of a batch-1 step
-    (no hooks are used on them)."""
+    (no hooks are used on them). With `native_norm`, each residual add and the norm after it are one
+    native call (see _Norm)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, native_norm: AddRmsNorm | None = None) -> None:
         config = model.config
         self.model = model
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.q_heads = config.num_attention_heads
         self.qk_heads = config.num_attention_heads + config.num_key_value_heads
-        self.layers = [_Layer(layer) for layer in model.model.layers]
-        self.norm = _Norm(model.model.norm)
+        self.layers = [_Layer(layer, native_norm) for layer in model.model.layers]
+        self.norm = _Norm(model.model.norm, native_norm)
         self.lm_head = model.lm_head.forward
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, logits_to_keep: torch.Tensor,
@@ -98,26 +115,29 @@ class LeanLlama:
         h = F.embedding(input_ids[0], base.embed_tokens.weight)  # [T, hidden] all the way: no reshapes
         cos, sin = base.rotary_emb(h, position_ids)
         cos, sin = cos[0].unsqueeze(1), _signed_sin(sin[0]).unsqueeze(1)  # [T, 1, D]: broadcast over heads
-        for layer in self.layers:
+        normed = self.layers[0].input_norm(h)
+        # Each residual add comes with the norm after it: the next layer's input norm, or the final one.
+        next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
+        for layer, next_norm in zip(self.layers, next_norms):
             # [T, heads, D] views of the fused projection: q and k heads rotated together, then split.
-            qkv = layer.qkv_proj(layer.input_norm(h)).view(tokens, -1, head_dim)
+            qkv = layer.qkv_proj(normed).view(tokens, -1, head_dim)
             qk = _rotate(qkv[:, :qk_heads], cos, sin)
             out = attention.attend_packed(layer.index, qk[:, :q_heads], qk[:, q_heads:], qkv[:, qk_heads:],
                                           layout, layer.scaling)
-            h = h + layer.o_proj(out.reshape(tokens, -1))
-            gate, up = layer.gate_up_proj(layer.post_attention_norm(h)).chunk(2, dim=-1)
-            h = h + layer.down_proj(layer.act_fn(gate) * up)
-        h = self.norm(h)
-        return self.lm_head(h[logits_to_keep]).unsqueeze(0)
+            h, normed = layer.post_attention_norm.after_adding(h, layer.o_proj(out.reshape(tokens, -1)))
+            gate, up = layer.gate_up_proj(normed).chunk(2, dim=-1)
+            h, normed = next_norm.after_adding(h, layer.down_proj(layer.act_fn(gate) * up))
+        return self.lm_head(normed[logits_to_keep]).unsqueeze(0)
 
 
 class _Layer:
     """One decoder layer's parts, the modules' forward methods taken out."""
 
-    def __init__(self, layer: torch.nn.Module) -> None:
+    def __init__(self, layer: torch.nn.Module, native_norm: AddRmsNorm | None) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.index, self.scaling = attn.layer_idx, attn.scaling
-        self.input_norm, self.post_attention_norm = _Norm(layer.input_layernorm), _Norm(layer.post_attention_layernorm)
+        self.input_norm = _Norm(layer.input_layernorm, native_norm)
+        self.post_attention_norm = _Norm(layer.post_attention_layernorm, native_norm)
         self.qkv_proj, self.o_proj = attn.qkv_proj.forward, attn.o_proj.forward
         self.gate_up_proj, self.down_proj = mlp.gate_up_proj.forward, mlp.down_proj.forward
         self.act_fn = mlp.act_fn.forward

@@ -4,6 +4,8 @@
   torch._weight_int8pack_mm on a batch-1 decode step.
 - decode_attention.c: decode attention read in place from the paged KV cache, where torch's path
   gathers each sequence's blocks and then runs SDPA.
+- rms_norm.c: the residual add and the RMSNorm after it in one call, where the lean Llama forward
+  ran ~10 small torch ops.
 
 They need x86-64 with AVX-512 or AVX2 (simd.h holds the vector code for both; each kernel is built
 for the one this CPU has), and a C compiler with OpenMP (`cc`, or $CC) to build them: each shared
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 
 INT8_SOURCE = Path(__file__).with_name("int8_matmul.c")
 ATTENTION_SOURCE = Path(__file__).with_name("decode_attention.c")
+NORM_SOURCE = Path(__file__).with_name("rms_norm.c")
+SOURCES = (INT8_SOURCE, ATTENTION_SOURCE, NORM_SOURCE)
 SIMD_HEADER = Path(__file__).with_name("simd.h")
 # -fopenmp links libgomp, which resolves to the copy torch has loaded: one thread pool for both.
 CFLAGS = ("-O3", "-std=gnu11", "-fopenmp", "-shared", "-fPIC")
@@ -113,6 +117,32 @@ class DecodeAttention:
         return out
 
 
+class AddRmsNorm:
+    """(h [rows, dim], delta [rows, dim] or None, weight [dim], eps) -> (h, out [rows, dim]): h + delta
+    written into h, and LlamaRMSNorm of it (rms_norm.c). bf16 or float32, all alike."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._fn = library.conduit_add_rms_norm
+        self._fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                             ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
+        self._fn.restype = None
+
+    def __call__(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, dim = h.shape
+        operands = (h, weight) if delta is None else (h, delta, weight)
+        if (h.dtype not in DTYPES or any(t.dtype != h.dtype or t.device.type != "cpu" or not t.is_contiguous()
+                                         for t in operands)
+                or weight.shape != (dim,) or (delta is not None and delta.shape != h.shape)):
+            raise ValueError(f"add_rms_norm: h {tuple(h.shape)} {h.dtype}, delta "
+                             f"{None if delta is None else (tuple(delta.shape), delta.dtype)}, weight "
+                             f"{tuple(weight.shape)} {weight.dtype}: contiguous CPU tensors of one dtype expected")
+        out = torch.empty_like(h)
+        self._fn(h.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(), rows, dim, eps,
+                 h.dtype == torch.bfloat16, out.data_ptr())
+        return h, out
+
+
 @functools.cache
 def int8_matmul() -> Int8Matmul | None:
     """The native int8 matmul, built on the first call; None where it is not available."""
@@ -125,6 +155,13 @@ def decode_attention() -> DecodeAttention | None:
     """The native decode attention, built on the first call; None where it is not available."""
     library = _library(ATTENTION_SOURCE)
     return None if library is None else DecodeAttention(library)
+
+
+@functools.cache
+def add_rms_norm() -> AddRmsNorm | None:
+    """The native residual add + RMSNorm, built on the first call; None where it is not available."""
+    library = _library(NORM_SOURCE)
+    return None if library is None else AddRmsNorm(library)
 
 
 def _library(source: Path) -> ctypes.CDLL | None:
@@ -183,7 +220,7 @@ def _run(command: list[str]) -> None:
 def main() -> None:
     """Build every kernel for every instruction set into the cache (container images run this at
     build time: the CPU that runs the image may differ from the one that built it)."""
-    for source in (INT8_SOURCE, ATTENTION_SOURCE):
+    for source in SOURCES:
         for isa in ISA_FLAGS:
             print(build(source, isa))
 

@@ -71,8 +71,8 @@ class ModelRunner:
         """quantization: see linear.QUANTIZATIONS (None: the default for the device and dtype);
         deterministic: a sequence's results never depend on the batch it runs in;
         lean_forward: Llama models run model/llama.py's forward (False: transformers', for comparison);
-        native_kernels: int8 linears and decode attention run model/native.py's kernels where they
-        build (False: torch's)."""
+        native_kernels: int8 linears, decode attention and the lean forward's add + RMSNorm run
+        model/native.py's kernels where they build (False: torch's)."""
         self.model = model
         install_rotary_table(model, max_positions, device)
         lean = lean_forward and llama.supports(model)
@@ -87,7 +87,8 @@ class ModelRunner:
         if device.type == "cpu":
             quantize_linears(model, self.quantization, self.full_weights, native_int8)
         self.int8_kernel = "native" if native_int8 is not None else "torch"
-        self.lean = llama.LeanLlama(model) if lean else None
+        on_cpu_natively = native_kernels and device.type == "cpu" and dtype in native.DTYPES
+        self.lean = llama.LeanLlama(model, native.add_rms_norm() if on_cpu_natively else None) if lean else None
         self.pads_single_rows = one_row_rounds_differently(model)
         self.device = device
         config = model.config
