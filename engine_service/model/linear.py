@@ -118,14 +118,18 @@ class LowBitLinear(torch.nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.switch = switch
         self.full: PackedLinear | None = None
+        # The copy's forward as a plain attribute: a decode step calls ~120 linears, and nn.Module's
+        # attribute lookup for a submodule costs ~1 us each time.
+        self._full_forward = None
 
     def keep_full_copy(self, dequantized: torch.Tensor) -> None:
         if self.switch is not None:
             self.full = PackedLinear(dequantized, self.bias)
+            self._full_forward = self.full.forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.full is not None and self.switch.on:
-            return self.full(x)
+        if self._full_forward is not None and self.switch.on:
+            return self._full_forward(x)
         if x.dim() == 2:  # the lean forward's [tokens, features]: no reshaping
             y = self.kernel(x)
         else:
@@ -150,12 +154,13 @@ class Int8Linear(LowBitLinear):
         self.native = native if native is not None and native.supports(self.weight, linear.weight.dtype) else None
         # The native kernel takes float32 scales: the same values as `scales`, which the bf16 copy uses too.
         self.register_buffer("float_scales", self.scales.float() if self.native is not None else None)
+        # Bound to this layer's weights once (no per-call buffer lookups); torch's kernel otherwise.
+        self._matmul = (self.native.bind(self.weight, self.float_scales) if self.native is not None else
+                        lambda rows: torch._weight_int8pack_mm(rows, self.weight, self.scales))
         self.keep_full_copy((self.weight.float() * self.scales.float()[:, None]).to(linear.weight.dtype))
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        if self.native is not None:
-            return self.native(rows, self.weight, self.float_scales)
-        return torch._weight_int8pack_mm(rows, self.weight, self.scales)
+        return self._matmul(rows)
 
 
 def int4_quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -26,6 +26,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -69,16 +70,25 @@ class Int8Matmul:
                 and weight.is_contiguous() and weight.shape[1] % LANES == 0 and dtype in DTYPES)
 
     def __call__(self, rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        if rows.dtype not in DTYPES or rows.shape[-1] != weight.shape[1]:
-            raise ValueError(f"int8 matmul: rows {tuple(rows.shape)} {rows.dtype} against weight {tuple(weight.shape)}")
-        rows = rows.contiguous()
-        m, k = rows.shape
-        n = weight.shape[0]
-        out = torch.empty(m, n, dtype=rows.dtype)
-        if m and self._fn(rows.data_ptr(), rows.dtype == torch.bfloat16, m, k, weight.data_ptr(),
-                          scales.data_ptr(), out.data_ptr(), n):
-            raise MemoryError("int8 matmul: no memory for its scratch rows")
-        return out
+        return self.bind(weight, scales)(rows)
+
+    def bind(self, weight: torch.Tensor, scales: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """rows -> this call's result with these weights and scales, their pointers and sizes taken once
+        (the closure holds the tensors, so they live as long as it does)."""
+        n, k = weight.shape
+        fn, w, s = self._fn, weight.data_ptr(), scales.data_ptr()
+
+        def matmul(rows: torch.Tensor) -> torch.Tensor:
+            if rows.dtype not in DTYPES or rows.shape[-1] != k:
+                raise ValueError(f"int8 matmul: rows {tuple(rows.shape)} {rows.dtype} against weight {tuple(weight.shape)}")
+            rows = rows.contiguous()
+            m = rows.shape[0]
+            out = torch.empty(m, n, dtype=rows.dtype)
+            if m and fn(rows.data_ptr(), rows.dtype == torch.bfloat16, m, k, w, s, out.data_ptr(), n):
+                raise MemoryError("int8 matmul: no memory for its scratch rows")
+            return out
+
+        return matmul
 
 
 class DecodeAttention:
