@@ -32,15 +32,6 @@ static inline void prefetch_row(const char *p, size_t bytes) {
     for (size_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
 }
 
-static inline vec load_row(const void *p, int bf16) { return bf16 ? vload_bf16(p) : vload(p); }
-
-static inline void store_row(void *p, vec v, int bf16) {
-    if (bf16)
-        vstore_bf16(p, v); /* attention outputs are finite */
-    else
-        vstore(p, v);
-}
-
 /* e^x for x <= 0 (softmax numerators), within ~2 ulp: x = n ln2 + r, a degree-6 polynomial for e^r
  * (Cephes' expf), times 2^n. */
 static inline vec vexp(vec x) {
@@ -94,7 +85,7 @@ static void attend_group(const char *q, int64_t q_head_stride, const char *k_cac
     for (int64_t g = 0; g < group; g++)
         for (int64_t c = 0; c < chunks; c++)
             vstore(queries + g * head_dim + c * VL,
-                   vmul(load_row(q + (size_t)(g * q_head_stride + c * VL) * esize, bf16), vset1(scale)));
+                   vmul(load_values(q, g * q_head_stride + c * VL, bf16), vset1(scale)));
     const size_t row_bytes = head_dim * esize;
     for (int64_t t = first; t < len;) { /* each row's byte offset, block by block */
         const int64_t base = (table[t / block_size] * block_size * kv_heads + h) * row_bytes;
@@ -106,7 +97,7 @@ static void attend_group(const char *q, int64_t q_head_stride, const char *k_cac
         if (i + AHEAD < n) prefetch_row(k_cache + offsets[i + AHEAD], row_bytes);
         prefetch_row(v_cache + offsets[i], row_bytes);
         const char *k = k_cache + offsets[i];
-        for (int64_t c = 0; c < chunks; c++) row[c] = load_row(k + c * VL * esize, bf16);
+        for (int64_t c = 0; c < chunks; c++) row[c] = load_values(k, c * VL, bf16);
         for (int64_t g = 0; g < group; g++) {
             vec dot = vzero();
             for (int64_t c = 0; c < chunks; c++) dot = vfmadd(vload(queries + g * head_dim + c * VL), row[c], dot);
@@ -126,10 +117,10 @@ static void attend_group(const char *q, int64_t q_head_stride, const char *k_cac
             for (int64_t i = 0; i < n; i++) {
                 const char *v = v_cache + offsets[i] + c0 * VL * esize;
                 const vec weight = vset1(weights[i]);
-                for (int64_t c = 0; c < tile; c++) sums[c] = vfmadd(weight, load_row(v + c * VL * esize, bf16), sums[c]);
+                for (int64_t c = 0; c < tile; c++) sums[c] = vfmadd(weight, load_values(v, c * VL, bf16), sums[c]);
             }
             for (int64_t c = 0; c < tile; c++)
-                store_row(out + (size_t)(g * head_dim + (c0 + c) * VL) * esize, vmul(sums[c], inverse), bf16);
+                store_values(out, g * head_dim + (c0 + c) * VL, vmul(sums[c], inverse), bf16); /* finite */
         }
     }
 }

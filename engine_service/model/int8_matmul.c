@@ -42,13 +42,6 @@
 #define LANES 16            /* K must be a multiple of this (checked by the caller) */
 #define PAIR_LANES 32       /* the bf16 path's step: K must be a multiple of it too */
 
-static inline void store(void *y, int y_bf16, size_t index, float value) {
-    if (y_bf16)
-        ((uint16_t *)y)[index] = float_to_bf16(value);
-    else
-        ((float *)y)[index] = value;
-}
-
 /* Ask for the weight bytes PREFETCH_AHEAD past a block's start, as many as the block holds. */
 static inline __attribute__((always_inline)) void prefetch_ahead(const int8_t *w, int64_t block_bytes,
                                                                  const char *w_end) {
@@ -121,12 +114,12 @@ static inline __attribute__((always_inline)) void dot_block_bf16(const uint16_t 
             DOT_BLOCK(ROWS, OUTS, j, out);                                                            \
             for (int m = 0; m < (ROWS); m++)                                                          \
                 for (int r = 0; r < (OUTS); r++)                                                      \
-                    store(y, y_bf16, (size_t)(m0 + m) * n + n0 + j + r, out[m * (OUTS) + r] * scales[n0 + j + r]); \
+                    store_value(y, (m0 + m) * n + n0 + j + r, out[m * (OUTS) + r] * scales[n0 + j + r], y_bf16);  \
         }                                                                                             \
         for (; j < count; j++) {                                                                      \
             float out[(ROWS)];                                                                        \
             DOT_BLOCK(ROWS, 1, j, out);                                                               \
-            for (int m = 0; m < (ROWS); m++) store(y, y_bf16, (size_t)(m0 + m) * n + n0 + j, out[m] * scales[n0 + j]); \
+            for (int m = 0; m < (ROWS); m++) store_value(y, (m0 + m) * n + n0 + j, out[m] * scales[n0 + j], y_bf16);  \
         }                                                                                             \
     } while (0)
 
@@ -139,7 +132,7 @@ int conduit_int8_matmul(const void *x, int x_bf16, int64_t m_len, int64_t k, con
     float *xf = pairs ? NULL : malloc(sizeof(float) * m_len * k); /* x as float32 */
     if (!pairs && xf == NULL) return -1;
     for (int64_t i = 0; !pairs && i < m_len * k; i++)
-        xf[i] = x_bf16 ? bf16_to_float(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+        xf[i] = load_value(x, i, x_bf16);
     const int64_t blocks = (n + BLOCK_OUTS - 1) / BLOCK_OUTS;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; b++) {

@@ -106,6 +106,8 @@ class LeanLlama:
         self.qk_heads = config.num_attention_heads + config.num_key_value_heads
         self.layers = [_Layer(layer, native_norm) for layer in model.model.layers]
         self.norm = _Norm(model.model.norm, native_norm)
+        # Each residual add comes with the norm after it: the next layer's input norm, or the final one.
+        self.next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
         self.lm_head = model.lm_head.forward
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, logits_to_keep: torch.Tensor,
@@ -116,9 +118,7 @@ class LeanLlama:
         cos, sin = base.rotary_emb(h, position_ids)
         cos, sin = cos[0].unsqueeze(1), _signed_sin(sin[0]).unsqueeze(1)  # [T, 1, D]: broadcast over heads
         normed = self.layers[0].input_norm(h)
-        # Each residual add comes with the norm after it: the next layer's input norm, or the final one.
-        next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
-        for layer, next_norm in zip(self.layers, next_norms):
+        for layer, next_norm in zip(self.layers, self.next_norms):
             # [T, heads, D] views of the fused projection: q and k heads rotated together, then split.
             qkv = layer.qkv_proj(normed).view(tokens, -1, head_dim)
             qk = _rotate(qkv[:, :qk_heads], cos, sin)

@@ -18,23 +18,8 @@
 
 #include "simd.h"
 
-static inline float load_at(const void *p, int64_t i, int bf16) {
-    return bf16 ? bf16_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
 /* The value as the type rounds it (bf16: to nearest even, as torch converts). */
 static inline float rounded(float v, int bf16) { return bf16 ? bf16_to_float(float_to_bf16(v)) : v; }
-
-static inline void store_at(void *p, int64_t i, float v, int bf16) {
-    if (bf16)
-        ((uint16_t *)p)[i] = float_to_bf16(v);
-    else
-        ((float *)p)[i] = v;
-}
-
-static inline vec load_vec(const void *p, int64_t i, int bf16) {
-    return bf16 ? vload_bf16((const uint16_t *)p + i) : vload((const float *)p + i);
-}
 
 /* The vector's values as the type rounds them. */
 static inline vec rounded_vec(vec v, int bf16) {
@@ -44,40 +29,33 @@ static inline vec rounded_vec(vec v, int bf16) {
     return vload_bf16(half);
 }
 
-static inline void store_vec(void *p, int64_t i, vec v, int bf16) {
-    if (bf16)
-        vstore_bf16((uint16_t *)p + i, v);
-    else
-        vstore((float *)p + i, v);
-}
-
 static void norm_row(void *h, const void *delta, const void *weight, int64_t dim, float eps, int bf16, void *out) {
     const int64_t whole = dim - dim % VL;
     vec squares = vzero();
     float tail_squares = 0.0f;
     for (int64_t i = 0; i < whole; i += VL) {
-        vec x = load_vec(h, i, bf16);
+        vec x = load_values(h, i, bf16);
         if (delta != NULL) {
-            x = rounded_vec(vadd(x, load_vec(delta, i, bf16)), bf16);
-            store_vec(h, i, x, bf16);
+            x = rounded_vec(vadd(x, load_values(delta, i, bf16)), bf16);
+            store_values(h, i, x, bf16);
         }
         squares = vfmadd(x, x, squares);
     }
     for (int64_t i = whole; i < dim; i++) {
-        float x = load_at(h, i, bf16);
+        float x = load_value(h, i, bf16);
         if (delta != NULL) {
-            x = rounded(x + load_at(delta, i, bf16), bf16);
-            store_at(h, i, x, bf16);
+            x = rounded(x + load_value(delta, i, bf16), bf16);
+            store_value(h, i, x, bf16);
         }
         tail_squares += x * x;
     }
     const float inverse = 1.0f / sqrtf((vsum(squares) + tail_squares) / (float)dim + eps);
     for (int64_t i = 0; i < whole; i += VL) {
-        vec normed = rounded_vec(vmul(load_vec(h, i, bf16), vset1(inverse)), bf16);
-        store_vec(out, i, vmul(load_vec(weight, i, bf16), normed), bf16);
+        vec normed = rounded_vec(vmul(load_values(h, i, bf16), vset1(inverse)), bf16);
+        store_values(out, i, vmul(load_values(weight, i, bf16), normed), bf16);
     }
     for (int64_t i = whole; i < dim; i++)
-        store_at(out, i, load_at(weight, i, bf16) * rounded(load_at(h, i, bf16) * inverse, bf16), bf16);
+        store_value(out, i, load_value(weight, i, bf16) * rounded(load_value(h, i, bf16) * inverse, bf16), bf16);
 }
 
 void conduit_add_rms_norm(void *h, const void *delta, const void *weight, int64_t rows, int64_t dim, float eps,

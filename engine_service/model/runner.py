@@ -79,16 +79,15 @@ class ModelRunner:
         if lean:
             llama.fuse_projections(model)  # before quantizing: fused linears are quantized like the rest
         self.quantization = resolve_quantization(quantization, device, dtype, deterministic)
-        native_int8 = None
-        if device.type == "cpu" and native_kernels and self.quantization == "int8":
-            native_int8 = native.int8_matmul()
+        native_on_cpu = native_kernels and device.type == "cpu"
+        native_int8 = native.int8_matmul() if native_on_cpu and self.quantization == "int8" else None
         # Low-bit linears run bf16 copies for prompt chunks and big steps, unless deterministic.
         self.full_weights = None if deterministic else FullWeightsSwitch(low_bit_max_rows(dtype, native_int8))
         if device.type == "cpu":
             quantize_linears(model, self.quantization, self.full_weights, native_int8)
         self.int8_kernel = "native" if native_int8 is not None else "torch"
-        on_cpu_natively = native_kernels and device.type == "cpu" and dtype in native.DTYPES
-        self.lean = llama.LeanLlama(model, native.add_rms_norm() if on_cpu_natively else None) if lean else None
+        native_norm = native.add_rms_norm() if native_on_cpu and dtype in native.DTYPES else None
+        self.lean = llama.LeanLlama(model, native_norm) if lean else None
         self.pads_single_rows = one_row_rounds_differently(model)
         self.device = device
         config = model.config
@@ -100,7 +99,7 @@ class ModelRunner:
         )
         # Decided once for the model; a softcapped layer still takes torch's path (attention.py).
         fits = native.DecodeAttention.supports(config.num_attention_heads, config.num_key_value_heads, head_dim, dtype)
-        self.decode_attention = native.decode_attention() if native_kernels and device.type == "cpu" and fits else None
+        self.decode_attention = native.decode_attention() if native_on_cpu and fits else None
         self.block_size = block_size
         # The last block is never handed out: padding tokens write there.
         self.scratch_block = num_blocks - 1

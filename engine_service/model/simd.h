@@ -1,5 +1,5 @@
-/* float32 vectors for the native kernels (int8_matmul.c, decode_attention.c): 16 lanes on a build
- * for AVX-512, else 8 lanes on AVX2 with FMA. native.py builds each kernel once per instruction set
+/* float32 vectors for the native kernels (int8_matmul.c, decode_attention.c, rms_norm.c): 16 lanes on a build
+ * for AVX-512, else 8 lanes on AVX2 with FMA, and typed loads and stores of bf16 or float32 arrays. native.py builds each kernel once per instruction set
  * and loads the one this CPU runs. A kernel's results depend on the build (the lane count orders
  * its sums), never on the batch or the thread count.
  */
@@ -133,6 +133,31 @@ static inline uint16_t float_to_bf16(float f) {
     if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
     bits += 0x7fffu + ((bits >> 16) & 1u);
     return (uint16_t)(bits >> 16);
+}
+
+/* Elements of a bf16 (bf16 != 0) or float32 array, read as float32 and stored rounded to the
+ * array's type (bf16: to nearest even, as torch converts; the vector store assumes finite values). */
+static inline float load_value(const void *p, int64_t i, int bf16) {
+    return bf16 ? bf16_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline void store_value(void *p, int64_t i, float v, int bf16) {
+    if (bf16)
+        ((uint16_t *)p)[i] = float_to_bf16(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+/* VL elements from element i. */
+static inline vec load_values(const void *p, int64_t i, int bf16) {
+    return bf16 ? vload_bf16((const uint16_t *)p + i) : vload((const float *)p + i);
+}
+
+static inline void store_values(void *p, int64_t i, vec v, int bf16) {
+    if (bf16)
+        vstore_bf16((uint16_t *)p + i, v);
+    else
+        vstore((float *)p + i, v);
 }
 
 #endif
