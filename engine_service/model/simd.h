@@ -1,7 +1,8 @@
-/* float32 vectors for the native kernels (int8_matmul.c, decode_attention.c, rms_norm.c): 16 lanes on a build
- * for AVX-512, else 8 lanes on AVX2 with FMA, and typed loads and stores of bf16 or float32 arrays. native.py builds each kernel once per instruction set
- * and loads the one this CPU runs. A kernel's results depend on the build (the lane count orders
- * its sums), never on the batch or the thread count.
+/* float32 vectors for the native kernels (int8_matmul.c, decode_attention.c, rms_norm.c): 16 lanes
+ * on a build for AVX-512, else 8 lanes on AVX2 with FMA; and loads and stores of bf16 or float32
+ * arrays. native.py builds each kernel once per instruction set and loads the one this CPU runs. A
+ * kernel's results depend on the build (the lane count orders its sums), never on the batch or the
+ * thread count.
  */
 #ifndef CONDUIT_SIMD_H
 #define CONDUIT_SIMD_H
