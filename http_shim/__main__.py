@@ -10,6 +10,15 @@ import grpc.experimental.gevent  # noqa: E402
 
 grpc.experimental.gevent.init_gevent()
 
+import grpc._common  # noqa: E402
+
+# grpc's blocking calls wait in 0.1 s slices so that a main thread stuck in a native wait still
+# runs signal handlers. Under gevent a wait is a greenlet's and the hub runs the handlers, so each
+# slice is only a timer that fires and re-arms: ~10 a second per open stream, about 30% of the
+# shim's CPU a relayed token at 32 streams (benchmarks/RESULTS.md). A wait still ends when its
+# event arrives; the long slice only keeps grpc's loop.
+grpc._common.MAXIMUM_WAIT_TIMEOUT = 60.0
+
 if __name__ == "__main__":
     # As early as gevent allows: a launcher killed meanwhile must not leave this shim running.
     from clients.lifetime import die_with_parent

@@ -114,6 +114,25 @@ class Collector:
         return choices
 
 
+class UsageTally:
+    """A stream's usage without keeping its text: prompt (and cached) tokens once per prompt, the
+    latest completion-token count of every choice. Counts as Collector.usage does."""
+
+    def __init__(self) -> None:
+        self._prompts: dict[int, pb.PromptInfo] = {}
+        self._completion_tokens: dict[tuple[int, int], int] = {}
+
+    def prompt(self, prompt_index: int, prompt: pb.PromptInfo) -> None:
+        self._prompts[prompt_index] = prompt
+
+    def completion(self, prompt_index: int, choice: int, completion_tokens: int) -> None:
+        self._completion_tokens[prompt_index, choice] = completion_tokens
+
+    def usage(self) -> dict[str, Any]:
+        return usage(sum(p.prompt_tokens for p in self._prompts.values()), sum(self._completion_tokens.values()),
+                     sum(p.cached_tokens for p in self._prompts.values()))
+
+
 def cumulative_logprob(choice: Choice) -> float:
     return sum(e.logprob for e in choice.logprobs if not math.isnan(e.logprob))
 
@@ -201,14 +220,14 @@ class _StreamChoice:
 
 
 class _StreamTranslator:
-    """Shared state of a streamed response: chunk envelope, the responses so far (for usage),
+    """Shared state of a streamed response: chunk envelope, the token counts so far (for usage),
     per-choice progress."""
 
     object_name = ""
 
     def __init__(self, response_id: str, created: int, model: str, plan: GenerationPlan) -> None:
         self.response_id, self.created, self.model, self.plan = response_id, created, model, plan
-        self.collected = Collector()
+        self.tally = UsageTally()
         self.choices: dict[tuple[int, int], _StreamChoice] = {}
 
     def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -231,13 +250,15 @@ class _StreamTranslator:
         return self.choices.setdefault((prompt_index, choice), _StreamChoice())
 
     def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[dict[str, Any]]:
-        self.collected.add(prompt_index, response)
         kind = response.WhichOneof("kind")
         if kind == "prompt":
+            self.tally.prompt(prompt_index, response.prompt)
             return self.on_prompt(prompt_index, response.prompt)
         if kind == "chunk":
+            self.tally.completion(prompt_index, response.chunk.index, response.chunk.completion_tokens)
             return self.on_chunk(prompt_index, response.chunk)
         if kind == "final":
+            self.tally.completion(prompt_index, response.final.index, response.final.completion_tokens)
             return self.on_final(prompt_index, response.final)
         return []
 
@@ -246,7 +267,7 @@ class _StreamTranslator:
         if not self.plan.include_usage:
             return []
         chunk = self.envelope([])
-        chunk["usage"] = self.collected.usage()
+        chunk["usage"] = self.tally.usage()
         return [chunk]
 
     def on_prompt(self, prompt_index: int, prompt: pb.PromptInfo) -> list[dict[str, Any]]:
