@@ -87,23 +87,43 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
 # ------------------------------------------------------------------ whole responses
 
 
+class UsageTally:
+    """Usage without keeping the text (streams keep only this): prompt (and cached) tokens once per
+    prompt, whatever n; the latest completion-token count of every choice."""
+
+    def __init__(self) -> None:
+        self._prompts: dict[int, pb.PromptInfo] = {}
+        self._completion_tokens: dict[tuple[int, int], int] = {}
+
+    def add(self, prompt_index: int, response: pb.GenerateResponse) -> None:
+        kind = response.WhichOneof("kind")
+        if kind == "prompt":
+            self._prompts[prompt_index] = response.prompt
+        elif kind in ("chunk", "final"):
+            part = response.chunk if kind == "chunk" else response.final
+            self._completion_tokens[prompt_index, part.index] = part.completion_tokens
+
+    def usage(self) -> dict[str, Any]:
+        return usage(sum(p.prompt_tokens for p in self._prompts.values()), sum(self._completion_tokens.values()),
+                     sum(p.cached_tokens for p in self._prompts.values()))
+
+
 class Collector:
     """The responses of every Generate call of one HTTP request, folded per prompt."""
 
     def __init__(self) -> None:
         self._prompts: dict[int, CompletionBuilder] = {}
+        self._tally = UsageTally()
 
     def add(self, prompt_index: int, response: pb.GenerateResponse) -> None:
         self._prompts.setdefault(prompt_index, CompletionBuilder()).add(response)
+        self._tally.add(prompt_index, response)
 
     def completion(self, prompt_index: int) -> Completion:
         return self._prompts.get(prompt_index, CompletionBuilder()).build()
 
     def usage(self) -> dict[str, Any]:
-        """Prompt (and cached) tokens once per prompt, whatever n; completion tokens of every choice."""
-        counts = [builder.build().usage for builder in self._prompts.values()]
-        return usage(sum(u.prompt_tokens for u in counts), sum(u.completion_tokens for u in counts),
-                     sum(u.cached_tokens for u in counts))
+        return self._tally.usage()
 
     def ranked(self, prompt_index: int, n: int, best_of: int) -> list[Choice]:
         """The choices to return for one prompt: all of them, or the best n of best_of."""
@@ -112,25 +132,6 @@ class Collector:
         if best_of > n:
             choices = sorted(choices, key=cumulative_logprob, reverse=True)[:n]
         return choices
-
-
-class UsageTally:
-    """A stream's usage without keeping its text: prompt (and cached) tokens once per prompt, the
-    latest completion-token count of every choice. Counts as Collector.usage does."""
-
-    def __init__(self) -> None:
-        self._prompts: dict[int, pb.PromptInfo] = {}
-        self._completion_tokens: dict[tuple[int, int], int] = {}
-
-    def prompt(self, prompt_index: int, prompt: pb.PromptInfo) -> None:
-        self._prompts[prompt_index] = prompt
-
-    def completion(self, prompt_index: int, choice: int, completion_tokens: int) -> None:
-        self._completion_tokens[prompt_index, choice] = completion_tokens
-
-    def usage(self) -> dict[str, Any]:
-        return usage(sum(p.prompt_tokens for p in self._prompts.values()), sum(self._completion_tokens.values()),
-                     sum(p.cached_tokens for p in self._prompts.values()))
 
 
 def cumulative_logprob(choice: Choice) -> float:
@@ -250,15 +251,13 @@ class _StreamTranslator:
         return self.choices.setdefault((prompt_index, choice), _StreamChoice())
 
     def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[dict[str, Any]]:
+        self.tally.add(prompt_index, response)
         kind = response.WhichOneof("kind")
         if kind == "prompt":
-            self.tally.prompt(prompt_index, response.prompt)
             return self.on_prompt(prompt_index, response.prompt)
         if kind == "chunk":
-            self.tally.completion(prompt_index, response.chunk.index, response.chunk.completion_tokens)
             return self.on_chunk(prompt_index, response.chunk)
         if kind == "final":
-            self.tally.completion(prompt_index, response.final.index, response.final.completion_tokens)
             return self.on_final(prompt_index, response.final)
         return []
 

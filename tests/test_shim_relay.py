@@ -69,3 +69,13 @@ def test_many_streams_arrive_whole_and_cancel_together(shim, fake):
         expected = "".join(f" t{k}" for k in range(30))
         assert [t.result(timeout=60) for t in texts] == [expected] * MANY
         assert all(fake.engine.wait_cancelled(c.result(timeout=60)) for c in cancelled)
+
+
+def test_grpc_still_waits_in_the_slices_the_shim_lengthens():
+    """http_shim/__main__.py sets grpc._common.MAXIMUM_WAIT_TIMEOUT (its blocking waits' slice, which
+    under gevent is only a timer a stream fires ~10 times a second). A grpc that stopped reading that
+    global would bring the timers back silently; this test says so instead."""
+    import grpc._common
+
+    assert isinstance(grpc._common.MAXIMUM_WAIT_TIMEOUT, float)
+    assert "MAXIMUM_WAIT_TIMEOUT" in grpc._common.wait.__code__.co_names
