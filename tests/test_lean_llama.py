@@ -102,3 +102,51 @@ def test_lean_forward_matches_transformers_on_the_default_model(quantization: st
     loaded = load_model(None, device="cpu", dtype="bfloat16")
     lean, plain = runners(loaded.model, loaded.dtype, quantization=quantization, native_kernels=False)
     check_same_steps(lean, plain, loaded.model.config.vocab_size)
+
+
+def native_and_lean_runners(model: torch.nn.Module, dtype: torch.dtype) -> tuple[ModelRunner, ModelRunner, list[int]]:
+    """(runner whose decode steps run as one native call, runner on the lean forward's torch ops, the
+    rows of each native call), over two copies of `model` with int8 weights on the native kernels."""
+    if native.decode_layers() is None:
+        pytest.skip("the native kernels cannot be built here")
+    reference = copy.deepcopy(model)
+    fused = ModelRunner(model, CPU, dtype, BLOCK, 64, 256, quantization="int8")
+    lean = ModelRunner(reference, CPU, dtype, BLOCK, 64, 256, quantization="int8", native_decode_step=False)
+    assert fused.native_decode_layers and not lean.native_decode_layers
+    calls: list[int] = []
+    step = fused.lean.decode_layers
+    fused.lean.decode_layers = lambda h, *args: (calls.append(h.shape[0]), step(h, *args))
+    return fused, lean, calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_steps_in_one_native_call_match_the_lean_forward(dtype: torch.dtype) -> None:
+    """decode_layers.c rounds where the lean forward rounds (only its SiLU's e^x may differ by an ulp)."""
+    config = LlamaConfig(**RUNNER_COMMON)
+    fused, lean, calls = native_and_lean_runners(tiny_in_memory(config, dtype), dtype)
+    check_same_steps(fused, lean, config.vocab_size, exact=False)
+    assert calls == [3, 1], "only the decode-only steps run as one native call"
+
+
+def test_the_native_decode_step_is_not_used_where_it_would_compute_differently() -> None:
+    if native.decode_layers() is None:
+        pytest.skip("the native kernels cannot be built here")
+    config = LlamaConfig(**RUNNER_COMMON)
+    # --deterministic: a decode row beside a prompt chunk takes the torch path, so alone it must too.
+    assert not ModelRunner(tiny_in_memory(config, torch.float32), CPU, torch.float32, BLOCK, 64, 256,
+                           quantization="int8", deterministic=True).native_decode_layers
+    biased = LlamaConfig(**RUNNER_COMMON, attention_bias=True)
+    assert not ModelRunner(tiny_in_memory(biased, torch.float32), CPU, torch.float32, BLOCK, 64, 256,
+                           quantization="int8").native_decode_layers
+    assert not ModelRunner(tiny_in_memory(config, torch.float32), CPU, torch.float32, BLOCK, 64, 256,
+                           quantization="none").native_decode_layers
+
+
+@pytest.mark.model
+def test_native_decode_steps_match_the_lean_forward_on_the_default_model() -> None:
+    from engine_service.model.loader import load_model
+
+    loaded = load_model(None, device="cpu", dtype="bfloat16")
+    fused, lean, calls = native_and_lean_runners(loaded.model, loaded.dtype)
+    check_same_steps(fused, lean, loaded.model.config.vocab_size, exact=False)
+    assert calls == [3, 1]

@@ -130,6 +130,8 @@ class Engine:
                  ", deterministic" if config.deterministic else "")
         log.info("decode attention: %s", "native, in place in the paged cache" if self.runner.decode_attention
                  else "gathered, then SDPA")
+        if self.runner.native_decode_layers:
+            log.info("decode steps: every layer in one native call (up to %d rows)", self.runner.full_weights.max_rows)
         log.info("streaming: %s", _describe_stream_interval(config.stream_interval))
 
     def _num_blocks(self) -> int:
