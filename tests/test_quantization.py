@@ -20,7 +20,7 @@ from clients.launch import Stack
 from engine_service.core.scheduler import ScheduledBatch
 from engine_service.model.linear import (CPU_BF16_DEFAULT, INT4_GROUP, LOW_BIT_MAX_ROWS,
                                          NATIVE_INT8_MAX_ROWS_WITHOUT_BF16_GEMM, QUANTIZATIONS, FullWeightsSwitch,
-                                         Int4Linear, Int8Linear, PackedLinear, int4_quantize, low_bit_max_rows,
+                                         Int4Linear, Int8Linear, Int8Panels, PackedLinear, int4_quantize, low_bit_max_rows,
                                          one_row_rounds_differently, packable, quantize_linears,
                                          resolve_quantization)
 from engine_service.model import linear as linear_module
@@ -159,13 +159,40 @@ def test_a_prefix_cache_hit_gives_the_cold_prefills_logits_with_int8_weights(lef
 def test_low_bit_linears_run_their_full_copy_while_the_switch_is_on(kind: str) -> None:
     source, switch = linear(), FullWeightsSwitch()
     fast, deterministic = LOW_BIT[kind](source, switch), LOW_BIT[kind](source, None)
-    assert isinstance(fast.full, PackedLinear) and deterministic.full is None
+    # Where oneDNN has no bf16 GEMM, native int8's full path is its GEMM on packed panels instead.
+    panels = kind == "int8 native" and not packable(torch.bfloat16)
+    assert isinstance(fast.full, Int8Panels if panels else PackedLinear) and deterministic.full is None
     x = torch.randn(LOW_BIT_MAX_ROWS + 1, 128, dtype=torch.bfloat16)
     assert torch.equal(fast(x), deterministic(x))
     switch.on = True
-    # The same weights through another kernel, so only rounding differs.
-    assert not torch.equal(fast(x), deterministic(x))
+    if panels:  # the dot kernel's very weights and scales, summed in another order: bf16 rarely tells
+        calls: list[int] = []
+        full_forward = fast._full_forward
+        fast._full_forward = lambda rows: calls.append(len(rows)) or full_forward(rows)
+        fast(x)
+        assert calls == [len(x)]
+    else:  # the same weights through another kernel, so only rounding differs
+        assert not torch.equal(fast(x), deterministic(x))
     torch.testing.assert_close(fast(x).float(), deterministic(x).float(), rtol=0.02, atol=0.02)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_native_int8_gemm_gives_each_row_its_bits_whatever_the_rows(dtype: torch.dtype, bias: bool) -> None:
+    """Int8Panels (int8_matmul.c's GEMM): the dot kernel's weights and scales, rounded apart from it
+    but alike for a row alone and among 200 (6-row tiles and 96-row blocks: every remainder)."""
+    kernel = native.int8_matmul()
+    if kernel is None:
+        pytest.skip("the native int8 kernel cannot be built here")
+    source = linear(out_features=100, in_features=192, bias=bias).to(dtype)  # 100: a partial last panel
+    dot = Int8Linear(source, None, kernel)
+    gemm = Int8Panels(kernel, dot.weight, dot.float_scales, dot.bias)
+    x = torch.randn(200, 192, dtype=dtype)
+    every = gemm(x)
+    for first, rows in ((0, 1), (3, 5), (7, 6), (50, 7), (0, 96), (1, 97), (0, 200)):
+        assert torch.equal(gemm(x[first:first + rows]), every[first:first + rows]), (first, rows)
+    torch.testing.assert_close(every.float(), dot(x).float(), rtol=0.02, atol=0.02)
+    assert gemm(x.view(4, 50, 192)).shape == (4, 50, 100)
 
 
 @pytest.mark.parametrize("max_rows", [LOW_BIT_MAX_ROWS, NATIVE_INT8_MAX_ROWS_WITHOUT_BF16_GEMM])

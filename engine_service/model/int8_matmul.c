@@ -164,3 +164,81 @@ int conduit_int8_matmul(const void *x, int x_bf16, int64_t m_len, int64_t k, con
     free(xf);
     return 0;
 }
+
+/* ---- Many rows (prompt chunks, big steps): a GEMM over weights packed in panels ----
+ *
+ * With many rows the multiply-adds bound the work, and the dot products above spend a horizontal
+ * sum and a widening per weight vector and pass. Here the weights are packed once in panels of
+ * PANEL output channels, [K][PANEL] int8 each (conduit_int8_pack), so a vector of weights is PANEL /
+ * VL channels at one k: each weight vector is widened once and multiplied with GEMM_ROWS rows' x[k]
+ * broadcast (GEMM_ROWS x 2 accumulators, the classic register tile). Each output element is one
+ * chain of multiply-adds over k in order, then scaled: its bits depend on neither M nor the
+ * blocking nor the threads (but differ from the dot products' lane-wise sums above).
+ */
+#define PANEL (2 * VL)
+#define GEMM_ROWS 6
+#define GEMM_BLOCK_ROWS 96 /* rows of x (float32) kept in L2 while every panel passes over them */
+
+/* packed [ceil(n / PANEL)][k][PANEL] from w [n, k]; channels past n are zeros. */
+void conduit_int8_pack(const int8_t *w, int64_t n, int64_t k, int8_t *packed) {
+    const int64_t panels = (n + PANEL - 1) / PANEL;
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int64_t j = 0; j < PANEL; j++) {
+                const int64_t c = p * PANEL + j;
+                packed[(p * k + kk) * PANEL + j] = c < n ? w[c * k + kk] : 0;
+            }
+}
+
+static inline __attribute__((always_inline)) void gemm_tile(const float *x, int rows, int64_t k, const int8_t *panel,
+                                                             const float *scales, int64_t c0, int64_t n, void *y,
+                                                             int y_bf16) {
+    vec acc[GEMM_ROWS][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = vzero();
+    for (int64_t kk = 0; kk < k; kk++) {
+        const vec w0 = vload_i8(panel + kk * PANEL), w1 = vload_i8(panel + kk * PANEL + VL);
+        for (int r = 0; r < rows; r++) {
+            const vec xv = vset1(x[r * k + kk]);
+            acc[r][0] = vfmadd(xv, w0, acc[r][0]);
+            acc[r][1] = vfmadd(xv, w1, acc[r][1]);
+        }
+    }
+    float out[PANEL];
+    for (int r = 0; r < rows; r++) {
+        vstore(out, acc[r][0]);
+        vstore(out + VL, acc[r][1]);
+        for (int j = 0; j < PANEL && c0 + j < n; j++) store_value(y, r * n + c0 + j, out[j] * scales[c0 + j], y_bf16);
+    }
+}
+
+/* y [m, n] = x [m, k] . w^T, scaled per channel, as conduit_int8_matmul but on packed panels.
+ * Returns 0, or -1 when its scratch memory could not be allocated. */
+int conduit_int8_gemm(const void *x, int x_bf16, int64_t m_len, int64_t k, const int8_t *packed,
+                      const float *scales, void *y, int64_t n) {
+    float *xf = malloc(sizeof(float) * m_len * k);
+    if (xf == NULL) return -1;
+    for (int64_t i = 0; i < m_len * k; i++) xf[i] = load_value(x, i, x_bf16);
+    const int64_t panels = (n + PANEL - 1) / PANEL;
+    for (int64_t b0 = 0; b0 < m_len; b0 += GEMM_BLOCK_ROWS) {
+        const int64_t b1 = b0 + GEMM_BLOCK_ROWS < m_len ? b0 + GEMM_BLOCK_ROWS : m_len;
+#pragma omp parallel for schedule(static)
+        for (int64_t p = 0; p < panels; p++) {
+            const int8_t *panel = packed + p * k * PANEL;
+            for (int64_t m0 = b0; m0 < b1; m0 += GEMM_ROWS) {
+                const int rows = b1 - m0 < GEMM_ROWS ? (int)(b1 - m0) : GEMM_ROWS;
+                const float *xr = xf + m0 * k;
+                char *yr = (char *)y + (size_t)m0 * n * (x_bf16 ? 2 : 4);
+                switch (rows) {
+                    case 1: gemm_tile(xr, 1, k, panel, scales, p * PANEL, n, yr, x_bf16); break;
+                    case 2: gemm_tile(xr, 2, k, panel, scales, p * PANEL, n, yr, x_bf16); break;
+                    case 3: gemm_tile(xr, 3, k, panel, scales, p * PANEL, n, yr, x_bf16); break;
+                    case 4: gemm_tile(xr, 4, k, panel, scales, p * PANEL, n, yr, x_bf16); break;
+                    case 5: gemm_tile(xr, 5, k, panel, scales, p * PANEL, n, yr, x_bf16); break;
+                    default: gemm_tile(xr, GEMM_ROWS, k, panel, scales, p * PANEL, n, yr, x_bf16); break;
+                }
+            }
+        }
+    }
+    free(xf);
+    return 0;
+}

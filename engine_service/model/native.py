@@ -61,13 +61,19 @@ DTYPES = (torch.bfloat16, torch.float32)
 
 class Int8Matmul:
     """rows [M, K] (bf16 or float32) x int8 weight [N, K] -> [M, N] in rows' dtype, scaled per output
-    channel by float32 `scales` [N]."""
+    channel by float32 `scales` [N]. Two kernels: dot products over the weights as they are (`bind`,
+    a few rows), and a GEMM over the weights packed in panels (`pack`, then `bind_gemm`: many rows)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._fn = library.conduit_int8_matmul
-        self._fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-        self._fn.restype = ctypes.c_int
+        signature = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        self._fn, self._gemm = library.conduit_int8_matmul, library.conduit_int8_gemm
+        for fn in (self._fn, self._gemm):
+            fn.argtypes, fn.restype = signature, ctypes.c_int
+        self._pack = library.conduit_int8_pack
+        self._pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+        self._pack.restype = None
+        self.panel = 2 * LANES if cpu_isa() == "AVX512" else LANES  # PANEL in int8_matmul.c
 
     @staticmethod
     def supports(weight: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -82,11 +88,26 @@ class Int8Matmul:
         """rows -> this call's result with these weights and scales, their pointers and sizes taken once
         (the closure holds the tensors, so they live as long as it does)."""
         n, k = weight.shape
-        fn, w, s = self._fn, weight.data_ptr(), scales.data_ptr()
+        return self._bound(self._fn, weight, n, k, scales)
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """The weights [N, K] in the GEMM's panels (N rounded up to whole panels, zeros past N)."""
+        n, k = weight.shape
+        packed = torch.empty(-(-n // self.panel) * self.panel * k, dtype=torch.int8)
+        self._pack(weight.data_ptr(), n, k, packed.data_ptr())
+        return packed
+
+    def bind_gemm(self, packed: torch.Tensor, n: int, k: int, scales: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """As `bind`, on weights from `pack`: rows -> [M, N]."""
+        return self._bound(self._gemm, packed, n, k, scales)
+
+    @staticmethod
+    def _bound(fn, weight: torch.Tensor, n: int, k: int, scales: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        w, s = weight.data_ptr(), scales.data_ptr()
 
         def matmul(rows: torch.Tensor) -> torch.Tensor:
             if rows.dtype not in DTYPES or rows.shape[-1] != k:
-                raise ValueError(f"int8 matmul: rows {tuple(rows.shape)} {rows.dtype} against weight {tuple(weight.shape)}")
+                raise ValueError(f"int8 matmul: rows {tuple(rows.shape)} {rows.dtype} against weight [{n}, {k}]")
             rows = rows.contiguous()
             m = rows.shape[0]
             out = torch.empty(m, n, dtype=rows.dtype)
@@ -94,6 +115,7 @@ class Int8Matmul:
                 raise MemoryError("int8 matmul: no memory for its scratch rows")
             return out
 
+        matmul.keep_alive = (weight, scales)
         return matmul
 
 
