@@ -128,6 +128,26 @@ def test_decode_steps_in_one_native_call_match_the_lean_forward(dtype: torch.dty
     assert calls == [3, 1], "only the decode-only steps run as one native call"
 
 
+def test_big_native_decode_steps_match_the_lean_forward_and_keep_rows_apart() -> None:
+    """From decode_layers.c's GEMM_MIN_ROWS (16) rows, projections with packed panels (AVX2) run the
+    GEMM: close to the lean forward's dot products, and a row's bits still ignore the other rows."""
+    config = LlamaConfig(**RUNNER_COMMON)
+    fused, lean, calls = native_and_lean_runners(tiny_in_memory(config, torch.bfloat16), torch.bfloat16)
+    g = torch.Generator().manual_seed(1)
+    seqs = [RunnerSeq(i, torch.randint(3, config.vocab_size, (5,), generator=g).tolist(), block_table=[i])
+            for i in range(20)]
+    assert run_both(fused, lean, ScheduledBatch(prefill=[(seq, 5) for seq in seqs]), exact=False) == 20
+    for seq in seqs:
+        seq.token_ids.append(7)
+        seq.num_cached = 5
+    assert run_both(fused, lean, ScheduledBatch(decode=seqs), exact=False) == 20
+    whole = fused.run(ScheduledBatch(decode=seqs), set())
+    part = fused.run(ScheduledBatch(decode=seqs[:17]), set())
+    for seq in seqs[:17]:
+        assert torch.equal(part.next_token[seq.seq_id], whole.next_token[seq.seq_id]), seq.seq_id
+    assert calls == [20, 20, 17]
+
+
 def test_the_native_decode_step_is_not_used_where_it_would_compute_differently() -> None:
     if native.decode_layers() is None:
         pytest.skip("the native kernels cannot be built here")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from engine_service.model import attention
 from engine_service.model.kv_cache import KVCache
-from engine_service.model.linear import FullWeightsSwitch, Int8Linear
+from engine_service.model.linear import FullWeightsSwitch, Int8Linear, Int8Panels
 from engine_service.model.native import DecodeLayers, DecodeShape, LayerWeights
 
 if TYPE_CHECKING:
@@ -129,7 +129,8 @@ class LeanLlama:
             and self.norm.native is not None and self.norm.eps == self.layers[0].input_norm.eps)
         if not fits:
             return False
-        weights = [LayerWeights(*[(m.weight, m.float_scales) for m in layer.projections],
+        weights = [LayerWeights(*[(m.weight, m.float_scales, m.full.packed if isinstance(m.full, Int8Panels) else None)
+                                  for m in layer.projections],
                                 layer.post_attention_norm.weight, next_norm.weight,
                                 cache.keys[layer.index], cache.values[layer.index])
                    for layer, next_norm in zip(self.layers, self.next_norms)]

@@ -182,7 +182,7 @@ class AddRmsNorm:
 
 
 class _Int8Weights(ctypes.Structure):
-    _fields_ = [("weight", ctypes.c_void_p), ("scales", ctypes.c_void_p)]
+    _fields_ = [("weight", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("panels", ctypes.c_void_p)]
 
 
 class _DecodeLayer(ctypes.Structure):
@@ -201,13 +201,14 @@ class _DecodeModel(ctypes.Structure):
 @dataclass
 class LayerWeights:
     """One Llama decoder layer's tensors as decode_layers.c reads them: int8 weights [out, in] with
-    float32 scales [out] for the fused q/k/v, o, fused gate/up and down projections; the norm after
+    float32 scales [out] and the same weights packed for the GEMM (`Int8Matmul.pack`; None: the dot
+    kernel for every step) for the fused q/k/v, o, fused gate/up and down projections; the norm after
     attention and the one after the MLP (the next layer's input norm, or the final norm); its KV cache."""
 
-    qkv: tuple[torch.Tensor, torch.Tensor]
-    o: tuple[torch.Tensor, torch.Tensor]
-    gate_up: tuple[torch.Tensor, torch.Tensor]
-    down: tuple[torch.Tensor, torch.Tensor]
+    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+    o: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+    gate_up: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+    down: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
     post_attention_norm: torch.Tensor
     next_norm: torch.Tensor
     k_cache: torch.Tensor
@@ -238,13 +239,14 @@ class DecodeLayers:
                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                              ctypes.c_int64, ctypes.c_void_p]
         self._fn.restype = ctypes.c_int
+        self.panel = 2 * LANES if cpu_isa() == "AVX512" else LANES  # PANEL in int8_matmul.c
 
     def bind(self, layers: list[LayerWeights], first_norm: torch.Tensor, shape: DecodeShape,
              dtype: torch.dtype) -> Callable[..., None]:
         tensors = [first_norm]
         for layer in layers:
-            tensors += [*layer.qkv, *layer.o, *layer.gate_up, *layer.down, layer.post_attention_norm,
-                        layer.next_norm, layer.k_cache, layer.v_cache]
+            tensors += [t for t in (*layer.qkv, *layer.o, *layer.gate_up, *layer.down) if t is not None]
+            tensors += [layer.post_attention_norm, layer.next_norm, layer.k_cache, layer.v_cache]
         if dtype not in DTYPES or any(t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
             raise ValueError("decode layers: contiguous CPU tensors in bf16 or float32 expected")
         q_dim, kv_dim = shape.q_heads * shape.head_dim, shape.kv_heads * shape.head_dim
@@ -252,13 +254,15 @@ class DecodeLayers:
                     "gate_up": (2 * shape.intermediate, shape.hidden), "down": (shape.hidden, shape.intermediate)}
         for layer in layers:  # the C code trusts these shapes
             for name, (n, k) in expected.items():
-                weight, scales = getattr(layer, name)
-                if weight.shape != (n, k) or k % LANES or weight.dtype != torch.int8 or scales.shape != (n,):
+                weight, scales, panels = getattr(layer, name)
+                if (weight.shape != (n, k) or k % LANES or weight.dtype != torch.int8 or scales.shape != (n,)
+                        or (panels is not None and panels.numel() != -(-n // self.panel) * self.panel * k)):
                     raise ValueError(f"decode layers: {name} weights {tuple(weight.shape)}, expected ({n}, {k})")
             if layer.k_cache.shape[1:] != (shape.kv_heads, shape.head_dim) or layer.k_cache.dtype != dtype:
                 raise ValueError(f"decode layers: a KV cache of {tuple(layer.k_cache.shape)} {layer.k_cache.dtype}")
         table = (_DecodeLayer * len(layers))(*[_DecodeLayer(
-            *[_Int8Weights(w.data_ptr(), s.data_ptr()) for w, s in (layer.qkv, layer.o, layer.gate_up, layer.down)],
+            *[_Int8Weights(w.data_ptr(), s.data_ptr(), None if p is None else p.data_ptr())
+              for w, s, p in (layer.qkv, layer.o, layer.gate_up, layer.down)],
             layer.post_attention_norm.data_ptr(), layer.next_norm.data_ptr(), layer.k_cache.data_ptr(),
             layer.v_cache.data_ptr()) for layer in layers])
         model = _DecodeModel(len(layers), shape.hidden, shape.q_heads, shape.kv_heads, shape.head_dim,
