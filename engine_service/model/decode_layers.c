@@ -68,8 +68,8 @@ static inline vec vsilu(vec x) {
 }
 
 /* q and k heads of one row: out = x * cos + roll(x, head_dim / 2) * signed_sin, each product and the
- * sum rounded (as the lean forward's three bf16 ops). k heads go straight to the cache slot. */
-/* No fused multiply-adds: the float32 build rounds the two products as torch does. */
+ * sum rounded (as the lean forward's three bf16 ops). k heads go straight to the cache slot. No
+ * fused multiply-adds: the float32 build rounds the two products as torch does. */
 __attribute__((optimize("fp-contract=off")))
 static void rotate_row(const void *qkv, const void *cos, const void *signed_sin, const DecodeModel *m, void *q_out,
                        void *k_out) {

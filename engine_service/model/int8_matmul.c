@@ -179,6 +179,9 @@ int conduit_int8_matmul(const void *x, int x_bf16, int64_t m_len, int64_t k, con
 #define GEMM_ROWS 6
 #define GEMM_BLOCK_ROWS 96 /* rows of x (float32) kept in L2 while every panel passes over them */
 
+/* Output channels per panel, for the caller's sizing of `packed`. */
+int conduit_int8_panel(void) { return PANEL; }
+
 /* packed [ceil(n / PANEL)][k][PANEL] from w [n, k]; channels past n are zeros. */
 void conduit_int8_pack(const int8_t *w, int64_t n, int64_t k, int8_t *packed) {
     const int64_t panels = (n + PANEL - 1) / PANEL;

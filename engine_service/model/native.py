@@ -59,6 +59,12 @@ MAX_HEAD_DIM = 256  # decode_attention.c's MAX_CHUNKS * LANES
 DTYPES = (torch.bfloat16, torch.float32)
 
 
+def panel_channels(library: ctypes.CDLL) -> int:
+    """Output channels per panel of int8_matmul.c's GEMM (PANEL: two vectors, so it follows the build)."""
+    library.conduit_int8_panel.restype = ctypes.c_int
+    return library.conduit_int8_panel()
+
+
 class Int8Matmul:
     """rows [M, K] (bf16 or float32) x int8 weight [N, K] -> [M, N] in rows' dtype, scaled per output
     channel by float32 `scales` [N]. Two kernels: dot products over the weights as they are (`bind`,
@@ -73,7 +79,7 @@ class Int8Matmul:
         self._pack = library.conduit_int8_pack
         self._pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
         self._pack.restype = None
-        self.panel = 2 * LANES if cpu_isa() == "AVX512" else LANES  # PANEL in int8_matmul.c
+        self.panel = panel_channels(library)
 
     @staticmethod
     def supports(weight: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -239,7 +245,7 @@ class DecodeLayers:
                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                              ctypes.c_int64, ctypes.c_void_p]
         self._fn.restype = ctypes.c_int
-        self.panel = 2 * LANES if cpu_isa() == "AVX512" else LANES  # PANEL in int8_matmul.c
+        self.panel = panel_channels(library)  # it includes int8_matmul.c
 
     def bind(self, layers: list[LayerWeights], first_norm: torch.Tensor, shape: DecodeShape,
              dtype: torch.dtype) -> Callable[..., None]:
@@ -258,8 +264,9 @@ class DecodeLayers:
                 if (weight.shape != (n, k) or k % LANES or weight.dtype != torch.int8 or scales.shape != (n,)
                         or (panels is not None and panels.numel() != -(-n // self.panel) * self.panel * k)):
                     raise ValueError(f"decode layers: {name} weights {tuple(weight.shape)}, expected ({n}, {k})")
-            if layer.k_cache.shape[1:] != (shape.kv_heads, shape.head_dim) or layer.k_cache.dtype != dtype:
-                raise ValueError(f"decode layers: a KV cache of {tuple(layer.k_cache.shape)} {layer.k_cache.dtype}")
+            for cache in (layer.k_cache, layer.v_cache):
+                if cache.shape[1:] != (shape.kv_heads, shape.head_dim) or cache.dtype != dtype:
+                    raise ValueError(f"decode layers: a KV cache of {tuple(cache.shape)} {cache.dtype}")
         table = (_DecodeLayer * len(layers))(*[_DecodeLayer(
             *[_Int8Weights(w.data_ptr(), s.data_ptr(), None if p is None else p.data_ptr())
               for w, s, p in (layer.qkv, layer.o, layer.gate_up, layer.down)],
