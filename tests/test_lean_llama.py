@@ -148,6 +148,36 @@ def test_big_native_decode_steps_match_the_lean_forward_and_keep_rows_apart() ->
     assert calls == [20, 20, 17]
 
 
+def test_threads_splitting_a_steps_rows_give_each_row_the_same_bits() -> None:
+    """From 2 x threads^2 rows, decode_layers.c gives each thread its own rows through every layer
+    instead of splitting each matmul's channels: 2 and 3 threads split 20 rows (evenly and not),
+    4 threads split the channels, 1 thread neither. Every row's logits are the same bits each way,
+    on both sides of GEMM_MIN_ROWS, and the thread count the engine set survives the step."""
+    config = LlamaConfig(**RUNNER_COMMON)
+    fused, _, calls = native_and_lean_runners(tiny_in_memory(config, torch.bfloat16), torch.bfloat16)
+    g = torch.Generator().manual_seed(2)
+    seqs = [RunnerSeq(i, torch.randint(3, config.vocab_size, (3 + i % 12,), generator=g).tolist(), block_table=[i])
+            for i in range(20)]
+    fused.run(ScheduledBatch(prefill=[(seq, len(seq.token_ids)) for seq in seqs]), set())
+    for seq in seqs:
+        seq.token_ids.append(7)
+        seq.num_cached = len(seq.token_ids) - 1
+    threads = torch.get_num_threads()
+    try:
+        for rows in (20, 9):
+            steps = {}
+            for count in (1, 2, 3, 4):
+                torch.set_num_threads(count)
+                steps[count] = fused.run(ScheduledBatch(decode=seqs[:rows]), set()).next_token
+                assert torch.get_num_threads() == count
+            for count in (2, 3, 4):
+                for seq in seqs[:rows]:
+                    assert torch.equal(steps[count][seq.seq_id], steps[1][seq.seq_id]), (rows, count, seq.seq_id)
+    finally:
+        torch.set_num_threads(threads)
+    assert calls == [20] * 4 + [9] * 4
+
+
 def test_the_native_decode_step_is_not_used_where_it_would_compute_differently() -> None:
     if native.decode_layers() is None:
         pytest.skip("the native kernels cannot be built here")

@@ -18,10 +18,15 @@
  * weights, summed in another order). silu differs too: e^x comes from decode_attention.c's
  * polynomial, within ~2 ulp of torch's, so a bf16 activation may rarely round the other way. Each
  * row is computed alone: its bits depend on the batch only through the side of GEMM_MIN_ROWS it is on.
+ *
+ * Small steps split each matmul's output channels across the threads; big ones give each thread its
+ * own rows through every layer (split_rows below).
  */
 #include "int8_matmul.c"
 #include "decode_attention.c"
 #include "rms_norm.c"
+
+#include <omp.h>
 
 typedef struct {
     const int8_t *weight; /* [n, k] */
@@ -34,8 +39,9 @@ typedef struct {
  * ms against 1.02 / 2.06 / 4.22; below, the dot kernel's prefetching streams the weights). */
 #define GEMM_MIN_ROWS 16
 
-static int project(const void *x, int bf16, int64_t rows, int64_t k, const Int8Weights *w, void *y, int64_t n) {
-    if (w->panels != NULL && rows >= GEMM_MIN_ROWS) return conduit_int8_gemm(x, bf16, rows, k, w->panels, w->scales, y, n);
+static int project(const void *x, int bf16, int64_t rows, int64_t k, const Int8Weights *w, int gemm, void *y,
+                   int64_t n) {
+    if (w->panels != NULL && gemm) return conduit_int8_gemm(x, bf16, rows, k, w->panels, w->scales, y, n);
     return conduit_int8_matmul(x, bf16, rows, k, w->weight, w->scales, y, n);
 }
 
@@ -102,14 +108,24 @@ static void silu_mul_row(const void *gate_up, int64_t inter, int bf16, void *act
     }
 }
 
-/* h [rows, hidden]: the step's embeddings in, the last residual stream out; normed [rows, hidden]:
- * anything in, the final norm of h out. cos, signed_sin: [rows, head_dim], each row's position.
- * slots [rows]: each row's cache slot; block_ids [rows, table_width], lens [rows]: as
- * conduit_decode_attention takes them. first_norm: the first layer's input norm weights.
- * Returns 0, or -1 when scratch memory could not be allocated. */
-int conduit_decode_layers(const DecodeModel *m, const void *first_norm, int64_t rows, void *h, void *normed,
-                          const void *cos, const void *signed_sin, const int64_t *slots, const int64_t *block_ids,
-                          int64_t table_width, const int64_t *lens) {
+/* From how many rows the threads split a step's rows instead of each matmul's output channels: each
+ * thread then runs every layer on its own rows and meets the others only at the step's end.
+ * - Why: with the channels split, a thread preempted by another process (the engine's gRPC thread,
+ *   the shim, a client) holds its partner at each of the step's ~150 barriers, and the serial parts
+ *   (rotation, SiLU) leave the other cores spinning. On 2 cores, rows split are 5-10% faster from 8
+ *   rows, 12-15% beside a load of 10-15% of a core, and slower at 4 (benchmarks/RESULTS.md).
+ * - The cost: each thread streams all the weights, threads times the memory traffic, while the
+ *   multiply-adds per thread shrink with threads; so the threshold grows with threads squared (2
+ *   threads: 8 rows; 8 threads: 128, past the largest decode step, i.e. never).
+ * - Rows are computed alone either way, so their bits do not change with the split. */
+static int split_rows(int64_t rows, int64_t threads) { return threads > 1 && rows >= 2 * threads * threads; }
+
+/* The layers over rows [0, rows) of the step's arrays, as offset by the caller; gemm: whether
+ * projections with panels run the GEMM (decided on the whole step's rows, so a row's bits do not
+ * depend on how the rows are split). */
+static int layers_over_rows(const DecodeModel *m, const void *first_norm, int64_t rows, int gemm, char *h, char *normed,
+                            const char *cos, const char *signed_sin, const int64_t *slots, const int64_t *block_ids,
+                            int64_t table_width, const int64_t *lens) {
     const int bf16 = m->bf16;
     const size_t esize = bf16 ? 2 : 4;
     const int64_t d = m->head_dim, q_dim = m->q_heads * d, kv_dim = m->kv_heads * d;
@@ -123,25 +139,52 @@ int conduit_decode_layers(const DecodeModel *m, const void *first_norm, int64_t 
     conduit_add_rms_norm(h, NULL, first_norm, rows, hidden, m->eps, bf16, normed);
     for (int64_t l = 0; l < m->num_layers && !failed; l++) {
         const DecodeLayer *layer = &m->layers[l];
-        failed |= project(normed, bf16, rows, hidden, &layer->qkv, qkv, qkv_dim);
+        failed |= project(normed, bf16, rows, hidden, &layer->qkv, gemm, qkv, qkv_dim);
         for (int64_t r = 0; r < rows; r++) {
             const char *row = qkv + esize * r * qkv_dim;
             char *k_slot = (char *)layer->k_cache + esize * slots[r] * kv_dim;
-            rotate_row(row, (const char *)cos + esize * r * d, (const char *)signed_sin + esize * r * d, m,
-                       q + esize * r * q_dim, k_slot);
+            rotate_row(row, cos + esize * r * d, signed_sin + esize * r * d, m, q + esize * r * q_dim, k_slot);
             memcpy((char *)layer->v_cache + esize * slots[r] * kv_dim, row + esize * (q_dim + kv_dim), esize * kv_dim);
         }
         failed |= conduit_decode_attention(q, q_dim, d, layer->k_cache, layer->v_cache, block_ids, table_width, lens,
                                            rows, m->q_heads, m->kv_heads, d, m->block_size, 0, m->scale, bf16,
                                            attended);
-        failed |= project(attended, bf16, rows, q_dim, &layer->o, delta, hidden);
+        failed |= project(attended, bf16, rows, q_dim, &layer->o, gemm, delta, hidden);
         conduit_add_rms_norm(h, delta, layer->post_attention_norm, rows, hidden, m->eps, bf16, normed);
-        failed |= project(normed, bf16, rows, hidden, &layer->gate_up, gate_up, 2 * inter);
+        failed |= project(normed, bf16, rows, hidden, &layer->gate_up, gemm, gate_up, 2 * inter);
         for (int64_t r = 0; r < rows; r++)
             silu_mul_row(gate_up + esize * r * 2 * inter, inter, bf16, act + esize * r * inter);
-        failed |= project(act, bf16, rows, inter, &layer->down, delta, hidden);
+        failed |= project(act, bf16, rows, inter, &layer->down, gemm, delta, hidden);
         conduit_add_rms_norm(h, delta, layer->next_norm, rows, hidden, m->eps, bf16, normed);
     }
     free(scratch);
+    return failed;
+}
+
+/* h [rows, hidden]: the step's embeddings in, the last residual stream out; normed [rows, hidden]:
+ * anything in, the final norm of h out. cos, signed_sin: [rows, head_dim], each row's position.
+ * slots [rows]: each row's cache slot; block_ids [rows, table_width], lens [rows]: as
+ * conduit_decode_attention takes them. first_norm: the first layer's input norm weights.
+ * Returns 0, or -1 when scratch memory could not be allocated. */
+int conduit_decode_layers(const DecodeModel *m, const void *first_norm, int64_t rows, void *h, void *normed,
+                          const void *cos, const void *signed_sin, const int64_t *slots, const int64_t *block_ids,
+                          int64_t table_width, const int64_t *lens) {
+    const int gemm = rows >= GEMM_MIN_ROWS;
+    if (!split_rows(rows, omp_get_max_threads()))
+        return layers_over_rows(m, first_norm, rows, gemm, h, normed, cos, signed_sin, slots, block_ids, table_width,
+                                lens) ? -1 : 0;
+    const size_t row_bytes = (size_t)m->hidden * (m->bf16 ? 2 : 4), rope_bytes = (size_t)m->head_dim * (m->bf16 ? 2 : 4);
+    int failed = 0;
+#pragma omp parallel reduction(| : failed)
+    {
+        const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+        const int64_t r0 = rows * t / n, count = rows * (t + 1) / n - r0;
+        omp_set_num_threads(1); /* the kernels' own parallel loops run on this thread alone */
+        if (count > 0)
+            failed |= layers_over_rows(m, first_norm, count, gemm, (char *)h + r0 * row_bytes,
+                                       (char *)normed + r0 * row_bytes, (const char *)cos + r0 * rope_bytes,
+                                       (const char *)signed_sin + r0 * rope_bytes, slots + r0,
+                                       block_ids + r0 * table_width, table_width, lens + r0);
+    }
     return failed ? -1 : 0;
 }
