@@ -137,9 +137,26 @@ def scrape(url: str) -> dict[tuple[str, tuple], float]:
             if sample.labels.get("model_name", MODEL) == MODEL}
 
 
+def scrape_settled(url: str, timeout_s: float = 10) -> dict[tuple[str, tuple], float]:
+    """A scrape once the engine has published the steps of earlier requests. It publishes a step's
+    metrics right after the step, so a client can have its whole answer a moment before the last
+    step's tokens are counted (CI once saw an earlier test's last token land in this test's count).
+    Settled: nothing running or waiting, and the token counters the same over two scrapes."""
+    counters = [("conduit:generation_tokens_total", ()), ("conduit:prompt_tokens_total", ())]
+    deadline = time.monotonic() + timeout_s
+    last = scrape(url)
+    while True:
+        time.sleep(0.2)
+        now = scrape(url)
+        idle = now.get(("conduit:num_requests_running", ())) == 0 and now.get(("conduit:num_requests_waiting", ())) == 0
+        if (idle and all(now.get(k) == last.get(k) for k in counters)) or time.monotonic() > deadline:
+            return now
+        last = now
+
+
 def test_metrics_agree_with_the_usage_clients_got(secured: Stack, engine: EngineClient) -> None:
     url = secured.metrics_url  # type: ignore[attr-defined]
-    before = scrape(url)
+    before = scrape_settled(url)
     results = [engine.complete(messages=QUESTION, temperature=0, max_tokens=30),
                engine.complete(messages=STORY, max_tokens=12, ignore_eos=True, n=2, seed=3)]
     with ThreadPoolExecutor(4) as pool:  # some batched together, so steps hold several sequences
