@@ -150,9 +150,10 @@ def test_big_native_decode_steps_match_the_lean_forward_and_keep_rows_apart() ->
 
 def test_threads_splitting_a_steps_rows_give_each_row_the_same_bits() -> None:
     """From 2 x threads^2 rows, decode_layers.c gives each thread its own rows through every layer
-    instead of splitting each matmul's channels: 2 and 3 threads split 20 rows (evenly and not),
-    4 threads split the channels, 1 thread neither. Every row's logits are the same bits each way,
-    on both sides of GEMM_MIN_ROWS, and the thread count the engine set survives the step."""
+    instead of splitting each matmul's channels. 20 rows (the GEMM side of GEMM_MIN_ROWS): 2 and 3
+    threads split the rows (evenly and not), 4 split the channels. 9 rows (the dot kernel's side): 2
+    threads split the rows, 3 and 4 the channels. 1 thread splits neither. Every row's logits are
+    the same bits each way, and the thread count the engine set survives the step."""
     config = LlamaConfig(**RUNNER_COMMON)
     fused, _, calls = native_and_lean_runners(tiny_in_memory(config, torch.bfloat16), torch.bfloat16)
     g = torch.Generator().manual_seed(2)

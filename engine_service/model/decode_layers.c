@@ -173,7 +173,7 @@ int conduit_decode_layers(const DecodeModel *m, const void *first_norm, int64_t 
     if (!split_rows(rows, omp_get_max_threads()))
         return layers_over_rows(m, first_norm, rows, gemm, h, normed, cos, signed_sin, slots, block_ids, table_width,
                                 lens) ? -1 : 0;
-    const size_t row_bytes = (size_t)m->hidden * (m->bf16 ? 2 : 4), rope_bytes = (size_t)m->head_dim * (m->bf16 ? 2 : 4);
+    const size_t esize = m->bf16 ? 2 : 4, row_bytes = esize * m->hidden, rope_bytes = esize * m->head_dim;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
