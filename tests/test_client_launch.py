@@ -6,7 +6,8 @@ import socket
 
 import pytest
 
-from clients.launch import Stack, StackError
+from clients import launch
+from clients.launch import Stack, StackError, ephemeral_port_range, free_port
 
 
 def test_taken_port_fails_before_starting_anything() -> None:
@@ -17,6 +18,27 @@ def test_taken_port_fails_before_starting_anything() -> None:
         with pytest.raises(StackError, match="already in use"):
             stack.start()
     assert stack.engine is None and stack.shim is None
+
+
+def test_free_ports_are_outside_the_ephemeral_range_distinct_and_bindable() -> None:
+    """No outgoing connection (nor a probe connecting to itself) can take them before the server binds."""
+    low, high = ephemeral_port_range()
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert all(not low <= port <= high for port in ports)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", ports[-1]))
+
+
+def test_free_port_skips_a_taken_port(monkeypatch) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setattr(launch, "_handed_out", set())  # so only the bind check can refuse it
+        # Offer the taken port first: free_port must pass over it.
+        monkeypatch.setattr("random.shuffle", lambda ports: ports.sort(key=lambda p: p != port))
+        assert free_port() != port
 
 
 @pytest.mark.model  # starts the real engine process (torch, transformers), which then fails
