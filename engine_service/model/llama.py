@@ -39,13 +39,12 @@ def _fused(*linears: torch.nn.Linear) -> torch.nn.Linear:
     """One nn.Linear whose output is the given linears' outputs side by side."""
     weight = torch.cat([lin.weight.detach() for lin in linears])
     has_bias = linears[0].bias is not None
-    fused = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias,
-                            device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        fused.weight.copy_(weight)
-        if has_bias:
-            fused.bias.copy_(torch.cat([lin.bias.detach() for lin in linears]))
-    return fused.requires_grad_(False)
+    # On the meta device: a real one would fill its weights at random first (~0.75 s an engine start).
+    fused = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias, device="meta")
+    fused.weight = torch.nn.Parameter(weight, requires_grad=False)
+    if has_bias:
+        fused.bias = torch.nn.Parameter(torch.cat([lin.bias.detach() for lin in linears]), requires_grad=False)
+    return fused
 
 
 class _Norm:

@@ -12,7 +12,6 @@ import threading
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -86,15 +85,22 @@ class Matcher:
         self._exit_token = exit_token
 
     def mask_logits(self, row: torch.Tensor) -> None:
-        bitmask = llguidance.torch.allocate_token_bitmask(1, row.shape[-1])
-        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, 0)
         original = row.clone() if self._exit_token is not None else None
-        llguidance.torch.apply_token_bitmask_inplace(row.unsqueeze(0), bitmask)
+        row.masked_fill_(~self._allowed(row.shape[-1]), float("-inf"))
         end = self._exit_token
         if original is not None and end < row.shape[0] and row[end] > float("-inf"):
             leaving = torch.isneginf(row) & ~torch.isneginf(original)
             leaving[end] = True
             row[end] = torch.logsumexp(original[leaving], dim=0)
+
+    def _allowed(self, vocab: int) -> torch.Tensor:
+        """The matcher's next-token mask as booleans over `vocab` logits. llguidance.torch would
+        apply it with a torch.compile'd kernel: importing that costs every engine ~2 s at start
+        (torch._dynamo), and the first constrained request a compile."""
+        words = torch.zeros((vocab + 31) // 32, dtype=torch.int32)
+        self._matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
+        bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1  # bit i of word w: token 32w+i
+        return bits.flatten()[:vocab].bool()
 
     def consume(self, token_id: int) -> None:
         self._matcher.consume_token(token_id)
