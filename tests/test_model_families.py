@@ -21,12 +21,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from clients.launch import Stack
+from conduit.v1 import engine_pb2 as pb
 from engine_service.core.engine import Engine, EngineConfig
 from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReason
-from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
+from engine_service.core.params import InvalidRequest, RequestParams, SamplingParams, StoppingParams
 from engine_service.core.sequence import Request
 from engine_service.model.attention import UnsupportedModel
 from engine_service.model.loader import cache_dir, load_model, resolve_model
+from engine_service.text.prompts import render_chat
 from model_configs import LONGROPE_PHI3, LONGROPE_SWITCH, SLIDING_WINDOW, TINY_CONFIGS, build_tiny_model
 
 pytestmark = pytest.mark.model
@@ -216,16 +218,23 @@ def test_gemma3_matches_transformers(gemma_gguf, gemma_prompts, gemma_expected, 
                         max_model_len=1024) as engine:
         check_matches_transformers(engine, list(gemma_prompts.values()), gemma_expected,
                                    [gemma_tokenizer("Hello")["input_ids"]])
+        # The GGUF carries no chat template: chat is refused, naming the flag that gives one.
+        chat = pb.ChatInput(messages=[pb.ChatMessage(role="user", content="Hi")])
+        with pytest.raises(InvalidRequest, match="no chat template.*--chat-template"):
+            render_chat(engine.tokenizer, chat)
 
 
 def test_gemma3_gguf_served_by_the_launcher(gemma_gguf, gemma_prompts, gemma_expected, gemma_tokenizer,
                                             tmp_path: Path):
-    """`python -m clients.launch --model gemma-3-270m-q4_k_m.gguf -- --dtype float32`: completions equal
-    transformers' greedy generate; chat needs a template (a 400 naming it) until --chat-template gives one."""
+    """`python -m clients.launch --model gemma-3-270m-q4_k_m.gguf -- --dtype float32 --chat-template F`:
+    completions equal transformers' greedy generate, and chat goes through the given template."""
     model = "gemma-3-270m-q4_k_m"
-    hi = [{"role": "user", "content": "Hi"}]
+    template = tmp_path / "turns.jinja"
+    template.write_text("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
+                        "{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+                        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
     # One torch thread: on a busy shared CPU, two OpenMP threads made each request several times slower here.
-    flags = ["--dtype", "float32", "--quantization", "none", "--threads", "1"]
+    flags = ["--dtype", "float32", "--quantization", "none", "--threads", "1", "--chat-template", str(template)]
     with Stack(model=str(gemma_gguf), engine_args=flags, startup_timeout=180) as stack, \
             openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=180) as client:
         assert [m.id for m in client.models.list().data] == [model]
@@ -234,20 +243,8 @@ def test_gemma3_gguf_served_by_the_launcher(gemma_gguf, gemma_prompts, gemma_exp
                                             extra_body={"ignore_eos": True})
             assert got.choices[0].text == gemma_tokenizer.decode(want.ids)
             assert got.usage.completion_tokens == NEW_TOKENS
-        with pytest.raises(openai.BadRequestError) as refused:
-            client.chat.completions.create(model=model, messages=hi, max_tokens=4)
-        assert refused.value.body["type"] == "invalid_request_error"
-        assert "no chat template" in refused.value.body["message"]
-        assert "--chat-template" in refused.value.body["message"]
-
-        template = tmp_path / "turns.jinja"
-        template.write_text("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
-                            "{{ m['content'] }}<end_of_turn>\n{% endfor %}"
-                            "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
-        stack.engine.kill()
-        stack.engine.wait()
-        stack.restart_engine(0, extra_args=["--chat-template", str(template)])
-        answer = client.chat.completions.create(model=model, messages=hi, max_tokens=4, temperature=0)
+        answer = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                                max_tokens=4, temperature=0)
         assert answer.choices[0].finish_reason in ("stop", "length")
         assert answer.usage.prompt_tokens == len(gemma_tokenizer(
             "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n")["input_ids"])
