@@ -37,6 +37,11 @@ from conduit.v1.contract import ENGINE_TOKEN_ENV, ENGINE_TOKENS_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOG_TAIL_LINES = 40
+# Readiness probes try to connect every POLL_S: under grpc's default reconnect backoff (1 s, growing
+# 1.6x a failure) an engine listening after 10 s was seen ready only at ~16 s.
+POLL_S = 0.25
+PROBE_CHANNEL_OPTIONS = tuple((f"grpc.{name}_reconnect_backoff_ms", int(POLL_S * 1000))
+                              for name in ("initial", "min", "max"))
 
 
 class StackError(RuntimeError):
@@ -260,13 +265,13 @@ class Stack:
         self.engines[index] = spawn([*self.engine_command(index), *extra_args], self.replica_log(index),
                                     self.engine_environment(), append=True)
         deadline = time.monotonic() + (timeout or self.startup_timeout)
-        with self.client(index=index, timeout=2.0) as client:
+        with self.client(index=index, timeout=2.0, options=PROBE_CHANNEL_OPTIONS) as client:
             while not _engine_serving(client):
                 self.check_alive()
                 if time.monotonic() > deadline:
                     raise StackError(f"engine {index} not ready; {self.replica_log(index)}:\n"
                                      f"{log_tail(self.replica_log(index))}")
-                time.sleep(0.25)
+                time.sleep(POLL_S)
 
     def stop(self, grace: float = 10.0) -> None:
         """Stop the shim, then the engines: SIGINT, then SIGTERM, then SIGKILL, `grace` seconds apart."""
@@ -294,7 +299,7 @@ class Stack:
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
-        clients = [self.client(index=i, timeout=2.0) for i in range(len(self.engines))]
+        clients = [self.client(index=i, timeout=2.0, options=PROBE_CHANNEL_OPTIONS) for i in range(len(self.engines))]
         ready = [False] * len(clients)
         shim_ready = False
         try:
@@ -308,7 +313,7 @@ class Stack:
                 ready = [up or _engine_serving(client) for up, client in zip(ready, clients)]
                 shim_ready = shim_ready or (all(ready) and _http_ok(f"{self.shim_url}/health"))
                 if not (all(ready) and shim_ready):
-                    time.sleep(0.25)
+                    time.sleep(POLL_S)
         finally:
             for client in clients:
                 client.close()
