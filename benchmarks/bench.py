@@ -110,13 +110,14 @@ async def warm_up(target: Target, burst: int) -> None:
 
 async def run_all(servers: list[Server], levels: list[int], level: Level, repeats: int) -> list[LevelStats]:
     """Targets take turns within each level, so a busy spell on a shared machine hits them alike;
-    the whole comparison repeats, so one spell cannot decide a ratio."""
+    the whole comparison repeats, so one spell cannot decide a ratio. Every other repeat reverses
+    the turns, so a machine that drifts over a level favours neither the first target nor the last."""
     for server in servers:
         await warm_up(server.target, max(levels))
     out = []
     for repeat in range(repeats):
         for concurrency in levels:
-            for server in servers:
+            for server in (servers if repeat % 2 == 0 else servers[::-1]):
                 stats = await run_level(server, concurrency, level, repeat)
                 log(f"run {repeat + 1}/{repeats} {stats.target:>5} conc {concurrency:>3}: "
                     f"{stats.tokens_per_s:7.1f} tok/s, TTFT p50 {stats.ttft_p50_ms:6.0f} ms, "
