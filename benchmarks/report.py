@@ -261,7 +261,7 @@ def results_document(stats: list[LevelStats], prefix: list[PrefixStats], context
         "counts as met when the median meets it.",
         "- `shim`: openai SDK -> http_shim -> engine. `grpc`: grpc.aio -> engine `Generate` "
         "(no shim). `peer`: openai SDK -> llama-server. All servers are up for the whole run, "
-        "idle but for the one being measured; the targets take turns within each level.",
+        "idle but for the one being measured; the targets take turns within each level, in reverse order every other repeat.",
         "- tok/s: completion tokens (from the usage chunk / Final) over the level's wall time. "
         "TTFT: send to first text chunk. ITL: gaps between text chunks. CPU columns: CPU time "
         "over wall time (100 = one core) of the load generator, of the server under test "

@@ -20,6 +20,10 @@ from engine_service.core.params import InvalidRequest
 from engine_service.text.tools import JSON_OPTIONS, closed_objects
 
 
+# Shifts that read each bit of the matcher's 32-bit mask words.
+_BIT_POSITIONS = torch.arange(32, dtype=torch.int32)
+
+
 class GrammarCompiler:
     """Builds grammars and matchers for one tokenizer (the llguidance tokenizer is built lazily, once)."""
 
@@ -99,7 +103,7 @@ class Matcher:
         (torch._dynamo), and the first constrained request a compile."""
         words = torch.zeros((vocab + 31) // 32, dtype=torch.int32)
         self._matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
-        bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1  # bit i of word w: token 32w+i
+        bits = (words.unsqueeze(-1) >> _BIT_POSITIONS) & 1  # bit i of word w: token 32w+i
         return bits.flatten()[:vocab].bool()
 
     def consume(self, token_id: int) -> None:
