@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import grpc
@@ -53,6 +53,7 @@ class Server:
 
     target: Target
     pids: list[int]
+    relay_pids: list[int] = field(default_factory=list)  # of `pids`, the shim's
 
 
 @contextlib.asynccontextmanager
@@ -78,7 +79,7 @@ async def run_level(server: Server, concurrency: int, level: Level, repeat: int)
     results = []
     sent = 0
     async with connected(server.target) as target:
-        meter, start = CpuMeter(server.pids), time.perf_counter()
+        meter, start = CpuMeter(server.pids, server.relay_pids), time.perf_counter()
 
         def take() -> int | None:
             """The next request's index, or None once the level has run long enough."""
@@ -146,8 +147,8 @@ async def run_prefix(servers: list[Server], samples: int) -> list[PrefixStats]:
 def conduit_stack(
     args: argparse.Namespace,
 ) -> Iterator[tuple[str | None, str | None, list[int], list[int]]]:
-    """Yields the shim's base URL, the engine's address, and the pids behind each (shim target:
-    shim + engine; gRPC target: engine): the ones given, or a stack started here."""
+    """Yields the shim's base URL, the engine's address, the engine's pids and the shim's: the
+    ones given (no pids), or a stack started here."""
     if args.base_url or args.engine:
         yield args.base_url, args.engine, [], []
         return
@@ -158,20 +159,20 @@ def conduit_stack(
                log_dir=peer.LOG_DIR / "stack") as stack:
         assert stack.engine is not None and stack.shim is not None
         engine_pid, shim_pid = stack.engine.pid, stack.shim.pid
-        yield stack.base_url, stack.engine_address, [engine_pid, shim_pid], [engine_pid]
+        yield stack.base_url, stack.engine_address, [engine_pid], [shim_pid]
 
 
 def start_servers(args: argparse.Namespace, wanted: list[str], stack: contextlib.ExitStack) -> list[Server]:
     """Starts (or finds) every wanted server; all stay up, idle but for the one being measured."""
     servers: list[Server] = []
     if "shim" in wanted or "grpc" in wanted:
-        base_url, engine, shim_pids, engine_pids = stack.enter_context(conduit_stack(args))
+        base_url, engine, engine_pids, shim_pids = stack.enter_context(conduit_stack(args))
         for name, address in (("shim", base_url), ("grpc", engine)):
             if name in wanted and not address:
                 log(f"{name} skipped: give --{'base-url' if name == 'shim' else 'engine'} too")
         if "shim" in wanted and base_url:
             servers.append(Server(OpenAITarget("shim", base_url, args.max_tokens, args.api_key),
-                                  shim_pids))
+                                  engine_pids + shim_pids, relay_pids=shim_pids))
         if "grpc" in wanted and engine:
             servers.append(Server(GrpcTarget("grpc", engine, args.max_tokens), engine_pids))
     if "peer" in wanted:

@@ -1,4 +1,5 @@
-"""Where the machine's CPU went during a level: the load generator, the server, everything else.
+"""Where the machine's CPU went during a level: the load generator, the server, everything else,
+and of the server's share, the HTTP shim's own (the relay's cost, apart from the engine's).
 
 The bench shares a small machine with the servers it measures, and often with other work; a level
 whose "other" share is high was measured on a busy machine and its figures are skewed.
@@ -38,25 +39,30 @@ class CpuShares:
     client: float
     server: float
     other: float
+    relay: float = float("nan")  # of `server`, the relay's processes (the shim); NaN: none measured
 
 
 class CpuMeter:
-    """Measures one interval; `server_pids` are the processes under test (may be empty)."""
+    """Measures one interval; `server_pids` are the processes under test (may be empty), and
+    `relay_pids` those of them that relay for the others (the shim in front of the engine)."""
 
-    def __init__(self, server_pids: list[int]) -> None:
+    def __init__(self, server_pids: list[int], relay_pids: list[int] | None = None) -> None:
         self.server_pids = server_pids
+        self.relay_pids = relay_pids or []
         self._start = self._sample()
 
-    def _sample(self) -> tuple[float, float, float, float]:
+    def _sample(self) -> tuple[float, float, float, float, float]:
         servers = sum(_process_s(pid) for pid in self.server_pids)
-        return time.perf_counter(), _machine_busy_s(), _process_s(os.getpid()), servers
+        relays = sum(_process_s(pid) for pid in self.relay_pids)
+        return time.perf_counter(), _machine_busy_s(), _process_s(os.getpid()), servers, relays
 
     def stop(self) -> CpuShares:
         end = self._sample()
-        wall, machine, client, server = (b - a for a, b in zip(self._start, end))
+        wall, machine, client, server, relay = (b - a for a, b in zip(self._start, end))
         if wall <= 0:
             return CpuShares(0.0, 0.0, 0.0)
         if not self.server_pids:  # a server started elsewhere: only the client is known
             return CpuShares(100 * client / wall, float("nan"), float("nan"))
         other = max(0.0, machine - client - server)
-        return CpuShares(100 * client / wall, 100 * server / wall, 100 * other / wall)
+        return CpuShares(100 * client / wall, 100 * server / wall, 100 * other / wall,
+                         100 * relay / wall if self.relay_pids else float("nan"))

@@ -29,7 +29,7 @@ _OPS: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, "<=": oper
 HEADERS = (
     "target", "conc", "reqs", "failed", "tok/s", "req/s",
     "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms", "ITL p95 ms",
-    "client CPU %", "server CPU %", "other CPU %",
+    "client CPU %", "server CPU %", "of which shim %", "other CPU %",
 )
 
 
@@ -76,7 +76,8 @@ def _row(s: LevelStats) -> list[str]:
         f"{s.tokens_per_s:.1f}", f"{s.requests_per_s:.2f}",
         f"{s.ttft_p50_ms:.0f}", f"{s.ttft_p95_ms:.0f}",
         f"{s.itl_p50_ms:.1f}", f"{s.itl_p95_ms:.1f}",
-        f"{s.client_cpu_pct:.0f}", f"{s.server_cpu_pct:.0f}", f"{s.other_cpu_pct:.0f}",
+        f"{s.client_cpu_pct:.0f}", f"{s.server_cpu_pct:.0f}",
+        "" if math.isnan(s.shim_cpu_pct) else f"{s.shim_cpu_pct:.1f}", f"{s.other_cpu_pct:.0f}",
     ]
 
 
@@ -265,7 +266,9 @@ def results_document(stats: list[LevelStats], prefix: list[PrefixStats], context
         "- tok/s: completion tokens (from the usage chunk / Final) over the level's wall time. "
         "TTFT: send to first text chunk. ITL: gaps between text chunks. CPU columns: CPU time "
         "over wall time (100 = one core) of the load generator, of the server under test "
-        "(shim + engine for `shim`), and of everything else on the machine (high = skewed).",
+        "(shim + engine for `shim`; of which the shim's own process), and of everything else on the "
+        "machine (high = skewed). On a machine the engine fills, the shim's cost is about the shim's "
+        "CPU plus the openai client's extra over the gRPC client's, taken from the engine.",
         f"- Prefix cache: {context['prefix_samples']} pairs per target, one request at a time: a cold "
         "request with a fresh random 1,000-token system prompt (`long_system_prompt`, never seen "
         "before), then a warm one with the same system prompt and another question; max_tokens "

@@ -48,6 +48,8 @@ class LevelStats:
     client_cpu_pct: float
     server_cpu_pct: float
     other_cpu_pct: float
+    # Of server_cpu_pct, the shim's own (NaN for targets without one): what relaying costs.
+    shim_cpu_pct: float = float("nan")
     errors: list[str] = field(default_factory=list)
 
 
@@ -108,5 +110,6 @@ def summarize(
         client_cpu_pct=cpu.client,
         server_cpu_pct=cpu.server,
         other_cpu_pct=cpu.other,
+        shim_cpu_pct=cpu.relay,
         errors=sorted({r.error for r in results if not r.ok})[:5],
     )
