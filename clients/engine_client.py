@@ -22,7 +22,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.errors import from_rpc_error
-from clients.replicas import channel_target, replica_options
+from clients.many_calls import ManyCall, ManyCallsChannel
+from clients.replicas import channel_target, replica_options, spans_replicas
 from clients.request_builder import Message, build_request, tokenize_request
 from clients.results import Completion, CompletionBuilder
 from conduit.v1 import engine_pb2 as pb
@@ -132,12 +133,14 @@ class EngineClient:
         replace the ones the tls_* files would make."""
         credentials, metadata = _security(credentials, token, tls, tls_ca, tls_cert, tls_key, metadata)
         target = channel_target(target)
+        self._spans_replicas = spans_replicas(target)
         options = _channel_options(target, options, tls_server_name)
         self._channel = (grpc.secure_channel(target, credentials, options) if credentials
                          else grpc.insecure_channel(target, options))
         self._stub = engine_pb2_grpc.EngineStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._options = _Options(timeout, metadata)
+        self._many = ManyCallsChannel(self._stub, self._options.metadata, self.generate)
 
     def generate(self, request: pb.GenerateRequest | None = None, /, *, timeout: float | None = None,
                  metadata: Metadata | None = None, **params: Any) -> GenerateStream:
@@ -145,6 +148,17 @@ class EngineClient:
         call = self._stub.Generate(self._options.generate_request(request, params),
                                    **self._options.call_options(timeout, metadata))
         return GenerateStream(call)
+
+    def generate_shared(self, request: pb.GenerateRequest, /, *, timeout: float | None = None,
+                        metadata: Metadata | None = None) -> ManyCall | GenerateStream:
+        """As `generate`, but the call travels with this client's other shared calls on one
+        GenerateMany stream: for relays, which then receive one message per engine step rather
+        than one per call (clients/many_calls.py). On a channel over several replicas it is a
+        plain Generate call, so that calls still spread over them (one stream reaches one)."""
+        if self._spans_replicas:
+            return self.generate(request, timeout=timeout, metadata=metadata)
+        options = self._options.call_options(timeout, metadata)
+        return self._many.generate(request, timeout=options["timeout"], metadata=tuple(metadata or ()))
 
     def complete(self, request: pb.GenerateRequest | None = None, /, *, timeout: float | None = None,
                  metadata: Metadata | None = None, **params: Any) -> Completion:
@@ -182,6 +196,7 @@ class EngineClient:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
     def close(self) -> None:
+        self._many.close()
         self._channel.close()
 
     def __enter__(self) -> EngineClient:

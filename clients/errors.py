@@ -77,11 +77,16 @@ _BY_CODE: dict[grpc.StatusCode, type[ConduitError]] = {
 }
 
 
+def from_status(code: grpc.StatusCode, message: str, metadata: Mapping[str, str] | None = None) -> ConduitError:
+    """The ConduitError subclass for a status code."""
+    return _BY_CODE.get(code, ConduitError)(code, message, metadata)
+
+
 def from_rpc_error(error: grpc.RpcError) -> ConduitError:
     """The ConduitError subclass for a failed call's status code."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = error.details() if hasattr(error, "details") else str(error)
-    return _BY_CODE.get(code, ConduitError)(code, details or "", _trailing_metadata(error))
+    return from_status(code, details or "", _trailing_metadata(error))
 
 
 def _trailing_metadata(error: grpc.RpcError) -> dict[str, str]:

@@ -41,7 +41,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from clients.lifetime import child_env
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
-from conduit.v1.contract import PARAM_METADATA_KEY
+from conduit.v1.contract import PARAM_METADATA_KEY, REQUEST_ID_METADATA_KEY
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_ID = "fake-model"
@@ -142,6 +142,55 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             raise
         ended.append(True)
 
+    def GenerateMany(self, requests: Iterator[pb.GenerateManyRequest],
+                     context: grpc.ServicerContext) -> Iterator[pb.GenerateManyResponse]:
+        """Each call runs this fake's Generate, on a thread of its own; what is ready goes out together."""
+        ready: queue.Queue = queue.Queue()  # CallMessages, then _READ_DONE once the caller half-closed
+        calls: dict[int, _CallContext] = {}
+
+        def run(call_id: int, request: pb.GenerateRequest, call: _CallContext) -> None:
+            end = pb.CallEnd()
+            responses = self.Generate(request, call)
+            try:
+                for response in responses:
+                    if not call.is_active():
+                        break
+                    ready.put(pb.CallMessage(call_id=call_id, response=response))
+                if call.ended_by is not None:
+                    end = pb.CallEnd(code=call.ended_by.value[0], message=call.ended_by.name)
+            except _Aborted as aborted:
+                end = pb.CallEnd(code=aborted.code.value[0], message=aborted.details,
+                                 trailing_metadata=call.trailing_metadata)
+            finally:
+                responses.close()  # a cancelled call's generator ends here, as grpc ends it
+                call.finish()
+                ready.put(pb.CallMessage(call_id=call_id, end=end))
+
+        def read() -> None:
+            try:
+                for request in requests:
+                    if request.WhichOneof("action") == "start":
+                        call = calls[request.call_id] = _CallContext(context, request.log_request_id,
+                                                                     request.timeout_s)
+                        threading.Thread(target=run, args=(request.call_id, request.start, call), daemon=True).start()
+                    elif (call := calls.get(request.call_id)) is not None:
+                        call.end(grpc.StatusCode.CANCELLED)
+            except grpc.RpcError:
+                pass  # the caller went away: its calls see the stream inactive and end
+            ready.put(_READ_DONE)
+
+        threading.Thread(target=read, daemon=True).start()
+        reading, ended = True, 0
+        while reading or ended < len(calls):  # `calls` is final once the reader is done
+            items = [ready.get()]
+            while not ready.empty():
+                items.append(ready.get())
+            batch = [item for item in items if item is not _READ_DONE]
+            reading = reading and len(batch) == len(items)
+            ended += sum(1 for message in batch if message.HasField("end"))
+            if batch:
+                yield pb.GenerateManyResponse(messages=batch)
+
     def _generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
         rid = request.request_id
         script = _script_text(request)
@@ -241,6 +290,56 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                 tool_calls=[call],
             ),
         )
+
+
+_READ_DONE = object()
+
+
+class _Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class _CallContext:
+    """What FakeEngine.Generate uses of a grpc context, for one call of a GenerateMany stream."""
+
+    def __init__(self, stream: grpc.ServicerContext, log_request_id: str, timeout_s: float) -> None:
+        self._stream = stream
+        own = ((REQUEST_ID_METADATA_KEY, log_request_id),) if log_request_id else ()
+        self._metadata = own + tuple((k, v) for k, v in stream.invocation_metadata() if k != REQUEST_ID_METADATA_KEY)
+        self._callbacks: list = []
+        self.trailing_metadata: dict[str, str] = {}
+        self.ended_by: grpc.StatusCode | None = None  # CANCELLED or DEADLINE_EXCEEDED, before its end
+        self._timer = threading.Timer(timeout_s, self.end, (grpc.StatusCode.DEADLINE_EXCEEDED,)) if timeout_s else None
+        if self._timer:
+            self._timer.start()
+
+    def end(self, code: grpc.StatusCode) -> None:
+        if self.ended_by is None:
+            self.ended_by = code
+
+    def finish(self) -> None:
+        if self._timer:
+            self._timer.cancel()
+        for callback in self._callbacks:
+            callback()
+
+    def invocation_metadata(self):
+        return self._metadata
+
+    def is_active(self) -> bool:
+        return self.ended_by is None and self._stream.is_active()
+
+    def add_callback(self, callback) -> None:
+        self._callbacks.append(callback)
+
+    def set_trailing_metadata(self, metadata) -> None:
+        self.trailing_metadata = dict(metadata)
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise _Aborted(code, details)
 
 
 class FakeEngineServer:

@@ -20,6 +20,7 @@ from conduit.v1.contract import ERROR_CODE_METADATA_KEY, PARAM_METADATA_KEY, REQ
 from clients.logs import REQUEST_ID
 from engine_service.text import prompts
 from engine_service.serving.convert import EventEncoder, request_params
+from engine_service.serving.many import ManyCalls
 from engine_service.core.engine import Engine
 from engine_service.core.params import Draining, InvalidRequest, QueueFull
 from engine_service.core.events import FinalEvent, FinishReason
@@ -124,6 +125,10 @@ class EngineServicer(pb_grpc.EngineServicer):
             if not job.finished:
                 log.info("cancelled by the caller after %.3fs", time.monotonic() - job.arrival)
                 self.engine.abort(job.request_id)
+
+    async def GenerateMany(self, requests, context: grpc.aio.ServicerContext):
+        async for response in ManyCalls(self.Generate, context, lambda: self.draining).responses(requests):
+            yield response
 
     @staticmethod
     async def _abort_abnormal(context: grpc.aio.ServicerContext, reason: FinishReason, log_id: str) -> None:

@@ -273,6 +273,53 @@ class GenerateResponse(_message.Message):
     final: Final
     def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[PromptInfo, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., final: _Optional[_Union[Final, _Mapping]] = ...) -> None: ...
 
+class GenerateManyRequest(_message.Message):
+    __slots__ = ("call_id", "start", "cancel", "log_request_id", "timeout_s")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    LOG_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    start: GenerateRequest
+    cancel: bool
+    log_request_id: str
+    timeout_s: float
+    def __init__(self, call_id: _Optional[int] = ..., start: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., log_request_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class CallEnd(_message.Message):
+    __slots__ = ("code", "message", "trailing_metadata")
+    class TrailingMetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRAILING_METADATA_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    trailing_metadata: _containers.ScalarMap[str, str]
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., trailing_metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CallMessage(_message.Message):
+    __slots__ = ("call_id", "response", "end")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    response: GenerateResponse
+    end: CallEnd
+    def __init__(self, call_id: _Optional[int] = ..., response: _Optional[_Union[GenerateResponse, _Mapping]] = ..., end: _Optional[_Union[CallEnd, _Mapping]] = ...) -> None: ...
+
+class GenerateManyResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[CallMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[CallMessage, _Mapping]]] = ...) -> None: ...
+
 class ListModelsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -39,6 +39,11 @@ class EngineStub:
                 request_serializer=conduit_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=conduit_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateMany = channel.stream_stream(
+                '/conduit.v1.Engine/GenerateMany',
+                request_serializer=conduit_dot_v1_dot_engine__pb2.GenerateManyRequest.SerializeToString,
+                response_deserializer=conduit_dot_v1_dot_engine__pb2.GenerateManyResponse.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/conduit.v1.Engine/ListModels',
                 request_serializer=conduit_dot_v1_dot_engine__pb2.ListModelsRequest.SerializeToString,
@@ -69,6 +74,18 @@ class EngineServicer:
         first; then Chunks of all choices, multiplexed by `index`; each choice's
         Final follows its own last Chunk (other choices may still be streaming).
         The stream ends after the last Final.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateMany(self, request_iterator, context):
+        """Many Generate calls over one stream, for relays such as the HTTP shim: each
+        GenerateManyRequest starts or cancels one call (named by the caller's call_id);
+        each GenerateManyResponse carries the messages of any of them that are ready,
+        so a relay receives one message per engine step instead of one per call.
+        A call's messages are exactly its Generate stream's; its end is a CallEnd
+        with the status Generate would have ended with.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -109,6 +126,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=conduit_dot_v1_dot_engine__pb2.GenerateRequest.FromString,
                     response_serializer=conduit_dot_v1_dot_engine__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateMany,
+                    request_deserializer=conduit_dot_v1_dot_engine__pb2.GenerateManyRequest.FromString,
+                    response_serializer=conduit_dot_v1_dot_engine__pb2.GenerateManyResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -158,6 +180,33 @@ class Engine:
             '/conduit.v1.Engine/Generate',
             conduit_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
             conduit_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/conduit.v1.Engine/GenerateMany',
+            conduit_dot_v1_dot_engine__pb2.GenerateManyRequest.SerializeToString,
+            conduit_dot_v1_dot_engine__pb2.GenerateManyResponse.FromString,
             options,
             channel_credentials,
             insecure,
