@@ -42,6 +42,7 @@ from clients.lifetime import child_env
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
 from conduit.v1.contract import PARAM_METADATA_KEY, REQUEST_ID_METADATA_KEY
+from engine_service.serving.many import CallEnded
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_ID = "fake-model"
@@ -158,7 +159,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                     ready.put(pb.CallMessage(call_id=call_id, response=response))
                 if call.ended_by is not None:
                     end = pb.CallEnd(code=call.ended_by.value[0], message=call.ended_by.name)
-            except _Aborted as aborted:
+            except CallEnded as aborted:
                 end = pb.CallEnd(code=aborted.code.value[0], message=aborted.details,
                                  trailing_metadata=call.trailing_metadata)
             finally:
@@ -295,13 +296,6 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
 _READ_DONE = object()
 
 
-class _Aborted(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-
-
 class _CallContext:
     """What FakeEngine.Generate uses of a grpc context, for one call of a GenerateMany stream."""
 
@@ -339,7 +333,7 @@ class _CallContext:
         self.trailing_metadata = dict(metadata)
 
     def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise _Aborted(code, details)
+        raise CallEnded(code, details)
 
 
 class FakeEngineServer:
