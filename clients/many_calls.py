@@ -122,7 +122,6 @@ class ManyCall:
                  log_request_id: str, fallback: Callable[[], Any]) -> None:
         self._channel = channel
         self._request = request
-        self._timeout_s = timeout_s
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._log_request_id = log_request_id
         self._fallback = fallback  # a plain Generate call, for an engine without GenerateMany
