@@ -7,7 +7,7 @@ the next `next` raises the error it was given.
 
 The calls are the engine client's shared ones (`generate_shared`): all of the shim's calls to one
 engine travel on one GenerateMany stream, so the shim receives one gRPC message per engine step
-instead of one per call and step (a third less shim CPU at 32 streams, benchmarks/RESULTS.md).
+instead of one per call and step (about 40% less shim CPU at 32 streams, benchmarks/RESULTS.md).
 
 Three other ways to relay were measured and dropped (benchmarks/RESULTS.md, issue 11): native reader
 threads deadlock (grpc's Python-level locks are gevent locks after monkey-patching, and gevent
@@ -22,8 +22,8 @@ import gevent
 from gevent.queue import Empty, Queue
 
 from clients.engine_client import EngineClient, GenerateStream, Metadata
-from clients.many_calls import ManyCall
 from clients.errors import ConduitError
+from clients.many_calls import ManyCall
 from conduit.v1 import engine_pb2 as pb
 
 from .errors import APIError, from_engine_error

@@ -39,6 +39,14 @@ class ScriptedEngine(engine_pb2_grpc.EngineServicer):
         self.loop: asyncio.AbstractEventLoop | None = None
         self.batch_window_s = BATCH_WINDOW_S
 
+    def saw_cancelled(self, request_id: str, timeout_s: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while request_id not in self.cancelled:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     def open_gate(self) -> None:
         self.loop.call_soon_threadsafe(self.gate.set)
 
@@ -144,10 +152,7 @@ def test_close_cancels_the_call_in_the_engine(served) -> None:
     call.close()
     waiter.join(timeout=5)
     assert waiting and isinstance(waiting[0], Cancelled)
-    deadline = time.monotonic() + 5
-    while "h1" not in engine.cancelled:
-        assert time.monotonic() < deadline, "the engine never saw the cancellation"
-        time.sleep(0.02)
+    assert engine.saw_cancelled("h1"), "the engine never saw the cancellation"
 
 
 def test_the_deadline_ends_the_call_in_the_engine_and_here(served) -> None:
@@ -156,10 +161,7 @@ def test_the_deadline_ends_the_call_in_the_engine_and_here(served) -> None:
     with pytest.raises(DeadlineExceeded):
         list(client.generate_shared(build_request(prompt="hang", request_id="d1"), timeout=0.3))
     assert time.monotonic() - started < 2.0
-    deadline = time.monotonic() + 5
-    while "d1" not in engine.cancelled:
-        assert time.monotonic() < deadline, "the engine kept generating past the deadline"
-        time.sleep(0.02)
+    assert engine.saw_cancelled("d1"), "the engine kept generating past the deadline"
 
 
 def test_a_refused_call_is_sent_again_as_grpc_would_retry_it(served) -> None:
@@ -226,6 +228,15 @@ def test_a_call_id_already_open_is_refused_and_the_first_goes_on(served) -> None
         if codes == [grpc.StatusCode.INVALID_ARGUMENT.value[0]]:
             engine.open_gate()  # the first call, held open until the second was refused, ends now
     assert codes == [grpc.StatusCode.INVALID_ARGUMENT.value[0], grpc.StatusCode.OK.value[0]]
+
+
+def test_a_request_that_neither_starts_nor_cancels_is_refused(served) -> None:
+    _, client = served
+    stub = engine_pb2_grpc.EngineStub(client._channel)
+    responses = list(stub.GenerateMany(iter([pb.GenerateManyRequest(call_id=9)]), timeout=10))
+    ends = [m for r in responses for m in r.messages]
+    assert [(m.call_id, m.end.code) for m in ends] == [(9, grpc.StatusCode.INVALID_ARGUMENT.value[0])]
+    assert "start" in ends[0].end.message
 
 
 def test_a_draining_engine_ends_its_idle_streams(served) -> None:

@@ -123,8 +123,11 @@ class ManyCalls:
                         request.call_id, request.start, request.log_request_id, request.timeout_s))
                 elif action == "cancel":
                     task = self._calls.get(request.call_id)
-                    if task is not None:
+                    if task is not None:  # else it has ended already: nothing to cancel
                         task.cancel()
+                else:
+                    self._put(_end(request.call_id, grpc.StatusCode.INVALID_ARGUMENT,
+                                   "a GenerateManyRequest needs `start` or `cancel`"))
         finally:
             self._requests_done = True
             self._wake.set()
@@ -153,4 +156,3 @@ class ManyCalls:
             reader.cancel()
             for task in list(self._calls.values()):
                 task.cancel()
-
