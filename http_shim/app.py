@@ -28,6 +28,7 @@ from conduit.v1.contract import REQUEST_ID_METADATA_KEY
 from . import sse
 from .auth import KeyChecker
 from .connection import ABANDON_BODY_KEY, client_gone
+from .cors import CorsPolicy, install_cors
 from .drain import Drain
 from .engine_stream import IDLE, EngineStream
 from .errors import APIError, from_engine_error, internal_error_message
@@ -72,6 +73,8 @@ class ShimConfig:
     api_keys: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     limits: RequestLimits = DEFAULT_LIMITS
+    # Origins whose web pages may call the API from a browser (none: CORS off).
+    cors: CorsPolicy = CorsPolicy()
 
 
 @dataclass
@@ -144,6 +147,7 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
     """`connect` makes the engine clients (one per model group: see models.py), e.g. with credentials."""
     app = Flask("http_shim")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+    install_cors(app, config.cors)  # first: a preflight is answered before keys are asked for
     app.register_blueprint(playground)
     models = ServedModels(config.engine, connect)
     started = int(time.time())

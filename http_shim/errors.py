@@ -7,6 +7,7 @@ Failed engine calls arrive as the client library's `ConduitError`; `from_engine_
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,10 +107,17 @@ _PROTO_TO_OPENAI_PARAM = {
 }
 
 
+# A tool's parameters: "chat.tools[2].parameters_json" -> "tools[2].function.parameters".
+_TOOL_PARAMETERS = re.compile(r"chat\.tools\[(\d+)\]\.parameters_json")
+
+
 def openai_param(proto_path: str) -> str | None:
     """"sampling.top_p" -> "top_p", "chat.messages" -> "messages", "text" -> "prompt"."""
     if not proto_path:
         return None
     if proto_path in _PROTO_TO_OPENAI_PARAM:
         return _PROTO_TO_OPENAI_PARAM[proto_path]
+    tool = _TOOL_PARAMETERS.fullmatch(proto_path)
+    if tool is not None:
+        return f"tools[{tool.group(1)}].function.parameters"
     return proto_path.rsplit(".", 1)[-1]

@@ -8,6 +8,7 @@ CONDUIT_API_KEY, one key) for --api-key.
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from clients.cli import EnvArgumentParser, prog_name
@@ -16,10 +17,13 @@ from conduit.v1.contract import ENGINE_TOKEN_ENV, MAX_N, MAX_STOP_STRINGS
 
 from .app import DEFAULT_MAX_BODY_BYTES
 from .auth import KEY_ENV, KEYS_ENV, KeyFileError, collect_keys
+from .cors import CorsPolicy
 from .openai_to_proto import DEFAULT_LIMITS, RequestLimits
 from .server import DEFAULT_DRAIN_S
 
 DEFAULT_ENGINE = "127.0.0.1:50051"
+# A browser's Origin header: scheme, host and an optional port, nothing after.
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
 
 
 def build_parser() -> EnvArgumentParser:
@@ -64,6 +68,9 @@ def add_hardening_args(parser: EnvArgumentParser) -> None:
     parser.add_argument("--drain-seconds", type=float, metavar="S", default=DEFAULT_DRAIN_S, env="CONDUIT_DRAIN_S",
                         help="on SIGTERM/SIGINT, how long running generations may finish before they are cut")
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="json: one object per line")
+    parser.add_argument("--cors-allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="let web pages on ORIGIN (scheme://host[:port], or * for any, never with "
+                             "credentials) call the API from a browser; repeatable; default none (CORS off)")
 
 
 def add_engine_security_args(parser: EnvArgumentParser) -> None:
@@ -92,4 +99,8 @@ def hardening_config(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error(str(error))
     if args.max_body_bytes < 1:
         parser.error("--max-body-bytes must be positive")
-    return {"api_keys": keys, "max_body_bytes": args.max_body_bytes, "limits": limits}
+    for origin in args.cors_allow_origin:
+        if origin != "*" and not _ORIGIN.fullmatch(origin):
+            parser.error(f"--cors-allow-origin {origin!r}: an origin is scheme://host[:port] with no path, or *")
+    return {"api_keys": keys, "max_body_bytes": args.max_body_bytes, "limits": limits,
+            "cors": CorsPolicy(tuple(args.cors_allow_origin))}

@@ -269,8 +269,9 @@ class Engine:
         stop_ids = self.stop_ids_for(request.params)
         matcher = None
         if request.grammar is not None:
-            forced_calls = request.tools is not None and request.tools.forced
-            matcher = self.grammars.matcher(request.grammar, end_on_exit=forced_calls)
+            # Tool calls (forced, or on auto beside an answer format) end where the model would leave them.
+            matcher = self.grammars.matcher(request.grammar, end_on_exit=request.tools is not None,
+                                            answer=request.answer_grammar)
         stopping = request.params.stopping
         output = OutputProcessor(index=index, prompt_ids=request.prompt_ids, tokenizer=self.tokenizer,
                                  stop_ids=stop_ids, eos_ids=self.loaded.eos_token_ids, stop_strings=stopping.stop,

@@ -27,6 +27,7 @@ class Request:
     max_tokens: int  # already clipped to the context
     sink: Callable[[list[Event]], None]  # called from the engine thread with each step's events
     grammar: str | None = None  # constrained decoding (llguidance grammar)
+    answer_grammar: str | None = None  # where `grammar` is tool calls or an answer: the answer's alone
     tools: ToolSpec | None = None  # output is parsed for tool calls when set
     sequences: list["Sequence"] = field(default_factory=list)
     outbox: list[Event] = field(default_factory=list)  # request-level events for the next sink call

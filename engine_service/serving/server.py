@@ -149,25 +149,33 @@ class EngineServicer(pb_grpc.EngineServicer):
         ids = prompts.prompt_ids(self.engine.tokenizer, request)
         params = request_params(request)
         tools = ToolSpec.from_chat(request.chat) if request.WhichOneof("input") == "chat" else None
-        grammar = None
+        grammar = answer = None
         if request.HasField("constraint") or (tools is not None and tools.forced):
             # Validating a grammar can take ~100 ms: off the event loop. Most requests have none.
-            grammar = await asyncio.to_thread(self._grammar, request, tools)
+            grammar, answer = await asyncio.to_thread(self._grammar, request, tools)
         job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
-                      max_tokens=0, sink=sink, grammar=grammar, tools=tools, log_id=log_id)
+                      max_tokens=0, sink=sink, grammar=grammar, answer_grammar=answer, tools=tools, log_id=log_id)
         self.engine.submit(job)
         return job
 
-    def _grammar(self, request: pb.GenerateRequest, tools: ToolSpec | None) -> str | None:
-        """The request's constraint, or the forced tool-call shape; validated (may take ~100 ms)."""
-        grammar = self.engine.grammars.grammar_for(request.constraint)
-        if tools is not None and tools.forced:
-            if grammar is not None:
-                raise InvalidRequest("a constraint cannot be combined with a required tool call", "constraint")
-            grammar = tools.grammar()
-        if grammar is not None:
-            self.engine.grammars.validate(grammar)
-        return grammar
+    def _grammar(self, request: pb.GenerateRequest, tools: ToolSpec | None) -> tuple[str | None, str | None]:
+        """The grammar this turn's output follows, validated (may take ~100 ms): the constraint, the
+        forced tool calls, or on auto either calls or an answer under the constraint; and in that
+        last case the answer's grammar alone. A forced call leaves the constraint to a later turn's
+        answer, but a bad one is refused now all the same."""
+        grammars = self.engine.grammars
+        answer = grammars.grammar_for(request.constraint)
+        if answer is not None:
+            grammars.validate(answer)
+        if tools is None:
+            return answer, None
+        grammar = tools.grammar(answer, bare_calls=prompts.template_knows_tools(self.engine.tokenizer))
+        problem = None if grammar is None else grammars.problem(grammar)
+        if problem is not None:
+            # The constraint compiled alone, so a tool's parameters are at fault: name that tool.
+            raise tools.schema_error(grammars.schema_problem) or InvalidRequest(
+                f"the tools cannot be enforced: {problem}", "chat.tools")
+        return grammar, (answer if grammar is not None and not tools.forced else None)
 
     def _model_info(self) -> pb.ModelInfo:
         return pb.ModelInfo(

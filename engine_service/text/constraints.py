@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from conduit.v1 import engine_pb2 as pb
 from engine_service.core.params import InvalidRequest
-from engine_service.text.tools import JSON_OPTIONS, closed_objects
+from engine_service.text.json_schemas import JSON_OPTIONS, closed_objects
 
 
 # Shifts that read each bit of the matcher's 32-bit mask words.
@@ -57,14 +57,28 @@ class GrammarCompiler:
         return llguidance.LLMatcher.grammar_from_lark(constraint.grammar)
 
     def validate(self, grammar: str) -> None:
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.ll_tokenizer)
-        if is_error:
-            raise InvalidRequest(f"the constraint is not a valid grammar: {messages[0] if messages else 'unknown'}",
-                                 "constraint")
+        problem = self.problem(grammar)
+        if problem is not None:
+            raise InvalidRequest(f"the constraint is not a valid grammar: {problem}", "constraint")
 
-    def matcher(self, grammar: str, end_on_exit: bool = False) -> "Matcher":
+    def problem(self, grammar: str) -> str | None:
+        """Why the grammar engine refuses `grammar`, or None when it compiles."""
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.ll_tokenizer)
+        return (messages[0] if messages else "unknown") if is_error else None
+
+    def schema_problem(self, schema: object) -> str | None:
+        """Why the grammar engine refuses a JSON Schema, or None when it compiles."""
+        try:
+            return self.problem(llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS))
+        except ValueError as exc:
+            return str(exc)
+
+    def matcher(self, grammar: str, end_on_exit: bool = False, answer: str | None = None) -> "Matcher":
+        """`end_on_exit`: see Matcher; `answer`: the answer's grammar alone, when `grammar` allows
+        either tool calls or that answer (see Matcher)."""
         return Matcher(llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0),
-                       self.ll_tokenizer.eos_token if end_on_exit else None)
+                       self.ll_tokenizer.eos_token if end_on_exit else None,
+                       None if answer is None else llguidance.LLMatcher(self.ll_tokenizer, answer, log_level=0))
 
 
 def json_schema_grammar(schema: dict | bool) -> str:
@@ -82,32 +96,50 @@ class Matcher:
     With `exit_token` (the forced tool-call grammar), wherever the grammar may end, the
     probability the model gives to leaving it (writing prose after its calls, say) goes to
     ending, instead of being spread over the allowed tokens: a model that is done calling is
-    not pushed into another call."""
+    not pushed into another call.
 
-    def __init__(self, matcher: llguidance.LLMatcher, exit_token: int | None = None) -> None:
+    With `answer_start` (tool calls or an answer in a response format, on tool_choice auto), the
+    first token is where the model chooses between calling and answering. The answer's start
+    tokens are lifted so the best of them scores as the best token that starts no call, prose
+    included: a greedy choice then answers exactly when the model's own first choice would not
+    start a call. Masked alone, a model that means to answer in prose would mostly be pushed into a
+    call, whose opening tag looks likelier than a JSON answer's `{`."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, exit_token: int | None = None,
+                 answer_start: llguidance.LLMatcher | None = None) -> None:
         self._matcher = matcher
         self._exit_token = exit_token
+        self._answer_start = answer_start
 
     def mask_logits(self, row: torch.Tensor) -> None:
-        original = row.clone() if self._exit_token is not None else None
-        row.masked_fill_(~self._allowed(row.shape[-1]), float("-inf"))
+        original = row.clone() if self._exit_token is not None or self._answer_start is not None else None
+        allowed = self._allowed(self._matcher, row.shape[-1])
+        row.masked_fill_(~allowed, float("-inf"))
         end = self._exit_token
-        if original is not None and end < row.shape[0] and row[end] > float("-inf"):
+        if end is not None and end < row.shape[0] and row[end] > float("-inf"):
             leaving = torch.isneginf(row) & ~torch.isneginf(original)
             leaving[end] = True
             row[end] = torch.logsumexp(original[leaving], dim=0)
+        if self._answer_start is not None:
+            answer = self._allowed(self._answer_start, row.shape[-1]) & allowed
+            if answer.any():
+                # The best token that starts no call (prose included) lends its score to the answer.
+                lift = original[answer | ~allowed].max() - original[answer].max()
+                row[answer] += lift
 
-    def _allowed(self, vocab: int) -> torch.Tensor:
+    @staticmethod
+    def _allowed(matcher: llguidance.LLMatcher, vocab: int) -> torch.Tensor:
         """The matcher's next-token mask as booleans over `vocab` logits. llguidance.torch would
         apply it with a torch.compile'd kernel: importing that costs every engine ~2 s at start
         (torch._dynamo), and the first constrained request a compile."""
         words = torch.zeros((vocab + 31) // 32, dtype=torch.int32)
-        self._matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
+        matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
         bits = (words.unsqueeze(-1) >> _BIT_POSITIONS) & 1  # bit i of word w: token 32w+i
         return bits.flatten()[:vocab].bool()
 
     def consume(self, token_id: int) -> None:
         self._matcher.consume_token(token_id)
+        self._answer_start = None  # only the first token chooses
 
     @property
     def done(self) -> bool:
@@ -118,4 +150,5 @@ class Matcher:
         return self._matcher.get_error() if self._matcher.is_error() else ""
 
     def fork(self) -> "Matcher":
-        return Matcher(self._matcher.deep_copy(), self._exit_token)
+        return Matcher(self._matcher.deep_copy(), self._exit_token,
+                       None if self._answer_start is None else self._answer_start.deep_copy())

@@ -44,49 +44,62 @@ def _json_or_text(arguments: str) -> object:
         return arguments
 
 
-def render_chat(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput) -> str:
+def template_knows_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the model's chat template renders `tools` itself (in its own call format); if not,
+    our tool prompt describes them and asks for `<tool_call>` tags."""
+    return tokenizer.chat_template is not None and "tools" in tokenizer.chat_template
+
+
+def render_chat(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput, answer_format: pb.Constraint | None = None) -> str:
     if tokenizer.chat_template is None:
         raise InvalidRequest("this model has no chat template, so it cannot take chat messages: send text or "
                              "token ids (/v1/completions), or start the engine with --chat-template FILE", "chat")
     messages = chat_messages(chat)
     spec = ToolSpec.from_chat(chat)
     kwargs: dict = {}
-    if spec is not None and "tools" in tokenizer.chat_template:
+    if spec is not None and template_knows_tools(tokenizer):
         kwargs["tools"] = spec.openai_tools()
     else:
-        messages = _without_tool_fields(messages, spec)
+        messages = _without_tool_fields(messages, spec, answer_format)
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
     except TemplateError as exc:
         raise InvalidRequest(f"the chat template rejected these messages: {exc}", "chat.messages") from exc
 
 
-def _without_tool_fields(messages: list[dict], spec: ToolSpec | None) -> list[dict]:
-    """For templates that know nothing of tools: describe them in the system prompt and
-    write earlier calls as the <tool_call> text the prompt asks for."""
+def _without_tool_fields(messages: list[dict], spec: ToolSpec | None, answer_format: pb.Constraint | None) -> list[dict]:
+    """For templates that know nothing of tools: describe them in the system prompt, write earlier
+    calls as the <tool_call> text the prompt asks for, and say which function each result came
+    from (a bare result reads to a small model as a cue to call again)."""
     out = []
+    called: dict[str, str] = {}  # call id -> function name
     for msg in messages:
         msg = dict(msg)
         calls = msg.pop("tool_calls", None)
         if calls:
+            called.update((c["id"], c["function"]["name"]) for c in calls if c["id"])
             written = "\n".join(
                 "<tool_call>" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
                 + "</tool_call>" for c in calls)
             msg["content"] = (msg["content"] + "\n" + written).strip()
-        msg.pop("tool_call_id", None)
+        call_id = msg.pop("tool_call_id", None)
+        name = msg.get("name") or called.get(call_id or "")
+        if msg["role"] == "tool" and name:
+            msg["content"] = f"{name} returned: {msg['content']}"
         out.append(msg)
     if spec is not None:
         if out and out[0]["role"] == "system":
-            out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + spec.system_prompt()}
+            out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + spec.system_prompt(answer_format)}
         else:
-            out.insert(0, {"role": "system", "content": spec.system_prompt()})
+            out.insert(0, {"role": "system", "content": spec.system_prompt(answer_format)})
     return out
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, request: pb.GenerateRequest | pb.TokenizeRequest) -> list[int]:
     kind = request.WhichOneof("input")
     if kind == "chat":
-        text = render_chat(tokenizer, request.chat)
+        answer_format = request.constraint if isinstance(request, pb.GenerateRequest) else None
+        text = render_chat(tokenizer, request.chat, answer_format)
         # The template already wrote any special tokens the model expects.
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     if kind == "text":
