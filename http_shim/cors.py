@@ -4,7 +4,8 @@ With `--cors-allow-origin` set, a preflight (OPTIONS with Access-Control-Request
 allowed origin is answered here, before API keys are checked (a browser sends no credentials in a
 preflight), and every answer to that origin carries Access-Control-Allow-Origin and the headers a
 page may read. `*` allows every origin but never with credentials (the Fetch standard forbids it);
-a listed origin is echoed back, with `Vary: Origin` so caches keep origins apart.
+a listed origin is echoed back, with `Vary: Origin` so caches keep origins apart. Origins are
+compared as browsers send them: lower-case scheme and host, no default port.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ PREFLIGHT_MAX_AGE_S = 600
 
 @dataclass(frozen=True)
 class CorsPolicy:
-    origins: tuple[str, ...] = ()
+    origins: tuple[str, ...] = ()  # as browsers write them (see normal_origin), or "*"
 
     @property
     def enabled(self) -> bool:
@@ -51,7 +52,6 @@ class CorsPolicy:
         headers = {"Access-Control-Allow-Origin": allowed, "Access-Control-Expose-Headers": ", ".join(EXPOSED_HEADERS)}
         if allowed != "*":
             headers["Access-Control-Allow-Credentials"] = "true"
-            headers["Vary"] = "Origin"
         return headers
 
     def preflight_headers(self, origin: str, requested: str) -> dict[str, str]:
@@ -60,7 +60,16 @@ class CorsPolicy:
                  and name.lower() not in {h.lower() for h in ALLOWED_HEADERS}]
         return {**self.headers(origin), "Access-Control-Allow-Methods": ", ".join(ALLOWED_METHODS),
                 "Access-Control-Allow-Headers": ", ".join(ALLOWED_HEADERS + tuple(extra)),
-                "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_S)}
+                "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_S), "Vary": "Origin, Access-Control-Request-Headers"}
+
+
+def normal_origin(origin: str) -> str:
+    """An origin as a browser's Origin header writes it: "HTTP://Example.COM:80" -> "http://example.com"."""
+    if origin == "*":
+        return origin
+    scheme, _, host = origin.lower().partition("://")
+    default = {"http": ":80", "https": ":443"}.get(scheme)
+    return f"{scheme}://{host.removesuffix(default) if default else host}"
 
 
 def install_cors(app: Flask, policy: CorsPolicy) -> None:
@@ -82,10 +91,8 @@ def install_cors(app: Flask, policy: CorsPolicy) -> None:
     @app.after_request
     def add_cors_headers(response: Response) -> Response:
         origin = request.headers.get("Origin")
+        if origin and policy.origins != ("*",):
+            response.vary.add("Origin")  # the answer depends on the origin: caches keep them apart
         if policy.allow_origin(origin) is not None and "Access-Control-Allow-Origin" not in response.headers:
-            for name, value in policy.headers(origin).items():
-                if name == "Vary":
-                    response.vary.add("Origin")
-                else:
-                    response.headers[name] = value
+            response.headers.update(policy.headers(origin))
         return response

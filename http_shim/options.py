@@ -17,13 +17,13 @@ from conduit.v1.contract import ENGINE_TOKEN_ENV, MAX_N, MAX_STOP_STRINGS
 
 from .app import DEFAULT_MAX_BODY_BYTES
 from .auth import KEY_ENV, KEYS_ENV, KeyFileError, collect_keys
-from .cors import CorsPolicy
+from .cors import CorsPolicy, normal_origin
 from .openai_to_proto import DEFAULT_LIMITS, RequestLimits
 from .server import DEFAULT_DRAIN_S
 
 DEFAULT_ENGINE = "127.0.0.1:50051"
 # A browser's Origin header: scheme, host and an optional port, nothing after.
-_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+", re.IGNORECASE)
 
 
 def build_parser() -> EnvArgumentParser:
@@ -103,4 +103,4 @@ def hardening_config(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         if origin != "*" and not _ORIGIN.fullmatch(origin):
             parser.error(f"--cors-allow-origin {origin!r}: an origin is scheme://host[:port] with no path, or *")
     return {"api_keys": keys, "max_body_bytes": args.max_body_bytes, "limits": limits,
-            "cors": CorsPolicy(tuple(args.cors_allow_origin))}
+            "cors": CorsPolicy(tuple(normal_origin(origin) for origin in args.cors_allow_origin))}

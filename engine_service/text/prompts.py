@@ -69,23 +69,20 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput, answer_f
 
 def _without_tool_fields(messages: list[dict], spec: ToolSpec | None, answer_format: pb.Constraint | None) -> list[dict]:
     """For templates that know nothing of tools: describe them in the system prompt, write earlier
-    calls as the <tool_call> text the prompt asks for, and say which function each result came
-    from (a bare result reads to a small model as a cue to call again)."""
+    calls as the <tool_call> text the prompt asks for, and results in the <tool_response> tags that
+    pair with it (Hermes' convention; a bare result reads to a small model as a cue to call again)."""
     out = []
-    called: dict[str, str] = {}  # call id -> function name
     for msg in messages:
         msg = dict(msg)
         calls = msg.pop("tool_calls", None)
         if calls:
-            called.update((c["id"], c["function"]["name"]) for c in calls if c["id"])
             written = "\n".join(
                 "<tool_call>" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
                 + "</tool_call>" for c in calls)
             msg["content"] = (msg["content"] + "\n" + written).strip()
-        call_id = msg.pop("tool_call_id", None)
-        name = msg.get("name") or called.get(call_id or "")
-        if msg["role"] == "tool" and name:
-            msg["content"] = f"{name} returned: {msg['content']}"
+        msg.pop("tool_call_id", None)
+        if msg["role"] == "tool":
+            msg["content"] = f"<tool_response>{msg['content']}</tool_response>"
         out.append(msg)
     if spec is not None:
         if out and out[0]["role"] == "system":
