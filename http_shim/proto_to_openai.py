@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from clients.results import Choice, Completion, CompletionBuilder, ToolCall
+from conduit.common.results import Choice, Completion, CompletionBuilder, ToolCall
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import finish_reason_name, new_tool_call_id
 

@@ -2,7 +2,7 @@
 
 The id is the client's `X-Request-Id` when it is acceptable (printable ASCII, at most
 `MAX_REQUEST_ID_CHARS`; gRPC metadata accepts no more), otherwise a new one. observe.py holds it
-in clients.logs.REQUEST_ID for the life of the request, its stream included, so the log lines
+in conduit.common.logs.REQUEST_ID for the life of the request, its stream included, so the log lines
 written meanwhile carry it.
 """
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -12,6 +14,10 @@ from clients import AsyncEngineClient, EngineClient
 from clients.launch import Stack
 from fake_engine import FakeEngineServer
 
+# Headless chromium on a machine without a network: without the background-networking flags it
+# keeps trying to reach Google's services.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 # Below pytest's own timeout (300 s), so a stack that never comes up fails with its logs.
 STARTUP_TIMEOUT_S = 180
 
@@ -37,6 +43,20 @@ def single_slot_stack() -> Iterator[Stack]:
     with Stack(engine_args=["--max-batch-size", "1", "--max-queue", "2"],
                startup_timeout=STARTUP_TIMEOUT_S) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Debian chromium under Playwright (which never downloads a browser here)."""
+    from playwright.sync_api import sync_playwright
+
+    executable = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(executable).exists():
+        pytest.fail("chromium is not installed: run `make test` (it installs Debian's chromium package)")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
 
 
 @pytest.fixture(scope="session")

@@ -38,7 +38,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from clients.lifetime import child_env
+from conduit.common.lifetime import child_env
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
 from conduit.v1.contract import PARAM_METADATA_KEY, REQUEST_ID_METADATA_KEY
@@ -436,7 +436,7 @@ def stop_process(process: subprocess.Popen) -> None:
 
 def _main() -> None:
     """`python tests/fake_engine.py --port N`: serve the fake until SIGTERM (or the parent's death)."""
-    from clients.lifetime import die_with_parent
+    from conduit.common.lifetime import die_with_parent
 
     die_with_parent()
     parser = argparse.ArgumentParser()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.lifetime import ENV_VAR
+from conduit.common.lifetime import ENV_VAR
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

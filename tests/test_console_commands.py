@@ -210,3 +210,14 @@ def test_installed_stack_exits_1_when_its_port_is_taken(installed, tmp_path):
                               text=True, timeout=60)
     assert done.returncode == 1, done  # main()'s return value is the exit status
     assert f"127.0.0.1:{env['SHIM_PORT']} is already in use" in done.stderr
+
+
+def test_serving_installs_no_system_package_and_the_tests_bring_their_browser() -> None:
+    """`make run-stack` on a machine without chromium must not reach for apt (a user who only
+    serves gets no system package prompt); `make test` installs the browser its tests need."""
+    def recipe(target: str) -> str:
+        return subprocess.run(["make", "-n", "-B", target], cwd=REPO_ROOT, capture_output=True, text=True,
+                              check=True).stdout
+
+    assert "apt-get" not in recipe("run-stack") and "chromium" not in recipe("run-stack")
+    assert "apt-get install -y -q chromium" in recipe("test")

@@ -16,7 +16,7 @@ from engine_service.core.metrics import EngineMetrics
 from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
 from engine_service.core.scheduler import Scheduler
 from engine_service.core.sequence import Request, Sequence
-from clients.logs import REQUEST_ID, JsonFormatter, RequestIdFilter, TextFormatter, request_extra
+from conduit.common.logs import REQUEST_ID, JsonFormatter, RequestIdFilter, TextFormatter, request_extra
 
 
 def make_seq(request_id: str, prompt_len: int = 3) -> Sequence:

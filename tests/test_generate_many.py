@@ -1,13 +1,14 @@
 """GenerateMany (engine_service/serving/many.py) and the client's shared calls over it
 (clients/many_calls.py), on the engine's real gRPC server around a scripted asyncio servicer, so
-they run in the fast tier. Every stack test (the real engine behind the real shim) relays over it too.
+they run in the fast tier; and on the real engine (model tier), where a step's messages for the
+calls of a stream travel as one response. Every stack test (the real engine behind the real shim)
+relays over it too.
 
 The servicer's Generate is scripted by the prompt text:
   "count:N"  PromptInfo, N one-token chunks, Final
   "bad"      INVALID_ARGUMENT naming the field `sampling.top_p` in trailing metadata
   "hang"     PromptInfo, then nothing until cancelled (recorded)
-  "gate:MS"  PromptInfo, then MS ms after `open_gate()` is called one chunk, then Final (as the
-             engine hands a step's outputs to its calls in turn, a little apart)
+  "gate:MS"  PromptInfo, then MS ms after `open_gate()` is called one chunk, then Final
   "lost"     PromptInfo, then UNAVAILABLE (an engine that went away mid-call)
 """
 
@@ -25,7 +26,7 @@ from clients import Cancelled, DeadlineExceeded, EngineClient, InvalidArgument, 
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
 from engine_service.serving.background import BackgroundServer
-from engine_service.serving.many import BATCH_WINDOW_S, ManyCalls
+from engine_service.serving.many import ManyCalls
 
 
 class ScriptedEngine(engine_pb2_grpc.EngineServicer):
@@ -37,7 +38,6 @@ class ScriptedEngine(engine_pb2_grpc.EngineServicer):
         self.draining = False
         self.gate = asyncio.Event()  # binds to the server's loop when first awaited
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.batch_window_s = BATCH_WINDOW_S
 
     def saw_cancelled(self, request_id: str, timeout_s: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -80,7 +80,7 @@ class ScriptedEngine(engine_pb2_grpc.EngineServicer):
     async def GenerateMany(self, requests, context):
         self.streams += 1
         self.loop = asyncio.get_running_loop()
-        calls = ManyCalls(self.Generate, context, lambda: self.draining, self.batch_window_s)
+        calls = ManyCalls(self.Generate, context, lambda: self.draining)
         async for response in calls.responses(requests):
             yield response
 
@@ -202,10 +202,11 @@ def start(call_id: int, prompt: str) -> pb.GenerateManyRequest:
 
 
 def test_messages_that_are_ready_together_travel_in_one_response(served) -> None:
+    """Both calls wake on one event (as a step's outputs reach every call at once): their chunks
+    travel in one response, with no timer to wait on."""
     engine, client = served
-    engine.batch_window_s = 0.3  # wide against the calls' 30 ms apart, so a busy machine cannot split them
     stub = engine_pb2_grpc.EngineStub(client._channel)
-    outbox: list[pb.GenerateManyRequest] = [start(1, "gate:0"), start(2, "gate:30")]
+    outbox: list[pb.GenerateManyRequest] = [start(1, "gate:0"), start(2, "gate:0")]
     stream = stub.GenerateMany(iter(outbox), timeout=10)
     seen: list[list[tuple[int, str]]] = []
     for response in stream:
@@ -215,7 +216,7 @@ def test_messages_that_are_ready_together_travel_in_one_response(served) -> None
         if sum(kind == "prompt" for b in seen for _, kind in b) == 2 and not engine.gate.is_set():
             engine.open_gate()
     chunks = [sorted(call for call, kind in batch if kind == "chunk") for batch in seen]
-    assert [1, 2] in chunks, seen  # both calls' chunks, produced 30 ms apart, in one message
+    assert [1, 2] in chunks, seen  # both calls' chunks in one message
     assert sum(kind == "end" for batch in seen for _, kind in batch) == 2  # then the stream ended: half-closed
 
 
@@ -249,3 +250,23 @@ def test_a_draining_engine_ends_its_idle_streams(served) -> None:
     started = time.monotonic()
     assert list(stream) == []
     assert time.monotonic() - started < 3.0
+
+
+@pytest.mark.model
+def test_on_the_real_engine_each_step_is_one_response_to_a_stream(stack) -> None:
+    """Calls started together decode in lockstep: every response that carries chunks carries one
+    for each call (a step's messages, never split, never held back by a timer)."""
+    calls, tokens = 4, 12
+    request = dict(prompt="Once upon a time", max_tokens=tokens, ignore_eos=True, temperature=0)
+    outbox = [pb.GenerateManyRequest(call_id=k, start=build_request(**request, request_id=f"s{k}"))
+              for k in range(calls)]
+    with grpc.insecure_channel(stack.engine_address) as channel:
+        responses = list(engine_pb2_grpc.EngineStub(channel).GenerateMany(iter(outbox), timeout=120))
+    chunked = [sorted(m.call_id for m in r.messages if m.HasField("response") and m.response.HasField("chunk"))
+               for r in responses]
+    chunked = [set(ids) for ids in chunked if ids]
+    assert sum(len(r.messages) for r in responses) >= calls * tokens  # every token its own chunk (auto interval)
+    # A response may hold several steps (a writer behind the engine), never part of one. The calls
+    # may join over the first steps, so up to two responses may hold some of them.
+    partial = [ids for ids in chunked if ids != set(range(calls))]
+    assert len(partial) <= 2, chunked

@@ -26,7 +26,7 @@ from clients import EngineClient, Internal, Unauthenticated, Unavailable
 from clients.launch import Stack, TLSFiles, free_port
 from common import ANSWER, MODEL, QUESTION, ask, assert_same_greedy_until_near_tie, text_of
 from conftest import STARTUP_TIMEOUT_S
-from engine_service.core.engine import FAULT_INJECT_ENV
+from engine_service.core.faults import FAULT_INJECT_ENV
 from engine_tls import make_tls_files
 
 pytestmark = pytest.mark.model

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.launch import Stack, free_port
@@ -36,24 +34,11 @@ SCREENSHOT = REPO_ROOT / "docs" / "playground.png"
 # Set to refresh docs/playground.png from the real-stack run (otherwise it goes to tests/artifacts/).
 UPDATE_SCREENSHOT_ENV = "CONDUIT_UPDATE_SCREENSHOT"
 VIEWPORT = {"width": 1100, "height": 750}
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 API_KEY = "playground-test-key"
 TIMEOUT_MS = 15_000
 
 
 # ---------------------------------------------------------------------------------- fixtures
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    executable = shutil.which("chromium") or "/usr/bin/chromium"
-    if not Path(executable).exists():
-        pytest.fail("chromium is not installed: run `make install` (it installs Debian's chromium package)")
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
-
 
 @pytest.fixture
 def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:

@@ -11,7 +11,7 @@ import pytest
 
 from clients import EngineClient
 from clients.launch import Stack
-from clients.results import Completion, CompletionBuilder
+from conduit.common.results import Completion, CompletionBuilder
 from conduit.v1 import engine_pb2 as pb
 from common import MODEL
 

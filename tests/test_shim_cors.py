@@ -13,20 +13,18 @@ streams an answer through fetch() when its origin is allowed, and its fetch fail
 from __future__ import annotations
 
 import http.server
-import shutil
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser
 
 from fake_engine import MODEL_ID, REPO_ROOT, start_shim, stop_process
 from http_shim.cors import normal_origin
-from test_playground_browser import CHROMIUM_ARGS, TIMEOUT_MS
+from test_playground_browser import TIMEOUT_MS
 
 ORIGIN = "http://allowed.test:1234"
 OTHER_ORIGIN = "http://other.test:1234"
@@ -115,17 +113,6 @@ def env_shim(fake) -> Iterator[str]:
     """Allows ORIGIN and OTHER_ORIGIN from the environment only."""
     yield from running_shim(fake, "--api-key", KEY,
                             env={"CONDUIT_CORS_ALLOW_ORIGIN": f"{ORIGIN}, {OTHER_ORIGIN}"})
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    executable = shutil.which("chromium") or "/usr/bin/chromium"
-    if not Path(executable).exists():
-        pytest.fail("chromium is not installed: run `make install` (it installs Debian's chromium package)")
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 # ---------------------------------------------------------------------------------- helpers

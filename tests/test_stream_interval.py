@@ -42,15 +42,18 @@ class Recorder:
 
 
 @pytest.fixture(scope="module")
-def engines() -> Iterator[dict[int, Engine]]:
-    # 0: auto, the default
-    started = {interval: Engine(load_model(None, device="cpu"), EngineConfig(stream_interval=interval))
-               for interval in (1, 4, 0)}
-    for engine in started.values():
-        engine.start()
-    yield started
-    for engine in started.values():
-        engine.stop()
+def engine() -> Engine:
+    """One engine, stepped by the tests themselves (no loop thread): each step returns its outputs,
+    which the test delivers to the sinks. The interval is set per test (0: auto, the default)."""
+    return Engine(load_model(None, device="cpu"), EngineConfig())
+
+
+def run_until_done(engine: Engine, sinks: list[Recorder]) -> None:
+    for _ in range(1000):
+        if all(sink.done.is_set() for sink in sinks):
+            return
+        engine.deliver(engine.step())
+    raise AssertionError("the engine did not finish in 1000 steps")
 
 
 def submit(engine: Engine, n: int = 1, seed: int | None = None) -> Recorder:
@@ -63,15 +66,16 @@ def submit(engine: Engine, n: int = 1, seed: int | None = None) -> Recorder:
     return sink
 
 
-def generate(engine: Engine, n: int = 1, seed: int | None = None) -> Recorder:
+def generate(engine: Engine, interval: int, n: int = 1, seed: int | None = None) -> Recorder:
+    engine.config.stream_interval = interval
     sink = submit(engine, n, seed)
-    assert sink.done.wait(120), "the engine did not finish in time"
+    run_until_done(engine, [sink])
     return sink
 
 
 @pytest.mark.model
-def test_tokens_go_out_every_n_steps_with_the_first_at_once(engines) -> None:
-    every, grouped = generate(engines[1]), generate(engines[4])
+def test_tokens_go_out_every_n_steps_with_the_first_at_once(engine) -> None:
+    every, grouped = generate(engine, 1), generate(engine, 4)
     assert [len(c.token_ids) for c in every.chunks()] == [1] * MAX_TOKENS
     # The first token alone (time to first token unchanged), then 4 steps' tokens per message,
     # the remainder with the final.
@@ -84,8 +88,8 @@ def test_tokens_go_out_every_n_steps_with_the_first_at_once(engines) -> None:
 
 
 @pytest.mark.model
-def test_every_choice_of_a_request_is_grouped_and_completed(engines) -> None:
-    every, grouped = generate(engines[1], n=2, seed=7), generate(engines[4], n=2, seed=7)
+def test_every_choice_of_a_request_is_grouped_and_completed(engine) -> None:
+    every, grouped = generate(engine, 1, n=2, seed=7), generate(engine, 4, n=2, seed=7)
     for index in (0, 1):
         assert [t for c in grouped.chunks(index) for t in c.token_ids] == \
                [t for c in every.chunks(index) for t in c.token_ids]
@@ -98,17 +102,17 @@ def test_auto_groups_only_past_eight_requests_a_step_and_at_most_four_steps() ->
 
 
 @pytest.mark.model
-def test_auto_sends_every_token_of_a_lone_stream(engines) -> None:
-    assert [len(c.token_ids) for c in generate(engines[0]).chunks()] == [1] * MAX_TOKENS
+def test_auto_sends_every_token_of_a_lone_stream(engine) -> None:
+    assert [len(c.token_ids) for c in generate(engine, 0).chunks()] == [1] * MAX_TOKENS
 
 
 @pytest.mark.model
-def test_auto_groups_tokens_when_many_streams_run(engines) -> None:
+def test_auto_groups_tokens_when_many_streams_run(engine) -> None:
     """17 streams at once: once they step together, each message holds 3 steps' tokens
     (ceil(17 / 8)); nothing is lost and the first token still goes alone."""
-    sinks = [submit(engines[0]) for _ in range(17)]
-    for sink in sinks:
-        assert sink.done.wait(120), "the engine did not finish in time"
+    engine.config.stream_interval = 0
+    sinks = [submit(engine) for _ in range(17)]
+    run_until_done(engine, sinks)
     for sink in sinks:
         sizes = [len(c.token_ids) for c in sink.chunks()]
         assert sum(sizes) == MAX_TOKENS and sizes[0] == 1

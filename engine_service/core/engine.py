@@ -1,7 +1,8 @@
-"""The engine loop: step() = scheduler.schedule() -> runner.run() -> postprocess().
+"""The engine loop: step() = scheduler.schedule() -> runner.run() -> postprocess(), returning the
+step's outputs: for each request that has news, its events (the prompt, new text, finals).
 
-It runs on its own thread. Other threads submit requests and aborts through a small
-inbox; each step's new text goes back through the request's sink callback.
+It runs on its own thread. Other threads submit requests and aborts through a small inbox; the
+loop hands each step's outputs to their requests' sinks (deliver()).
 
 A step that raises fails only the request at fault, when it can tell which: a step of one
 request fails that request; otherwise the step's requests are rewound (their cache is
@@ -18,15 +19,16 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from engine_service.text.constraints import GrammarCompiler
 from engine_service.text.detokenizer import TokenTable
+from engine_service.core.admission import Admission
 from engine_service.core.block_manager import BlockManager
 from engine_service.model.kv_cache import KVCache
 from engine_service.model.loader import LoadedModel
@@ -36,20 +38,19 @@ from engine_service.core.metrics import EngineMetrics, StepRecorder
 from engine_service.core.params import Draining, InvalidRequest, QueueFull, RequestParams
 from engine_service.core.sampler import sample, token_logprob
 from engine_service.core.scheduler import ScheduledBatch, Scheduler
-from engine_service.core.events import FinalEvent, FinishReason, PromptEvent, TokenLogprob
+from engine_service.core.events import Event, FinalEvent, FinishReason, PromptEvent, TokenLogprob
 from engine_service.core.sequence import Request, Sequence
-from clients.logs import request_extra
+from conduit.common.logs import request_extra
 
 log = logging.getLogger(__name__)
 
-# Fault injection, for tests of failure handling on real processes: when set, a step that
-# holds a request whose prompt (decoded) contains this text raises InjectedFault, after the
-# forward pass. Read once, at start; never set it in production.
-FAULT_INJECT_ENV = "CONDUIT_FAULT_INJECT_PROMPT"
 
+@dataclass
+class RequestOutput:
+    """A request's events from one step (or an abort, a drain's end), in order."""
 
-class InjectedFault(RuntimeError):
-    """Raised by a step that holds a request marked for fault injection (FAULT_INJECT_ENV)."""
+    request: Request
+    events: list[Event]
 
 
 @dataclass
@@ -107,6 +108,7 @@ class Engine:
         blocks = BlockManager(num_blocks - 1,  # the runner keeps the last block for padding
                               config.block_size, self.runner.cache.copy_block, config.enable_prefix_caching)
         self.scheduler = Scheduler(blocks, config.max_batch_size, config.max_step_tokens)
+        self.admission = Admission(self.max_model_len, self.kv_capacity_tokens, self.vocab_size, config.max_batch_size)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._inbox: list[Request] = []
@@ -117,11 +119,10 @@ class Engine:
         self._drain_deadline = math.inf  # time.monotonic()
         self._thread: threading.Thread | None = None
         self.recorder = StepRecorder(metrics)
-        self._fault_marker = os.environ.get(FAULT_INJECT_ENV) or None
-        self._faulty: set[str] = set()  # request ids whose prompt holds the fault marker
-        if self._fault_marker:
-            log.warning("fault injection is ON (%s): steps holding a prompt with %r will fail",
-                        FAULT_INJECT_ENV, self._fault_marker)
+        self._outputs: list[RequestOutput] = []  # what the loop delivers next (step() returns them)
+        # Where the loop hands each step's outputs: deliver() calls the sinks on the loop's thread; a
+        # server may take them to its own thread in one hop per step (serving/server.py).
+        self.on_outputs: Callable[[list[RequestOutput]], None] = self.deliver
         log.info("KV cache: %d blocks of %d tokens (%d tokens), max batch %d, max model len %d",
                  num_blocks, config.block_size, self.kv_capacity_tokens, config.max_batch_size, self.max_model_len)
         kernel = f" ({self.runner.int8_kernel} kernel)" if self.runner.quantization == "int8" else ""
@@ -158,20 +159,34 @@ class Engine:
                                                 or time.monotonic() >= self._drain_deadline)):
                 break
             if not self.scheduler.has_work():
+                self.on_outputs(self._take_outputs())  # aborts of queued requests
                 self._update_metrics(None)
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
                 continue
             started = time.perf_counter()
             try:
-                self.step()
+                outputs = self.step()
             except Exception:  # outside a step's batch (step() handles those): fail all, not loop on it
                 log.exception("engine loop failed outside a step; failing every queued and running request")
                 for request in list(self._requests.values()):
                     if request.sequences:
                         self._finish_request(request, FinishReason.ERROR)
+                outputs = self._take_outputs()
+            self.on_outputs(outputs)
             self._update_metrics(time.perf_counter() - started)
         self._close()
+        self.on_outputs(self._take_outputs())
+
+    @staticmethod
+    def deliver(outputs: list[RequestOutput]) -> None:
+        """Each request's events to its sink."""
+        for output in outputs:
+            output.request.sink(output.events)
+
+    def _take_outputs(self) -> list[RequestOutput]:
+        outputs, self._outputs = self._outputs, []
+        return outputs
 
     def start(self) -> None:
         """Run the loop on a background thread (for embedding the engine in another program)."""
@@ -215,30 +230,9 @@ class Engine:
 
     def submit(self, request: Request) -> None:
         """Queue a request (any thread). Raises InvalidRequest, QueueFull or Draining at once."""
-        prompt_len = len(request.prompt_ids)
-        if prompt_len == 0:
-            raise InvalidRequest("the prompt is empty", "input")
-        limit = min(self.max_model_len, self.kv_capacity_tokens)
-        if prompt_len >= limit:
-            raise InvalidRequest(
-                f"this model's maximum context length is {limit} tokens, but the prompt has {prompt_len} tokens "
-                f"(the prompt plus at least one generated token must fit)", "input", "context_length_exceeded")
-        if any(t >= self.vocab_size for t in request.prompt_ids):
-            raise InvalidRequest(f"prompt token ids must be below the vocabulary size {self.vocab_size}", "input")
-        request.params.validate(self.vocab_size)
-        if request.params.n > self.config.max_batch_size:
-            raise InvalidRequest(f"n={request.params.n} exceeds this engine's batch size {self.config.max_batch_size}",
-                                 "n")
-        wanted = request.params.stopping.max_tokens
-        if wanted is not None and prompt_len + wanted > limit:
-            raise InvalidRequest(
-                f"this model's maximum context length is {limit} tokens, but {prompt_len + wanted} were requested "
-                f"({prompt_len} in the prompt, {wanted} for the completion); lower max_tokens",
-                "stopping.max_tokens", "context_length_exceeded")
-        request.max_tokens = limit - prompt_len if wanted is None else wanted
+        self.admission.check(request)
         request.arrival = time.monotonic()
         request.log_id = request.log_id or request.request_id
-        faulty = self._fault_marker is not None and self._fault_marker in self.tokenizer.decode(request.prompt_ids)
         with self._lock:
             if self._draining:
                 raise Draining("the engine is draining (shutting down) and takes no new requests; "
@@ -248,8 +242,6 @@ class Engine:
             if request.request_id in self._requests:
                 raise InvalidRequest(f"request_id {request.request_id!r} is already running", "request_id")
             self._requests[request.request_id] = request
-            if faulty:
-                self._faulty.add(request.request_id)
             self._inbox.append(request)
         self._wake.set()
 
@@ -295,31 +287,28 @@ class Engine:
 
     # --------------------------------------------------------------- step
 
-    def step(self) -> None:
+    def step(self) -> list[RequestOutput]:
+        """One step of the running batch; returns the outputs of the requests that have news
+        (with those of aborts since the last step). What was submitted meanwhile joins first."""
+        self._drain_inbox()
         batch = self.scheduler.schedule()
         if not batch:
-            return
+            return self._take_outputs()
         try:
             logits = self.runner.run(batch, self._wanting_prompt_logprobs(batch))
             self.scheduler.advance(batch)
-            if self._faulty:
-                self._inject_fault(batch)
             sampled = self._postprocess(batch, logits)
         except Exception:
             self._step_failed(batch)
-            return
+            return self._take_outputs()
         if self.scheduler.suspects:  # a suspect that got a token through is cleared
             self.scheduler.suspects.difference_update(seq.request.request_id for seq in sampled)
-
-    def _inject_fault(self, batch: ScheduledBatch) -> None:
-        marked = [seq.request.log_id for seq in _batch_sequences(batch) if seq.request.request_id in self._faulty]
-        if marked:
-            raise InjectedFault(f"injected fault ({FAULT_INJECT_ENV}) for request(s) {', '.join(sorted(set(marked)))}")
+        return self._take_outputs()
 
     def _step_failed(self, batch: ScheduledBatch) -> None:
         """Fail the request at fault when it is known; otherwise rewind the step's requests and
         suspect them all (see the module docstring). Logs the traceback under the request ids."""
-        requests = {seq.request.request_id: seq.request for seq in _batch_sequences(batch)}
+        requests = {seq.request.request_id: seq.request for seq in batch.sequences()}
         suspects = [r for r in requests.values() if r.request_id in self.scheduler.suspects]
         if len(requests) == 1:
             culprits = list(requests.values())
@@ -452,7 +441,7 @@ class Engine:
         if request.finished:
             self._forget(request)
         if events:
-            request.sink(events)
+            self._outputs.append(RequestOutput(request, events))
 
     def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
         seq.token_ids.append(token)
@@ -480,11 +469,11 @@ class Engine:
         self.recorder.finished(reason.value, request.arrival, unfinished)
         self._forget(request)
         finals = [FinalEvent(s.index, reason, s.prompt_len, s.num_output) for s in request.sequences]
-        request.sink(finals or [FinalEvent(i, reason, len(request.prompt_ids), 0) for i in range(request.params.n)])
+        self._outputs.append(RequestOutput(request, finals or [FinalEvent(i, reason, len(request.prompt_ids), 0)
+                                                               for i in range(request.params.n)]))
 
     def _forget(self, request: Request) -> None:
         self._requests.pop(request.request_id, None)
-        self._faulty.discard(request.request_id)
         self.scheduler.suspects.discard(request.request_id)
 
     def _update_metrics(self, step_seconds: float | None) -> None:
@@ -497,6 +486,3 @@ class Engine:
                               1.0 - blocks.num_free / blocks.num_blocks, self.scheduler.num_preemptions,
                               blocks.queries, blocks.hits)
 
-
-def _batch_sequences(batch: ScheduledBatch) -> list[Sequence]:
-    return [*batch.decode, *(seq for seq, _ in batch.prefill)]

@@ -32,6 +32,9 @@ class ScheduledBatch:
     def __bool__(self) -> bool:
         return bool(self.decode or self.prefill)
 
+    def sequences(self) -> list[Sequence]:
+        return [*self.decode, *(seq for seq, _ in self.prefill)]
+
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_batch_size: int, max_step_tokens: int) -> None:

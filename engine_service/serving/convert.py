@@ -12,7 +12,7 @@ from conduit.v1.contract import FINISH_REASONS
 
 from engine_service.text.detokenizer import TokenTable
 from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
-from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReason, PromptEvent, TokenLogprob
+from engine_service.core.events import ChunkEvent, Event, FinalEvent, PromptEvent, TokenLogprob
 
 
 def _set_optional_fields(message: Message) -> dict[str, Any]:

@@ -2,7 +2,10 @@
 
 A relay such as the HTTP shim pays per gRPC message it receives (grpc's Python receive path, a
 gevent hand-off), and Generate sends one message per call per engine step. Over GenerateMany the
-messages of every call that the same step produced travel as one GenerateManyResponse.
+messages of every call that the same step produced travel as one GenerateManyResponse: the
+engine hands a step's outputs to the event loop in one hop (server.py), each call's task turns its
+events into messages as soon as it runs, and the writer, woken by the first of them, runs after
+all of them. No timer: a first token is not held back.
 
 Each call runs the servicer's own Generate with a `CallContext` standing in for grpc's, so a
 call's messages, errors and trailing metadata are exactly what Generate gives; only the framing
@@ -22,10 +25,6 @@ from conduit.v1.contract import REQUEST_ID_METADATA_KEY
 
 log = logging.getLogger(__name__)
 
-# How long the writer waits, once something is ready, for the rest of the step's messages when
-# several calls are open: the engine hands each call its outputs in turn, across a few milliseconds
-# of its step (without the wait, most messages left alone). A few ms against steps of 10-100 ms.
-BATCH_WINDOW_S = 0.003
 # How often an idle stream looks whether the engine began draining (it then ends, so that its
 # caller opens its next stream elsewhere or learns the engine is going).
 DRAIN_CHECK_S = 0.5
@@ -71,12 +70,10 @@ def _end(call_id: int, code: grpc.StatusCode, message: str = "",
 
 class ManyCalls:
     """One GenerateMany stream: starts and cancels calls as the requests say, and yields what
-    they produce in batches (everything ready when the writer wakes)."""
+    they produce in batches (everything ready when the writer wakes: a step's messages)."""
 
-    def __init__(self, generate: Generate, context: grpc.aio.ServicerContext,
-                 draining: Callable[[], bool], batch_window_s: float = BATCH_WINDOW_S) -> None:
+    def __init__(self, generate: Generate, context: grpc.aio.ServicerContext, draining: Callable[[], bool]) -> None:
         self._generate = generate
-        self._batch_window_s = batch_window_s
         self._context = context
         self._draining = draining
         self._ready: list[pb.CallMessage] = []
@@ -148,7 +145,6 @@ class ManyCalls:
                     except TimeoutError:
                         continue
                 self._wake.clear()
-                await asyncio.sleep(self._batch_window_s if len(self._calls) > 1 else 0)
                 if self._ready:
                     batch, self._ready = self._ready, []
                     yield pb.GenerateManyResponse(messages=batch)

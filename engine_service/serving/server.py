@@ -8,6 +8,7 @@ an id of its own; every line logged while serving the call carries it (clients/l
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -17,7 +18,7 @@ import grpc
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc as pb_grpc
 from conduit.v1.contract import ERROR_CODE_METADATA_KEY, PARAM_METADATA_KEY, REQUEST_ID_METADATA_KEY
-from clients.logs import REQUEST_ID
+from conduit.common.logs import REQUEST_ID
 from engine_service.text import prompts
 from engine_service.serving.convert import EventEncoder, request_params
 from engine_service.serving.many import ManyCalls
@@ -60,6 +61,15 @@ class EngineServicer(pb_grpc.EngineServicer):
         self.loaded = engine.loaded
         self.created = int(time.time())
         self.draining = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _take_outputs_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Each engine step's outputs cross to this event loop in one hop, where the calls' sinks
+        (queues) take them in turn: every call's messages of a step are ready before anything that
+        waits on them runs, so a GenerateMany stream sends them as one response (many.py)."""
+        if self._loop is not loop:
+            self._loop = loop
+            self.engine.on_outputs = functools.partial(loop.call_soon_threadsafe, Engine.deliver)
 
     def begin_drain(self, deadline: float) -> None:
         """New Generate calls get UNAVAILABLE; the engine finishes the rest by `deadline`."""
@@ -83,10 +93,9 @@ class EngineServicer(pb_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
         await self._check_model(request.model, context)
         queue: asyncio.Queue[list] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
+        self._take_outputs_on(asyncio.get_running_loop())
         try:
-            job = await self._submit(request, request_id, log_id,
-                                     sink=lambda events: loop.call_soon_threadsafe(queue.put_nowait, events))
+            job = await self._submit(request, request_id, log_id, sink=queue.put_nowait)
         except InvalidRequest as exc:
             log.info("invalid: %s", exc)
             await abort_invalid(context, exc, request.WhichOneof("input"))

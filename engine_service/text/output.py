@@ -8,7 +8,7 @@ import logging
 
 from transformers import PreTrainedTokenizerBase
 
-from clients.results import ToolCall
+from conduit.common.results import ToolCall
 from engine_service.text.constraints import Matcher
 from engine_service.text.detokenizer import IncrementalDetokenizer
 from engine_service.core.events import ChunkEvent, FinishReason, TokenLogprob

@@ -1,0 +1,37 @@
+"""Fault injection, for tests of failure handling on real processes: a model runner wrapper whose
+step fails (after the forward pass) when it holds a request whose prompt contains a marker.
+Installed only when FAULT_INJECT_ENV is set (engine_service/__main__.py); never set it in
+production. The engine's step knows nothing of it: the fault looks like any other."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from engine_service.core.scheduler import ScheduledBatch
+from engine_service.model.runner import ModelRunner, StepLogits
+
+FAULT_INJECT_ENV = "CONDUIT_FAULT_INJECT_PROMPT"
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a step that holds a request marked for fault injection (FAULT_INJECT_ENV)."""
+
+
+class FaultInjectingRunner:
+    """`runner`, except that a step holding a prompt with `marker` (as `decode` reads it) raises."""
+
+    def __init__(self, runner: ModelRunner, marker: str, decode: Callable[[list[int]], str]) -> None:
+        self.runner = runner
+        self.marker = marker
+        self.decode = decode
+
+    def run(self, batch: ScheduledBatch, wants_prompt_logprobs: set[int]) -> StepLogits:
+        logits = self.runner.run(batch, wants_prompt_logprobs)
+        requests = {seq.request.request_id: seq.request for seq in batch.sequences()}
+        marked = sorted(r.log_id for r in requests.values() if self.marker in self.decode(r.prompt_ids))
+        if marked:
+            raise InjectedFault(f"injected fault ({FAULT_INJECT_ENV}) for request(s) {', '.join(marked)}")
+        return logits
+
+    def __getattr__(self, name: str):
+        return getattr(self.runner, name)  # the cache, the kernels' choices: the runner's own
