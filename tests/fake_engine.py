@@ -1,4 +1,6 @@
-"""A scripted Engine servicer on a real gRPC server, for tests of the HTTP shim alone.
+"""A scripted asyncio Engine servicer on the engine's own gRPC server (engine_service/serving/
+background.py), for tests of the HTTP shim alone. GenerateMany runs this fake's Generate through the
+engine's own code (engine_service/serving/many.py), so the shim's relay meets the real framing.
 
 The script is chosen by the input's last text (the last chat message, or the prompt):
   "echo-request"        the output text is the received GenerateRequest as JSON
@@ -13,14 +15,16 @@ The script is chosen by the input's last text (the last chat message, or the pro
   "markdown"            MARKDOWN_ANSWER (Markdown, code blocks and HTML that must not run), in pieces
   anything else         "Hello from choice {i}." in five tokens, honouring max_tokens
 It records every request, the call metadata each came with (by request id), and which ones were
-cancelled, and its health status can be flipped. `start_shim` runs the real shim as a process
-against any engine address; `start_fake_engine_process` runs this fake as a process of its own
-(`python tests/fake_engine.py --port N`), for tests that kill the engine.
+cancelled (written on the server's thread, read on the tests': appends and single assignments), and
+its health status can be flipped. `start_shim` runs the real shim as a process against any engine
+address; `start_fake_engine_process` runs this fake as a process of its own (`python
+tests/fake_engine.py --port N`), for tests that kill the engine.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import queue
@@ -30,19 +34,19 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent import futures
 from pathlib import Path
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 from google.protobuf.json_format import MessageToDict
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from conduit.common.lifetime import child_env
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
-from conduit.v1.contract import PARAM_METADATA_KEY, REQUEST_ID_METADATA_KEY
-from engine_service.serving.many import CallEnded
+from conduit.v1.contract import ENGINE_SERVICE, PARAM_METADATA_KEY
+from engine_service.serving.background import BackgroundServer
+from engine_service.serving.many import ManyCalls
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_ID = "fake-model"
@@ -84,151 +88,86 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.model_id = model_id
         self.requests: list[pb.GenerateRequest] = []
         self.metadata: dict[str, dict[str, str]] = {}  # request_id -> the call's invocation metadata
-        self.cancelled: set[str] = set()
-        self._changed = threading.Condition()
+        self.cancelled: list[str] = []
 
     # -------------------------------------------------------------- observation
 
     def wait_cancelled(self, request_id_prefix: str, timeout_s: float = 10.0) -> bool:
         """True once a request whose id starts with the prefix has been seen cancelled."""
-        with self._changed:
-            return self._changed.wait_for(
-                lambda: any(r.startswith(request_id_prefix) for r in self.cancelled), timeout_s
-            )
-
-    def _record_cancel(self, request_id: str) -> None:
-        with self._changed:
-            self.cancelled.add(request_id)
-            self._changed.notify_all()
-
-    def _alive(self, context: grpc.ServicerContext, request_id: str) -> bool:
-        if context.is_active():
-            return True
-        self._record_cancel(request_id)
-        return False
-
-    def _wait(self, context: grpc.ServicerContext, request_id: str, seconds: float) -> bool:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            if not self._alive(context, request_id):
+        deadline = time.monotonic() + timeout_s
+        while not any(r.startswith(request_id_prefix) for r in self.cancelled):
+            if time.monotonic() > deadline:
                 return False
             time.sleep(0.01)
         return True
 
     # -------------------------------------------------------------- RPCs
 
-    def ListModels(self, request, context):
+    async def ListModels(self, request, context):
         return pb.ListModelsResponse(models=[self._info()])
 
-    def GetModelInfo(self, request, context):
+    async def GetModelInfo(self, request, context):
         if request.model != self.model_id:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"model '{request.model}' is not served")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"model '{request.model}' is not served")
         return self._info()
 
     def _info(self) -> pb.ModelInfo:
         return pb.ModelInfo(id=self.model_id, source="fake", max_context_length=2048, vocab_size=1000, created=MODEL_CREATED)
 
-    def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
-        with self._changed:
-            self.requests.append(request)
-            self.metadata[request.request_id] = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
-        # A cancelled call may never resume this generator (grpc drops it while sending), so the
-        # termination callback is what reliably sees a cancellation.
-        ended: list[bool] = []
-        context.add_callback(lambda: ended or self._record_cancel(request.request_id))
+    async def Generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateResponse]:
+        # The metadata first: a test that sees the request finds its metadata.
+        self.metadata[request.request_id] = {k: v for k, v in context.invocation_metadata() or ()
+                                             if isinstance(v, str)}
+        self.requests.append(request)
         try:
-            yield from self._generate(request, context)
-        except Exception:  # an abort: ended, not cancelled
-            ended.append(True)
+            async for response in self._generate(request, context):
+                yield response
+        # Cancelled while waiting, or (a plain Generate) dropped unfinished by grpc while it sent.
+        except (asyncio.CancelledError, GeneratorExit):
+            self.cancelled.append(request.request_id)
             raise
-        ended.append(True)
 
-    def GenerateMany(self, requests: Iterator[pb.GenerateManyRequest],
-                     context: grpc.ServicerContext) -> Iterator[pb.GenerateManyResponse]:
-        """Each call runs this fake's Generate, on a thread of its own; what is ready goes out together."""
-        ready: queue.Queue = queue.Queue()  # CallMessages, then _READ_DONE once the caller half-closed
-        calls: dict[int, _CallContext] = {}
+    async def GenerateMany(self, requests, context):
+        # This fake never drains: a stream ends when its caller half-closes it.
+        async for response in ManyCalls(self.Generate, context, lambda: False).responses(requests):
+            yield response
 
-        def run(call_id: int, request: pb.GenerateRequest, call: _CallContext) -> None:
-            end = pb.CallEnd()
-            responses = self.Generate(request, call)
-            try:
-                for response in responses:
-                    if not call.is_active():
-                        break
-                    ready.put(pb.CallMessage(call_id=call_id, response=response))
-                if call.ended_by is not None:
-                    end = pb.CallEnd(code=call.ended_by.value[0], message=call.ended_by.name)
-            except CallEnded as aborted:
-                end = pb.CallEnd(code=aborted.code.value[0], message=aborted.details,
-                                 trailing_metadata=call.trailing_metadata)
-            finally:
-                responses.close()  # a cancelled call's generator ends here, as grpc ends it
-                call.finish()
-                ready.put(pb.CallMessage(call_id=call_id, end=end))
-
-        def read() -> None:
-            try:
-                for request in requests:
-                    if request.WhichOneof("action") == "start":
-                        call = calls[request.call_id] = _CallContext(context, request.log_request_id,
-                                                                     request.timeout_s)
-                        threading.Thread(target=run, args=(request.call_id, request.start, call), daemon=True).start()
-                    elif (call := calls.get(request.call_id)) is not None:
-                        call.end(grpc.StatusCode.CANCELLED)
-            except grpc.RpcError:
-                pass  # the caller went away: its calls see the stream inactive and end
-            ready.put(_READ_DONE)
-
-        threading.Thread(target=read, daemon=True).start()
-        reading, ended = True, 0
-        while reading or ended < len(calls):  # `calls` is final once the reader is done
-            items = [ready.get()]
-            while not ready.empty():
-                items.append(ready.get())
-            batch = [item for item in items if item is not _READ_DONE]
-            reading = reading and len(batch) == len(items)
-            ended += sum(1 for message in batch if message.HasField("end"))
-            if batch:
-                yield pb.GenerateManyResponse(messages=batch)
-
-    def _generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
+    async def _generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateResponse]:
         rid = request.request_id
         script = _script_text(request)
         if request.model and request.model != self.model_id:  # as the real engine answers
-            context.abort(grpc.StatusCode.NOT_FOUND, f"model {request.model!r} is not served here")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"model {request.model!r} is not served here")
         if script.startswith("error:"):
             _, code, message = script.split(":", 2)
-            context.abort(grpc.StatusCode[code], message)
+            await context.abort(grpc.StatusCode[code], message)
         if script.startswith("bad-field:"):
             path = script.split(":", 1)[1]
             context.set_trailing_metadata(((PARAM_METADATA_KEY, path),))
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the engine refuses {path}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the engine refuses {path}")
         n = request.n if request.HasField("n") else 1
         prompt_tokens = len(script.split()) or 1
         yield pb.GenerateResponse(request_id=rid, prompt=self._prompt_info(request, script, prompt_tokens))
         if script == "hang":
-            while self._alive(context, rid):
-                time.sleep(0.01)
-            return
-        if script.startswith("slow:") and not self._wait(context, rid, float(script.split(":")[1])):
-            return
+            await asyncio.Event().wait()  # until the call is cancelled
+        if script.startswith("slow:"):
+            await asyncio.sleep(float(script.split(":")[1]))
         if script == "midstream-error":
             yield pb.GenerateResponse(
                 request_id=rid,
                 chunk=pb.Chunk(index=0, text="partial", prompt_tokens=prompt_tokens, completion_tokens=1),
             )
-            context.abort(grpc.StatusCode.INTERNAL, "the fake engine broke mid-stream")
+            await context.abort(grpc.StatusCode.INTERNAL, "the fake engine broke mid-stream")
         if script == "tools":
-            yield from self._tool_call(rid, prompt_tokens)
+            for response in self._tool_call(rid, prompt_tokens):
+                yield response
             return
         for i in range(n):
             tokens = self._tokens(request, script, i)
             limit = request.stopping.max_tokens if request.stopping.HasField("max_tokens") else len(tokens)
             emitted = tokens[:limit]
             for k, token in enumerate(emitted):
-                if script.startswith("long:") and not self._wait(context, rid, 0.02):
-                    return
+                if script.startswith("long:"):
+                    await asyncio.sleep(0.02)
                 chunk = pb.Chunk(
                     index=i, text=token, token_ids=[100 + k], prompt_tokens=prompt_tokens, completion_tokens=k + 1
                 )
@@ -293,73 +232,26 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         )
 
 
-_READ_DONE = object()
-
-
-class _CallContext:
-    """What FakeEngine.Generate uses of a grpc context, for one call of a GenerateMany stream."""
-
-    def __init__(self, stream: grpc.ServicerContext, log_request_id: str, timeout_s: float) -> None:
-        self._stream = stream
-        own = ((REQUEST_ID_METADATA_KEY, log_request_id),) if log_request_id else ()
-        self._metadata = own + tuple((k, v) for k, v in stream.invocation_metadata() if k != REQUEST_ID_METADATA_KEY)
-        self._callbacks: list = []
-        self.trailing_metadata: dict[str, str] = {}
-        self.ended_by: grpc.StatusCode | None = None  # CANCELLED or DEADLINE_EXCEEDED, before its end
-        self._timer = threading.Timer(timeout_s, self.end, (grpc.StatusCode.DEADLINE_EXCEEDED,)) if timeout_s else None
-        if self._timer:
-            self._timer.start()
-
-    def end(self, code: grpc.StatusCode) -> None:
-        if self.ended_by is None:
-            self.ended_by = code
-
-    def finish(self) -> None:
-        if self._timer:
-            self._timer.cancel()
-        for callback in self._callbacks:
-            callback()
-
-    def invocation_metadata(self):
-        return self._metadata
-
-    def is_active(self) -> bool:
-        return self.ended_by is None and self._stream.is_active()
-
-    def add_callback(self, callback) -> None:
-        self._callbacks.append(callback)
-
-    def set_trailing_metadata(self, metadata) -> None:
-        self.trailing_metadata = dict(metadata)
-
-    def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise CallEnded(code, details)
-
-
-class FakeEngineServer:
-    """The fake on a real gRPC server on a loopback port (0: a free one), in this process's threads."""
+class FakeEngineServer(BackgroundServer):
+    """The fake on the engine's own gRPC server, on a loopback port (0: a free one) and a thread of
+    this process; `address` and `port` are the bound ones once started."""
 
     def __init__(self, port: int = 0, model_id: str = MODEL_ID) -> None:
         self.engine = FakeEngine(model_id)
-        self.health = health.HealthServicer()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
-        engine_pb2_grpc.add_EngineServicer_to_server(self.engine, self._server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
-        self.address = f"127.0.0.1:{self.port}"
-        self.set_serving(True)
+        super().__init__(self.engine, "127.0.0.1", port, description="the fake engine")
 
     def set_serving(self, serving: bool) -> None:
+        """Health SERVING or NOT_SERVING (as a draining replica reports), in effect on return."""
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in ("", "conduit.v1.Engine"):
-            self.health.set(name, status)
+        asyncio.run_coroutine_threadsafe(self._set_health(status), self._loop).result()
 
-    def start(self) -> FakeEngineServer:
-        self._server.start()
-        return self
+    async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
+        for name in ("", ENGINE_SERVICE):
+            await self._health.set(name, status)
 
-    def stop(self) -> None:
-        self._server.stop(grace=None)
+    def stop(self, grace: float = 0.0) -> None:
+        """Calls still open (a shim's GenerateMany stream stays open) are cancelled, not waited for."""
+        super().stop(grace)
 
 
 def _first_line(process: subprocess.Popen, timeout_s: float) -> str:

@@ -270,3 +270,28 @@ def test_on_the_real_engine_each_step_is_one_response_to_a_stream(stack) -> None
     # may join over the first steps, so up to two responses may hold some of them.
     partial = [ids for ids in chunked if ids != set(range(calls))]
     assert len(partial) <= 2, chunked
+
+
+def test_a_call_cancelled_before_it_ran_still_ends_and_the_stream_closes() -> None:
+    """Start and cancel read back to back: the call's task is cancelled before its first step (its
+    body never runs), yet the call gets its CANCELLED end and the stream ends once half-closed."""
+
+    class StreamContext:
+        def invocation_metadata(self):
+            return ()
+
+    async def never_called(request, context):
+        raise AssertionError("the call never starts")
+        yield  # an async generator, as Generate is
+
+    async def requests():
+        yield start(1, "count:1")
+        yield pb.GenerateManyRequest(call_id=1, cancel=True)
+
+    async def run() -> list[pb.GenerateManyResponse]:
+        calls = ManyCalls(never_called, StreamContext(), lambda: False)
+        return [response async for response in calls.responses(requests())]
+
+    responses = asyncio.run(asyncio.wait_for(run(), 5))
+    ends = [m.end for r in responses for m in r.messages if m.HasField("end")]
+    assert [(end.code, end.message) for end in ends] == [(grpc.StatusCode.CANCELLED.value[0], "the caller cancelled the call")]

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from clients.launch import Stack
-from conftest import STARTUP_TIMEOUT_S
+from conftest import STARTUP_TIMEOUT_S, TEST_KV_CACHE_GB
 from engine_service.__main__ import parse_args
 from engine_service.core.engine import Engine, EngineConfig, auto_stream_interval
 from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReason
@@ -45,7 +45,7 @@ class Recorder:
 def engine() -> Engine:
     """One engine, stepped by the tests themselves (no loop thread): each step returns its outputs,
     which the test delivers to the sinks. The interval is set per test (0: auto, the default)."""
-    return Engine(load_model(None, device="cpu"), EngineConfig())
+    return Engine(load_model(None, device="cpu"), EngineConfig(kv_cache_gb=TEST_KV_CACHE_GB))
 
 
 def run_until_done(engine: Engine, sinks: list[Recorder]) -> None:

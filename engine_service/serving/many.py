@@ -107,6 +107,13 @@ class ManyCalls:
             self._calls.pop(call_id, None)
             self._wake.set()
 
+    def _call_done(self, call_id: int, task: asyncio.Task) -> None:
+        """A call's task is over. One cancelled before its first step never ran its body (which
+        ends the call and forgets it): do that here, or the stream would wait on it for ever."""
+        if self._calls.get(call_id) is task:
+            del self._calls[call_id]
+            self._put(_end(call_id, grpc.StatusCode.CANCELLED, "the caller cancelled the call"))
+
     async def _read_requests(self, requests: AsyncIterator[pb.GenerateManyRequest]) -> None:
         try:
             async for request in requests:
@@ -116,8 +123,10 @@ class ManyCalls:
                         self._put(_end(request.call_id, grpc.StatusCode.INVALID_ARGUMENT,
                                        f"call_id {request.call_id} is already open on this stream"))
                         continue
-                    self._calls[request.call_id] = asyncio.create_task(self._run_call(
+                    task = asyncio.create_task(self._run_call(
                         request.call_id, request.start, request.log_request_id, request.timeout_s))
+                    self._calls[request.call_id] = task
+                    task.add_done_callback(lambda done, call_id=request.call_id: self._call_done(call_id, done))
                 elif action == "cancel":
                     task = self._calls.get(request.call_id)
                     if task is not None:  # else it has ended already: nothing to cancel
