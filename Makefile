@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
 protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
 
-.PHONY: install browser protos check-protos run-stack test test-fast deploy-check fuzz bench soak clean
+.PHONY: install browser protos check-protos run-stack test test-fast deploy-check fuzz bench soak gpu-check clean
 
 install: $(STAMP)
 
@@ -78,6 +78,13 @@ fuzz: $(STAMP)
 # against gRPC and llama-server, then the prefix-cache scenario; ~15 min. BENCH_ARGS='--skip-peer' etc.
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench --json benchmarks/out/results.json --write-results benchmarks/RESULTS.md $(BENCH_ARGS)
+
+# On a machine with an NVIDIA GPU, in under 10 minutes: tests/test_gpu.py (the engine on cuda against
+# transformers on the same device, batch invariance, the prefix cache), the stack tests with every
+# engine on cuda, and a short bench; results under GPU_OUT. Without a GPU it says so and fails.
+GPU_OUT ?= benchmarks/out/gpu-check
+gpu-check: $(STAMP)
+	$(BIN)/python -m benchmarks.gpu_check --out $(GPU_OUT)
 
 # A few minutes of mixed load at 4x, then 10x the batch size in flight; SOAK_ARGS='--seconds 60' etc.
 soak: $(STAMP)
