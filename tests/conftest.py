@@ -23,9 +23,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 STARTUP_TIMEOUT_S = 180
 # The KV cache of every engine the tests start (through CONDUIT_KV_CACHE_GB, which the launcher
 # passes on; a test's own flag wins). The default 2 GB is filled with zeros at start, so each engine
-# held ~3 GB, and a suite with a few stacks up at once needed more memory than a laptop has; 0.5 GB
-# is ~22k tokens of the default model, more than any test keeps in flight.
-TEST_KV_CACHE_GB = 0.5
+# held ~3 GB, and a suite with a few stacks up at once needed more memory than a laptop has; 0.25 GB
+# is ~11k tokens of the default model, more than any test keeps in flight.
+TEST_KV_CACHE_GB = 0.25
 os.environ.setdefault("CONDUIT_KV_CACHE_GB", str(TEST_KV_CACHE_GB))
 
 @pytest.fixture(scope="module")
