@@ -13,7 +13,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,12 +25,10 @@ from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import REQUEST_ID_METADATA_KEY
 
-from . import sse
 from .auth import KeyChecker
-from .connection import ABANDON_BODY_KEY, client_gone
+from .connection import ABANDON_BODY_KEY
 from .cors import CorsPolicy, install_cors
 from .drain import Drain
-from .engine_stream import IDLE, EngineStream
 from .errors import APIError, from_engine_error, internal_error_message
 from .metrics import ShimMetrics
 from .models import Connect, ServedModels
@@ -45,6 +43,7 @@ from .proto_to_openai import (
     chat_response,
     completion_response,
 )
+from .relay import OpenAIEvents, Relay
 
 log = logging.getLogger("http_shim")
 
@@ -155,6 +154,7 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
     drain = Drain(metrics)
     keys = KeyChecker(config.api_keys)
     document = openapi_document(config.limits, keys.enabled)
+    relay = Relay(models, drain, metrics, config.heartbeat_s, config.request_timeout_s, _metadata)
 
     @app.errorhandler(APIError)
     def on_api_error(error: APIError) -> Response:
@@ -283,98 +283,14 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
         translator_class: type[ChatStreamTranslator] | type[CompletionStreamTranslator],
         build: Callable[[str, int, str, GenerationPlan, Collector], dict[str, Any]],
     ) -> Response:
-        info, engine = models.route(plan.model, metadata=_metadata())
-        model = info.id
+        model, stream = relay.open(plan.model, plan.requests)
         created = int(time.time())
-        environ = request.environ
-        route = environ.get(ROUTE_KEY) or ""
-        stream = EngineStream(engine, plan.requests, config.request_timeout_s, _metadata(), _request_id())
-        drain.add(stream)  # until its last byte: a drain waits for it, or cuts it at the deadline
-
-        def end() -> None:
-            stream.cancel()
-            drain.discard(stream)
-
         if plan.stream:
-            # Wait briefly for the engine's first answer so early failures (bad argument, queue
-            # full) still get a real HTTP status rather than an error event inside a 200.
-            try:
-                first = stream.next(config.heartbeat_s)
-                translator = translator_class(response_id, created, model, plan)
-                body = _sse_body(stream, first, translator, environ, config.heartbeat_s, metrics, route)
-                response = Response(body, 200, sse.HEADERS, content_type=sse.CONTENT_TYPE)
-            except BaseException:
-                end()
-                raise
-            # Also when the body was never iterated (its finally clause then never runs).
-            response.call_on_close(end)
-            return response
-        collected = Collector()
-        next_check = time.monotonic() + config.heartbeat_s
-        try:
-            while (item := stream.next(config.heartbeat_s)) is not None:
-                # Check the client on every idle wait and, while tokens flow, at least once a
-                # heartbeat interval: a client that gave up must not leave generation running.
-                if item is IDLE or time.monotonic() >= next_check:
-                    next_check = time.monotonic() + config.heartbeat_s
-                    if client_gone(environ):
-                        metrics.client_disconnects.labels(route).inc()
-                        log.info("%s: client left before the answer; cancelled", response_id)
-                        return Response(status=499)
-                if item is not IDLE:
-                    collected.add(*item)
-        finally:
-            end()
+            return relay.sse(stream, lambda: OpenAIEvents(translator_class(response_id, created, model, plan)))
+        collected = relay.collect(stream)
+        if collected is None:
+            return Response(status=499)
         return _json(build(response_id, created, model, plan, collected))
 
     return ObservedApp(app, metrics, ShimState(drain, metrics))
 
-
-def _sse_body(
-    stream: EngineStream,
-    first: Any,
-    translator: ChatStreamTranslator | CompletionStreamTranslator,
-    environ: dict[str, Any],
-    heartbeat_s: float,
-    metrics: ShimMetrics,
-    route: str,
-) -> Iterator[bytes]:
-    """The SSE stream. The finally clause runs when the client leaves (the failed write closes
-    this generator), and cancels the engine call so generation stops.
-
-    A stream that fails (engine error, deadline, shutdown) ends with an OpenAI error event and no
-    `data: [DONE]`: [DONE] means the answer is complete."""
-    last_write = time.monotonic()
-    ended = False  # the stream reached its end, answer or error; not ended: the client left
-    metrics.streams_in_flight.inc()
-    try:
-        item = first
-        while item is not None:
-            events = [] if item is IDLE else [sse.event(c) for c in translator.on_response(*item)]
-            if not events and time.monotonic() - last_write >= heartbeat_s:
-                if client_gone(environ):
-                    return
-                events = [sse.HEARTBEAT]
-            for data in events:
-                yield data
-                last_write = time.monotonic()
-            item = stream.next(heartbeat_s)
-        for chunk in translator.finish():
-            yield sse.event(chunk)
-        yield sse.DONE
-        ended = True
-    except APIError as error:
-        log.info("stream ended by an error: %s %s", error.status, error.message)
-        yield sse.event(error.body())
-        ended = True
-    except Exception:
-        log.exception("internal error while streaming")
-        message = internal_error_message("The server had an internal error.", environ.get(REQUEST_ID_KEY))
-        yield sse.event(APIError(500, message, "server_error", None, "internal_error").body())
-        ended = True
-    finally:
-        metrics.streams_in_flight.dec()
-        if not ended:
-            metrics.client_disconnects.labels(route).inc()
-            log.info("client left mid-stream; cancelled")
-        stream.cancel()
