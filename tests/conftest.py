@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from clients import AsyncEngineClient, EngineClient
-from clients.launch import Stack
+from clients.launch import Stack, free_port
 from fake_engine import FakeEngineServer
 
 # Headless chromium on a machine without a network: without the background-networking flags it
@@ -28,6 +28,15 @@ STARTUP_TIMEOUT_S = 180
 TEST_KV_CACHE_GB = 0.25
 os.environ.setdefault("CONDUIT_KV_CACHE_GB", str(TEST_KV_CACHE_GB))
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The fast tier is `-m "not model"`: it leaves out the slow tests (marked `slow`, or driving a
+    browser) too, which `make test` runs with the rest."""
+    for item in items:
+        if item.get_closest_marker("slow") or "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.model)
+
+
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeEngineServer]:
     """A scripted fake engine (tests/fake_engine.py) on loopback, for shim tests that need no model."""
@@ -38,8 +47,9 @@ def fake() -> Iterator[FakeEngineServer]:
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
-    """The default stack; its `base_url` is for the openai SDK, `engine_address` for gRPC."""
-    with Stack(startup_timeout=STARTUP_TIMEOUT_S) as running:
+    """The default stack; its `base_url` is for the openai SDK, `engine_address` for gRPC, and
+    `metrics_url` shows what the engine is doing."""
+    with Stack(metrics_port=free_port(), startup_timeout=STARTUP_TIMEOUT_S) as running:
         yield running
 
 

@@ -24,6 +24,8 @@ from fake_engine import MODEL_ID, FakeEngineServer, start_shim, stop_process
 from http_shim.openai_to_proto import DEFAULT_LIMITS
 from http_shim.openapi import openapi_document
 
+pytestmark = pytest.mark.slow  # a fuzzer: `make test` and `make fuzz`, not the fast tier
+
 MAX_EXAMPLES = int(os.environ.get("CONDUIT_FUZZ_EXAMPLES", "10"))
 API_KEY = "fuzz-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
