@@ -67,7 +67,12 @@ def status_of(finish_reason: str | None) -> str:
 
 def error_object(error: APIError) -> dict[str, Any]:
     """`response.error`: OpenAI's codes name the kind of failure."""
-    code = {429: "rate_limit_exceeded", 400: "invalid_prompt"}.get(error.status, error.code or "server_error")
+    if error.status == 499:  # a cancel: its own code
+        code = error.code or "cancelled"
+    elif error.status == 429:
+        code = "rate_limit_exceeded"
+    else:
+        code = "server_error" if error.status >= 500 else "invalid_prompt"
     return {"code": code, "message": error.message}
 
 
