@@ -218,3 +218,15 @@ def test_a_stored_response_survives_a_shim_restart(stack: Stack, tmp_path: Path)
 def _stack_alive(stack: Stack) -> Iterator[None]:
     yield
     stack.check_alive()
+
+
+def test_truncation_auto_drops_the_oldest_turns_and_disabled_refuses(openai_client: openai.OpenAI) -> None:
+    """A first turn longer than the context: a 400 naming the input, unless truncation is auto."""
+    history = [{"role": "user", "content": "lighthouse " * 9000}, {"role": "assistant", "content": "Noted."},
+               {"role": "user", "content": QUESTION[0]["content"]}]
+    with pytest.raises(openai.BadRequestError) as raised:
+        openai_client.responses.create(**greedy(input=history))
+    assert raised.value.body["param"] == "input" and raised.value.body["code"] == "context_length_exceeded"
+    answer = openai_client.responses.create(**greedy(input=history, truncation="auto"))
+    assert answer.truncation == "auto" and answer.status in ("completed", "incomplete") and answer.output_text
+    assert answer.usage.input_tokens < 100
