@@ -13,6 +13,7 @@ from typing import Any
 from conduit.v1.contract import LOGIT_BIAS_RANGE, MAX_TOP_LOGPROBS, SAMPLING_RANGES
 
 from .openai_to_proto import MAX_COMPLETION_LOGPROBS, MAX_PROMPTS, RequestLimits
+from .responses.openapi import responses_paths
 
 _UINT32_MAX = 2**32 - 1
 
@@ -388,6 +389,9 @@ def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, An
         },
         "components": {"schemas": {**_message_schemas(), **_request_schemas(limits), **_response_schemas()}},
     }
+    paths, schemas = responses_paths([request_id_header], _error_responses)
+    document["paths"].update(paths)
+    document["components"]["schemas"].update(schemas)
     if auth_required:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         document["security"] = [{"bearer": []}]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,8 @@ STARTUP_TIMEOUT_S = 180
 # is ~11k tokens of the default model, more than any test keeps in flight.
 TEST_KV_CACHE_GB = 0.25
 os.environ.setdefault("CONDUIT_KV_CACHE_GB", str(TEST_KV_CACHE_GB))
+# The Responses API's store of every shim the tests start (in-process or not), out of the home folder.
+os.environ.setdefault("CONDUIT_RESPONSES_STORE_DIR", tempfile.mkdtemp(prefix="conduit-responses-"))
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
