@@ -189,6 +189,10 @@ class EngineClient:
         request = pb.DetokenizeRequest(model=model, token_ids=token_ids)
         return self._unary(self._stub.Detokenize, request, timeout, metadata).text
 
+    def load(self, *, timeout: float | None = None, metadata: Metadata | None = None) -> pb.LoadReport:
+        """The engine's running and waiting requests, KV-cache usage and layout (GetLoad), for routers."""
+        return self._unary(self._stub.GetLoad, pb.GetLoadRequest(), timeout, metadata)
+
     def health(self, service: str = ENGINE_SERVICE, *, timeout: float | None = None,
                metadata: Metadata | None = None) -> str:
         """The grpc.health.v1 status name: "SERVING" once the model is loaded, else "NOT_SERVING"."""

@@ -46,6 +46,7 @@ from .proto_to_openai import (
 )
 from .relay import OpenAIEvents, Relay
 from .responses import RESPONSES_ROUTE, ResponseStore, StoreLimits, default_store_dir, register_responses
+from .routing import RoutingConfig
 
 log = logging.getLogger("http_shim")
 
@@ -80,6 +81,8 @@ class ShimConfig:
     # store, nothing is kept) and bounds.
     responses_store_dir: str | None = None
     responses_store_limits: StoreLimits = StoreLimits()
+    # How calls are spread over several engine replicas of a model (routing/).
+    routing: RoutingConfig = RoutingConfig()
 
 
 @dataclass
@@ -154,9 +157,9 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     install_cors(app, config.cors)  # first: a preflight is answered before keys are asked for
     app.register_blueprint(playground)
-    models = ServedModels(config.engine, connect)
-    started = int(time.time())
     metrics = ShimMetrics()
+    models = ServedModels(config.engine, connect, config.routing, metrics)
+    started = int(time.time())
     drain = Drain(metrics)
     keys = KeyChecker(config.api_keys)
     document = openapi_document(config.limits, keys.enabled)

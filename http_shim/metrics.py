@@ -52,6 +52,34 @@ class ShimMetrics:
             registry=self.registry,
         )
 
+        # Routing over engine replicas (routing/): only with several engines or a dns:/// target.
+        self.router_requests = Counter(
+            "conduit:router_requests",
+            "Engine calls routed to each replica, by the policy's reason: cache_hit (followed its prefix), "
+            "cache_miss, load_override (its prefix holder was too loaded), least_load, round_robin, unhealthy.",
+            ["replica", "decision"],
+            registry=self.registry,
+        )
+        self.router_retries = Counter(
+            "conduit:router_retries",
+            "Engine calls a replica refused before answering (unavailable, queue full), sent to another.",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.router_replica_healthy = Gauge(
+            "conduit:router_replica_healthy",
+            "1 while the replica is SERVING (ready, not draining, reachable), else 0.",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.router_replica_load = Gauge(
+            "conduit:router_replica_load",
+            "The replica's running and waiting requests as the router weighs them (its last report, "
+            "plus this shim's calls since).",
+            ["replica"],
+            registry=self.registry,
+        )
+
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition format and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -20,6 +20,7 @@ from .auth import KEY_ENV, KEYS_ENV, KeyFileError, collect_keys
 from .cors import CorsPolicy, normal_origin
 from .openai_to_proto import DEFAULT_LIMITS, RequestLimits
 from .responses import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RESPONSES, StoreLimits
+from .routing import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, POLICIES, RoutingConfig
 from .server import DEFAULT_DRAIN_S
 
 DEFAULT_ENGINE = "127.0.0.1:50051"
@@ -44,7 +45,30 @@ def build_parser() -> EnvArgumentParser:
     add_hardening_args(parser)
     add_engine_security_args(parser)
     add_responses_store_args(parser)
+    add_routing_args(parser)
     return parser
+
+
+def add_routing_args(parser: EnvArgumentParser) -> None:
+    """How calls are spread over several replicas of a model (http_shim/routing/)."""
+    group = parser.add_argument_group("routing over replicas (several --engine addresses or a dns:/// name)")
+    group.add_argument("--routing", choices=POLICIES, default=DEFAULT_POLICY,
+                       help="cache_aware: a request goes where its prompt's prefix was sent (its prefill is "
+                            "cached there) unless that replica is loaded well beyond the least loaded; "
+                            "least_load: fewest running and waiting requests; round_robin: each in turn")
+    group.add_argument("--routing-balance-abs", type=int, metavar="N", default=DEFAULT_BALANCE_ABS,
+                       help="cache_aware leaves a prefix's replica when it has more than N requests more than "
+                            "the least loaded ...")
+    group.add_argument("--routing-balance-rel", type=float, metavar="X", default=DEFAULT_BALANCE_REL,
+                       help="... and more than X times as many")
+
+
+def routing_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The ShimConfig field of routing; bad thresholds end the program with a usage error."""
+    try:
+        return {"routing": RoutingConfig(args.routing, args.routing_balance_abs, args.routing_balance_rel)}
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def add_responses_store_args(parser: EnvArgumentParser) -> None:

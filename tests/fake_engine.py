@@ -89,6 +89,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.requests: list[pb.GenerateRequest] = []
         self.metadata: dict[str, dict[str, str]] = {}  # request_id -> the call's invocation metadata
         self.cancelled: list[str] = []
+        self.serving = True  # as its health says (set_serving); GetLoad reports draining when not
+        self.running = 0  # Generate calls open now: the load GetLoad reports
 
     # -------------------------------------------------------------- observation
 
@@ -119,6 +121,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.metadata[request.request_id] = {k: v for k, v in context.invocation_metadata() or ()
                                              if isinstance(v, str)}
         self.requests.append(request)
+        self.running += 1
         try:
             async for response in self._generate(request, context):
                 yield response
@@ -126,6 +129,13 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         except (asyncio.CancelledError, GeneratorExit):
             self.cancelled.append(request.request_id)
             raise
+        finally:
+            self.running -= 1
+
+    async def GetLoad(self, request, context):
+        return pb.LoadReport(running_requests=self.running, kv_cache_usage=min(self.running / 16, 1.0),
+                             block_size=16, num_blocks=1024, prefix_caching=True, draining=not self.serving,
+                             model=self.model_id)
 
     async def GenerateMany(self, requests, context):
         # This fake never drains: a stream ends when its caller half-closes it.
@@ -243,6 +253,7 @@ class FakeEngineServer(BackgroundServer):
     def set_serving(self, serving: bool) -> None:
         """Health SERVING or NOT_SERVING (as a draining replica reports), in effect on return."""
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        self.engine.serving = serving
         asyncio.run_coroutine_threadsafe(self._set_health(status), self._loop).result()
 
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:

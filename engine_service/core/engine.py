@@ -91,6 +91,15 @@ def auto_stream_interval(requests: int) -> int:
     return min(AUTO_MAX_STREAM_INTERVAL, -(-requests // AUTO_STREAMS_PER_STEP))
 
 
+@dataclass(frozen=True)
+class Load:
+    """What a router weighs: requests running and waiting, and the KV cache's used fraction."""
+
+    running: int
+    waiting: int
+    kv_usage: float
+
+
 class Engine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, metrics: EngineMetrics | None = None) -> None:
         self.loaded = loaded
@@ -119,6 +128,9 @@ class Engine:
         self._drain_deadline = math.inf  # time.monotonic()
         self._thread: threading.Thread | None = None
         self.recorder = StepRecorder(metrics)
+        self.load = Load(0, 0, 0.0)  # as of the last step (or idle wake)
+        if metrics is not None:
+            metrics.cache_config(config.block_size, num_blocks - 1, config.enable_prefix_caching)
         self._outputs: list[RequestOutput] = []  # what the loop delivers next (step() returns them)
         # Where the loop hands each step's outputs: deliver() calls the sinks on the loop's thread; a
         # server may take them to its own thread in one hop per step (serving/server.py).
@@ -477,12 +489,13 @@ class Engine:
         self.scheduler.suspects.discard(request.request_id)
 
     def _update_metrics(self, step_seconds: float | None) -> None:
-        if self.recorder.metrics is None:
-            return
         running = {seq.request.request_id for seq in self.scheduler.running}
         waiting = {seq.request.request_id for seq in self.scheduler.waiting} - running
         blocks = self.scheduler.blocks
-        self.recorder.publish(step_seconds, len(running), len(waiting) + len(self._inbox),
-                              1.0 - blocks.num_free / blocks.num_blocks, self.scheduler.num_preemptions,
-                              blocks.queries, blocks.hits)
+        # One assignment: the gRPC server's thread reads it whole (GetLoad, for routers).
+        self.load = Load(len(running), len(waiting) + len(self._inbox), 1.0 - blocks.num_free / blocks.num_blocks)
+        if self.recorder.metrics is None:
+            return
+        self.recorder.publish(step_seconds, self.load.running, self.load.waiting, self.load.kv_usage,
+                              self.scheduler.num_preemptions, blocks.queries, blocks.hits)
 

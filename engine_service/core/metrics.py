@@ -92,7 +92,8 @@ class EngineMetrics:
 
         self.running = gauge("conduit:num_requests_running", "Requests with a sequence in the running batch.")
         self.waiting = gauge("conduit:num_requests_waiting", "Requests waiting to be (re)admitted to the batch.")
-        self.kv_usage = gauge("conduit:kv_cache_usage_perc", "KV-cache usage: 1 means every block is in use.")
+        self.kv_usage = gauge("conduit:kv_cache_usage_perc",
+                              "KV-cache usage as a fraction, 0 to 1: 1 means every block is in use.")
         self.preemptions = counter("conduit:num_preemptions", "Sequences preempted because the KV cache was full.")
         self.prompt_tokens = counter("conduit:prompt_tokens", "Prompt tokens of requests whose prefill completed.")
         self.generation_tokens = counter("conduit:generation_tokens", "Generated tokens (all choices).")
@@ -110,6 +111,13 @@ class EngineMetrics:
                              "Time from arrival to a choice's end.", E2E_BUCKETS)
         self.step = histogram("conduit:step_duration_seconds",
                               "Time of one engine step (schedule, forward, sample, send).", STEP_BUCKETS)
+
+    def cache_config(self, block_size: int, num_blocks: int, prefix_caching: bool) -> None:
+        """vLLM's info gauge of the cache layout (value 1, the facts in labels), which the Kubernetes
+        inference gateway's endpoint picker reads (its --cache-info-metric) to size its prefix view."""
+        Gauge("conduit:cache_config_info", "The KV cache's configuration, in labels (the value is 1).",
+              ["model_name", "block_size", "num_gpu_blocks", "enable_prefix_caching"], registry=self.registry,
+              ).labels(self._model_name, str(block_size), str(num_blocks), str(prefix_caching)).set(1)
 
     def finished(self, reasons: dict[str, int]) -> None:
         for reason, count in reasons.items():

@@ -192,6 +192,14 @@ class EngineServicer(pb_grpc.EngineServicer):
             vocab_size=self.engine.vocab_size, dtype=str(self.loaded.dtype).removeprefix("torch."),
             device=str(self.loaded.device), created=self.created, eos_token_ids=self.loaded.eos_token_ids)
 
+    async def GetLoad(self, request: pb.GetLoadRequest, context) -> pb.LoadReport:
+        load, config = self.engine.load, self.engine.config
+        return pb.LoadReport(running_requests=load.running, waiting_requests=load.waiting,
+                             kv_cache_usage=load.kv_usage, block_size=config.block_size,
+                             num_blocks=self.engine.scheduler.blocks.num_blocks,
+                             prefix_caching=config.enable_prefix_caching, draining=self.draining,
+                             model=self.loaded.model_id)
+
     async def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
         return pb.ListModelsResponse(models=[self._model_info()])
 

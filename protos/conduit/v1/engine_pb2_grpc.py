@@ -64,6 +64,11 @@ class EngineStub:
                 request_serializer=conduit_dot_v1_dot_engine__pb2.DetokenizeRequest.SerializeToString,
                 response_deserializer=conduit_dot_v1_dot_engine__pb2.DetokenizeResponse.FromString,
                 _registered_method=True)
+        self.GetLoad = channel.unary_unary(
+                '/conduit.v1.Engine/GetLoad',
+                request_serializer=conduit_dot_v1_dot_engine__pb2.GetLoadRequest.SerializeToString,
+                response_deserializer=conduit_dot_v1_dot_engine__pb2.LoadReport.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -119,6 +124,15 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetLoad(self, request, context):
+        """How loaded the engine is and how its KV cache is laid out, as of its last step: for
+        routers in front of several replicas (the HTTP shim polls it a few times a second).
+        Cheap, and answered also while the engine drains.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -151,6 +165,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.Detokenize,
                     request_deserializer=conduit_dot_v1_dot_engine__pb2.DetokenizeRequest.FromString,
                     response_serializer=conduit_dot_v1_dot_engine__pb2.DetokenizeResponse.SerializeToString,
+            ),
+            'GetLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLoad,
+                    request_deserializer=conduit_dot_v1_dot_engine__pb2.GetLoadRequest.FromString,
+                    response_serializer=conduit_dot_v1_dot_engine__pb2.LoadReport.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -315,6 +334,33 @@ class Engine:
             '/conduit.v1.Engine/Detokenize',
             conduit_dot_v1_dot_engine__pb2.DetokenizeRequest.SerializeToString,
             conduit_dot_v1_dot_engine__pb2.DetokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/conduit.v1.Engine/GetLoad',
+            conduit_dot_v1_dot_engine__pb2.GetLoadRequest.SerializeToString,
+            conduit_dot_v1_dot_engine__pb2.LoadReport.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,107 @@
+"""How the router picks one replica for a request among the healthy ones serving its model.
+
+- round_robin: each in turn (what gRPC's round_robin did), blind to cache and load.
+- least_load: the replica with the fewest running and waiting requests (replica.py's `load`);
+  ties in turn.
+- cache_aware (the default): the replica that was sent the longest prefix of this request, when
+  that prefix is at least MIN_MATCH of the input (its prefill is mostly skipped there), unless
+  that replica is loaded well beyond the least loaded one: more than `balance_abs` requests more
+  AND more than `balance_rel` times as many. Then, and when no replica holds enough of the prefix,
+  the least loaded wins. This is SGLang's cache-aware policy (cache threshold, and the absolute
+  and relative balance thresholds) on replica.py's load; prefix.py says what the prefix view is.
+Every policy says why it chose (`Choice.reason`): the shim's metrics count the reasons.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .replica import Replica
+
+POLICIES = ("cache_aware", "least_load", "round_robin")
+DEFAULT_POLICY = "cache_aware"
+# Share of the input's blocks a replica must hold for the request to follow its prefix there.
+MIN_MATCH = 0.5
+DEFAULT_BALANCE_ABS = 8
+DEFAULT_BALANCE_REL = 1.5
+
+
+@dataclass(frozen=True)
+class Choice:
+    replica: Replica
+    # round_robin, least_load, cache_hit (followed its prefix), cache_miss (no replica held
+    # enough of it: least loaded), load_override (the holder was too loaded: least loaded).
+    reason: str
+
+
+class Policy(Protocol):
+    def choose(self, replicas: Sequence[Replica], blocks: list[int]) -> Choice:
+        """`replicas` (not empty) in a stable order; `blocks` the request's prefix hashes."""
+        ...
+
+
+class Turns:
+    """Whose turn it is in each set of replicas (a model's replicas are dealt in turn, whatever
+    other models' requests come between)."""
+
+    def __init__(self) -> None:
+        self._counters: dict[tuple[str, ...], itertools.count] = {}
+
+    def next(self, replicas: Sequence[Replica]) -> Replica:
+        key = tuple(replica.address for replica in replicas)
+        return replicas[next(self._counters.setdefault(key, itertools.count())) % len(replicas)]
+
+
+class RoundRobin:
+    def __init__(self) -> None:
+        self._turns = Turns()
+
+    def choose(self, replicas: Sequence[Replica], blocks: list[int]) -> Choice:
+        return Choice(self._turns.next(replicas), "round_robin")
+
+
+class LeastLoad:
+    def __init__(self) -> None:
+        self._turns = Turns()
+
+    def least_loaded(self, replicas: Sequence[Replica]) -> Replica:
+        """The least loaded replica; among equals, each in turn (so an idle set is dealt round robin)."""
+        lowest = min(replica.load for replica in replicas)
+        return self._turns.next([replica for replica in replicas if replica.load == lowest])
+
+    def choose(self, replicas: Sequence[Replica], blocks: list[int]) -> Choice:
+        return Choice(self.least_loaded(replicas), "least_load")
+
+
+class CacheAware:
+    def __init__(self, balance_abs: int = DEFAULT_BALANCE_ABS, balance_rel: float = DEFAULT_BALANCE_REL) -> None:
+        self.balance_abs = balance_abs
+        self.balance_rel = balance_rel
+        self._least = LeastLoad()
+
+    def choose(self, replicas: Sequence[Replica], blocks: list[int]) -> Choice:
+        least = self._least.least_loaded(replicas)
+        if not blocks:
+            return Choice(least, "cache_miss")
+        matches = [(replica.prefixes.match(blocks), replica) for replica in replicas]
+        best = max(matched for matched, _ in matches)
+        if best < MIN_MATCH * len(blocks) or best == 0:
+            return Choice(least, "cache_miss")
+        holder = min((replica for matched, replica in matches if matched == best), key=lambda r: r.load)
+        if holder.load - least.load > self.balance_abs and holder.load > self.balance_rel * least.load:
+            return Choice(least, "load_override")
+        return Choice(holder, "cache_hit")
+
+
+def make_policy(name: str, balance_abs: int = DEFAULT_BALANCE_ABS,
+                balance_rel: float = DEFAULT_BALANCE_REL) -> Policy:
+    if name == "round_robin":
+        return RoundRobin()
+    if name == "least_load":
+        return LeastLoad()
+    if name == "cache_aware":
+        return CacheAware(balance_abs, balance_rel)
+    raise ValueError(f"unknown routing policy {name!r}; one of {', '.join(POLICIES)}")

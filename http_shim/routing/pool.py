@@ -1,0 +1,112 @@
+"""The replicas behind the shim: one per engine address, and one per address a dns:/// name resolves to.
+
+Addresses given as HOST:PORT (or in an ipv4:/ipv6: list) are replicas for the shim's lifetime. A
+dns:///NAME:PORT target (a Kubernetes headless Service) is resolved every DNS_REFRESH_S (every
+second while it resolves to nothing): a new address becomes a replica at once, and one the name no
+longer returns is retired (no new work; its channel closes when its calls end). Each replica has
+its own channel, so its own GenerateMany stream (the cheap relay) whatever the topology.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable, Sequence
+
+from clients.engine_client import EngineClient
+
+from .replica import Replica
+
+log = logging.getLogger("http_shim.routing")
+
+DNS_REFRESH_S = 5.0
+DNS_RETRY_S = 1.0
+
+
+def dns_name(target: str) -> tuple[str, str] | None:
+    """(host, port) of a dns:[//authority/]HOST[:PORT] target; None for anything else."""
+    if not target.startswith("dns:"):
+        return None
+    rest = target[len("dns:"):]
+    if rest.startswith("//"):
+        rest = rest[2:].partition("/")[2]  # the authority (a DNS server) is not ours to use
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit() or host.endswith(":"):  # no port, or a bare IPv6 literal
+        host, port = rest, "443"
+    return host.strip("[]"), port
+
+
+def address_list(target: str) -> list[str]:
+    """The addresses of an ipv4:A,B or ipv6:[A],[B] target; the target itself otherwise."""
+    for scheme in ("ipv4:", "ipv6:"):
+        if target.startswith(scheme):
+            return [part for part in target[len(scheme):].split(",") if part]
+    return [target]
+
+
+def resolve(host: str, port: str) -> list[str]:
+    """HOST:PORT addresses the name resolves to now, sorted (so replicas keep a stable order)."""
+    found = {info[4][0] for info in socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)}
+    return sorted(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in found)
+
+
+class ReplicaPool:
+    def __init__(self, targets: Sequence[str], connect: Callable[[str], EngineClient],
+                 on_change: Callable[[Replica], None] = lambda replica: None) -> None:
+        self._connect = connect
+        self._on_change = on_change
+        self._replicas: dict[str, Replica] = {}
+        self._owners: dict[str, str] = {}  # address -> the dns target it came from
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        for target in targets:
+            name = dns_name(target)
+            if name is None:
+                for address in address_list(target):
+                    self._add(address, "")
+            else:
+                threading.Thread(target=self._follow, args=(target, *name), name=f"dns-{target}",
+                                 daemon=True).start()
+
+    def replicas(self) -> list[Replica]:
+        with self._lock:
+            return list(self._replicas.values())
+
+    def close(self) -> None:
+        self._stop.set()
+        for replica in self.replicas():
+            replica.retire()
+
+    def _add(self, address: str, owner: str) -> None:
+        with self._lock:
+            if address in self._replicas:
+                return
+            replica = Replica(address, self._connect(address), self._on_change)
+            self._replicas[address] = replica
+            self._owners[address] = owner
+        log.info("engine replica %s added%s", address, f" ({owner})" if owner else "")
+        self._on_change(replica)
+        replica.start()
+
+    def _follow(self, target: str, host: str, port: str) -> None:
+        """Keeps the replicas behind a dns target in step with what the name resolves to."""
+        while not self._stop.is_set():
+            try:
+                addresses = resolve(host, port)
+            except OSError as error:
+                log.warning("cannot resolve %s: %s", target, error)
+                addresses = None
+            if addresses is not None:
+                for address in addresses:
+                    self._add(address, target)
+                with self._lock:
+                    gone = [a for a, owner in self._owners.items() if owner == target and a not in addresses]
+                    retired = [self._replicas.pop(a) for a in gone]
+                    for address in gone:
+                        del self._owners[address]
+                for replica in retired:
+                    log.info("engine replica %s retired (%s no longer resolves to it)", replica.address, target)
+                    replica.retire()
+                    self._on_change(replica)
+            self._stop.wait(DNS_REFRESH_S if addresses else DNS_RETRY_S)

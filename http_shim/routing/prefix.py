@@ -1,0 +1,101 @@
+"""An approximate view of which prompt prefixes each replica's KV cache holds, for cache-aware routing.
+
+Approximate, on the prompt's text: the shim holds no tokenizer and no chat template (nothing
+model-specific lives in the shim), so it cannot name the engine's token blocks. It cuts the
+request's input (tools, then each message's role and content; or the prompt text; or the token
+ids) into blocks of BLOCK_CHARS characters and chains their hashes, so a block's hash stands for
+the whole prefix up to it, as the engine's block hashes do for tokens. Each replica remembers the
+hashes of what it was sent, least recently used first out, bounded by what its cache can hold
+(the engine reports its blocks and block size) and aged out after MAX_AGE_S. An exact view (the
+engine publishing the hashes of the blocks it holds and evicts, as Dynamo's KV events do) would
+need the shim to tokenize every request the engine's way; the text view costs nothing per request
+and is right whenever this shim is what filled the cache. With several shims sharing engines each
+one's view misses the others' prompts, which only makes it fall back to load balancing more often.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+
+from conduit.v1 import engine_pb2 as pb
+
+BLOCK_CHARS = 256
+# Characters per token, to size a replica's view from its cache's tokens (English text, BPE).
+CHARS_PER_TOKEN = 4
+# Before the engine reported its cache: room for this many blocks (about 250k tokens).
+DEFAULT_CAPACITY_BLOCKS = 4096
+# Prefixes not seen for this long are forgotten (the engine has likely evicted them under other load).
+MAX_AGE_S = 600.0
+
+
+def prompt_text(request: pb.GenerateRequest) -> str:
+    """The request's input as text, in the order a chat template renders it (tools, then turns)."""
+    kind = request.WhichOneof("input")
+    if kind == "text":
+        return request.text
+    if kind == "token_ids":
+        return ",".join(map(str, request.token_ids.ids))
+    if kind != "chat":
+        return ""
+    parts = [json.dumps([[t.name, t.description, t.parameters_json] for t in request.chat.tools])
+             if request.chat.tools else ""]
+    for message in request.chat.messages:
+        calls = "".join(f"{c.name}({c.arguments})" for c in message.tool_calls)
+        parts.append(f"\x1e{message.role}\x1f{message.name}\x1f{message.content}{calls}")
+    return "".join(parts)
+
+
+def prefix_blocks(request: pb.GenerateRequest) -> list[int]:
+    """Chained hashes of the input's whole BLOCK_CHARS blocks (a short input has none)."""
+    text = prompt_text(request)
+    hashes, chained = [], 0
+    for start in range(0, len(text) - BLOCK_CHARS + 1, BLOCK_CHARS):
+        chained = hash((chained, text[start:start + BLOCK_CHARS]))
+        hashes.append(chained)
+    return hashes
+
+
+class PrefixIndex:
+    """The block hashes one replica was sent, least recently used first."""
+
+    def __init__(self, capacity_blocks: int = DEFAULT_CAPACITY_BLOCKS, max_age_s: float = MAX_AGE_S) -> None:
+        self.capacity = capacity_blocks
+        self.max_age_s = max_age_s
+        self._seen: OrderedDict[int, float] = OrderedDict()  # hash -> when last sent
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def size_for_cache(self, num_blocks: int, block_size: int) -> None:
+        """Bound the view by what the engine's cache holds (its report), in text blocks."""
+        if num_blocks and block_size:
+            self.capacity = max(1, num_blocks * block_size * CHARS_PER_TOKEN // BLOCK_CHARS)
+            self._evict(time.monotonic())
+
+    def match(self, blocks: list[int]) -> int:
+        """How many of `blocks`, from the first, this replica was sent (recently enough)."""
+        oldest = time.monotonic() - self.max_age_s
+        matched = 0
+        for block in blocks:
+            seen = self._seen.get(block)
+            if seen is None or seen < oldest:
+                break
+            matched += 1
+        return matched
+
+    def add(self, blocks: list[int]) -> None:
+        now = time.monotonic()
+        for block in blocks:
+            self._seen[block] = now
+            self._seen.move_to_end(block)
+        self._evict(now)
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+    def _evict(self, now: float) -> None:
+        while self._seen and (len(self._seen) > self.capacity
+                              or next(iter(self._seen.values())) < now - self.max_age_s):
+            self._seen.popitem(last=False)

@@ -1,0 +1,140 @@
+"""One engine replica as the router sees it: its own channel (and so its own GenerateMany stream),
+its health, its load, the models it serves and the prompt prefixes it was sent.
+
+A watcher thread (a greenlet in the shim) asks the engine for its load (GetLoad) every
+POLL_INTERVAL_S: the answer also says whether it drains. An engine that does not answer is
+UNREACHABLE (down, or still loading: the engine listens only once its model is loaded); one too
+old for GetLoad is judged by its grpc.health.v1 status. So a replica that becomes ready gets work
+within a poll and a reconnect backoff (ENGINE_CHANNEL_OPTIONS: at most 2 s), and a dead or
+draining one gets none from its next poll on. A call that finds it gone before that marks it
+unreachable at once (`suspect`), and the router sends the call elsewhere.
+
+The load it is weighed by is the engine's own count of running and waiting requests, so shims
+sharing engines see each other's work, plus this shim's calls started (minus those ended) since
+that report, so a burst between two polls does not all land on one replica.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import grpc
+
+from clients.engine_client import EngineClient
+from clients.errors import ConduitError
+from conduit.v1 import engine_pb2 as pb
+
+from .prefix import PrefixIndex
+
+log = logging.getLogger("http_shim.routing")
+
+SERVING = "SERVING"
+NOT_SERVING = "NOT_SERVING"  # draining, or health says so
+UNREACHABLE = "UNREACHABLE"  # down, loading, or not yet asked
+POLL_INTERVAL_S = 0.25
+POLL_TIMEOUT_S = 1.0
+LIST_TIMEOUT_S = 2.0
+
+
+class Replica:
+    def __init__(self, address: str, client: EngineClient,
+                 on_change: Callable[[Replica], None] = lambda replica: None) -> None:
+        """`on_change(replica)` is called (on the watcher's thread) when its state or models change."""
+        self.address = address
+        self.client = client
+        self.state = UNREACHABLE
+        self.report: pb.LoadReport | None = None
+        self.models: list[pb.ModelInfo] = []  # as last listed; kept while it is away
+        self.prefixes = PrefixIndex()
+        self.inflight = 0  # this shim's calls running there
+        self._delta = 0  # this shim's calls started minus ended since the last report
+        self._on_change = on_change
+        self._stop = threading.Event()
+        self.retired = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._watch, name=f"replica-{address}", daemon=True)
+
+    def start(self) -> Replica:
+        self._thread.start()
+        return self
+
+    @property
+    def load(self) -> int:
+        """Requests running and waiting there, as the engine last said, plus this shim's since."""
+        reported = self.report.running_requests + self.report.waiting_requests if self.report else 0
+        return max(reported + self._delta, self.inflight, 0)
+
+    def serves(self, model: str) -> bool:
+        return any(info.id == model for info in self.models)
+
+    def call_started(self) -> None:
+        with self._lock:
+            self.inflight += 1
+            self._delta += 1
+
+    def call_ended(self) -> None:
+        with self._lock:
+            self.inflight -= 1
+            self._delta -= 1
+            idle_and_retired = self.retired and not self.inflight
+        if idle_and_retired:
+            self.client.close()
+
+    def suspect(self) -> None:
+        """A call found it unreachable (or refusing): no new work until its next poll says otherwise."""
+        if self.state == SERVING:
+            self._set(UNREACHABLE)
+
+    def retire(self) -> None:
+        """It left the set (its name no longer resolves to it): no more polls, and its channel
+        closes once the calls running there have ended."""
+        self.retired = True
+        self._stop.set()
+        self.state = UNREACHABLE
+        with self._lock:
+            idle = not self.inflight
+        if idle:
+            self.client.close()
+
+    def _watch(self) -> None:
+        use_load = True
+        while not self._stop.is_set():
+            report = None
+            try:
+                if use_load:
+                    report = self.client.load(timeout=POLL_TIMEOUT_S)
+                    state = NOT_SERVING if report.draining else SERVING
+                else:
+                    state = SERVING if self.client.health(timeout=POLL_TIMEOUT_S) == SERVING else NOT_SERVING
+            except ConduitError as error:
+                if error.code == grpc.StatusCode.UNIMPLEMENTED and use_load:
+                    use_load = False  # an engine from before GetLoad: health alone, load counted here
+                    continue
+                state = UNREACHABLE
+            if report is not None:
+                with self._lock:
+                    self.report, self._delta = report, 0
+                self.prefixes.size_for_cache(report.num_blocks, report.block_size)
+            if state == SERVING and self.state != SERVING:
+                self.refresh_models()
+            if state != self.state and not self.retired:
+                self._set(state)
+            self._stop.wait(POLL_INTERVAL_S)
+
+    def refresh_models(self) -> ConduitError | None:
+        """Asks it what it serves now (it became ready, a request named a model nobody listed, or
+        an engine said "not served here"); the error when it did not answer."""
+        try:
+            self.models = self.client.list_models(timeout=LIST_TIMEOUT_S)
+        except ConduitError as error:
+            return error
+        return None
+
+    def _set(self, state: str) -> None:
+        log.info("engine replica %s: %s -> %s", self.address, self.state, state)
+        if state == UNREACHABLE:
+            self.prefixes.clear()  # a restarted engine starts with an empty cache
+        self.state = state
+        self._on_change(self)
