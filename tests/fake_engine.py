@@ -16,7 +16,8 @@ The script is chosen by the input's last text (the last chat message, or the pro
   anything else         "Hello from choice {i}." in five tokens, honouring max_tokens
 It records every request, the call metadata each came with (by request id), and which ones were
 cancelled (written on the server's thread, read on the tests': appends and single assignments), and
-its health status can be flipped. `start_shim` runs the real shim as a process against any engine
+its health status can be flipped; GetLoad reports its open calls (and `queued`, set by a test).
+`start_shim` runs the real shim as a process against any engine
 address; `start_fake_engine_process` runs this fake as a process of its own (`python
 tests/fake_engine.py --port N`), for tests that kill the engine.
 """
@@ -91,6 +92,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.cancelled: list[str] = []
         self.serving = True  # as its health says (set_serving); GetLoad reports draining when not
         self.running = 0  # Generate calls open now: the load GetLoad reports
+        self.queued = 0  # waiting requests GetLoad adds (as if other shims kept this replica busy)
 
     # -------------------------------------------------------------- observation
 
@@ -133,9 +135,9 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             self.running -= 1
 
     async def GetLoad(self, request, context):
-        return pb.LoadReport(running_requests=self.running, kv_cache_usage=min(self.running / 16, 1.0),
-                             block_size=16, num_blocks=1024, prefix_caching=True, draining=not self.serving,
-                             model=self.model_id)
+        return pb.LoadReport(running_requests=self.running, waiting_requests=self.queued,
+                             kv_cache_usage=min(self.running / 16, 1.0), block_size=16, num_blocks=1024,
+                             prefix_caching=True, draining=not self.serving, model=self.model_id)
 
     async def GenerateMany(self, requests, context):
         # This fake never drains: a stream ends when its caller half-closes it.

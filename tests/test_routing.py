@@ -1,0 +1,234 @@
+"""Routing over replicas by prefix and load (http_shim/routing/), on real shim processes in front of
+fake engines (tests/fake_engine.py), plus the policies' rules on stand-in replicas.
+
+- A replica that becomes ready after the shim started gets work at once; killing the first one
+  then loses no request (refused calls go to the live replica).
+- cache_aware: requests sharing a long prefix stay on the replica that served it, unless the
+  engine reports that replica loaded well beyond the other (load override); round_robin spreads them.
+- A drained replica gets no new work and its prefix goes elsewhere; undrained, it gets work again.
+- A stopped replica's prefix goes elsewhere without a failed request; restarted on its port, it
+  gets work again.
+- The shim's router metrics: requests by replica and decision, replica health.
+Which replica served a request is read from the fakes' own records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from clients.launch import free_port
+from conduit.v1 import engine_pb2 as pb
+from fake_engine import MODEL_ID, FakeEngineServer, start_fake_engine_process, start_shim, stop_process
+from http_shim.routing.policies import CacheAware, Choice, LeastLoad, RoundRobin
+from http_shim.routing.pool import address_list, dns_name
+from http_shim.routing.prefix import BLOCK_CHARS, PrefixIndex, prefix_blocks
+from test_replicas import counts, wait_until
+from test_shim_http import post, request, say
+
+# Long enough for several prefix blocks; the question after it is what differs.
+SYSTEM = "You are the routing test's assistant. " + " ".join(f"rule {k}: answer briefly." for k in range(150))
+SETTLE_S = 10.0  # bound on a health or load change reaching the router (it polls every 0.25 s)
+
+
+def ask(url: str, question: str, system: str = SYSTEM) -> int:
+    body = {"model": MODEL_ID, "messages": [{"role": "system", "content": system}, *say(question)]}
+    status, _, raw = post(url, "/v1/chat/completions", body)
+    assert status in (200, 503), raw
+    return status
+
+
+def router_metrics(url: str) -> dict[tuple[str, ...], float]:
+    """(metric name, replica[, decision]) -> value, for the shim's conduit:router_* samples."""
+    status, _, body = request(url, "GET", "/metrics")
+    assert status == 200
+    found = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name.startswith("conduit:router_"):
+                labels = [sample.labels[name] for name in ("replica", "decision") if name in sample.labels]
+                found[(sample.name, *labels)] = sample.value
+    return found
+
+
+def landed_on(server: FakeEngineServer, url: str, question: str, system: str = SYSTEM) -> bool:
+    before = counts(server)[0]
+    assert ask(url, question, system) == 200
+    return counts(server)[0] == before + 1
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[FakeEngineServer, FakeEngineServer]]:
+    servers = FakeEngineServer().start(), FakeEngineServer().start()
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def holder_and_other(url: str, pair: tuple[FakeEngineServer, FakeEngineServer]
+                     ) -> tuple[FakeEngineServer, FakeEngineServer]:
+    assert ask(url, "first") == 200
+    return pair if counts(pair[0]) == [1] else (pair[1], pair[0])
+
+
+# --- on real processes ----------------------------------------------------------------------------
+
+def test_a_late_replica_gets_work_at_once_and_killing_the_first_loses_no_request() -> None:
+    first, first_address = start_fake_engine_process()
+    late_port = free_port()
+    shim, url = start_shim(f"{first_address},127.0.0.1:{late_port}")
+    late = None
+    try:
+        for k in range(4):  # only the first is up
+            assert ask(url, f"early {k}", system="short") == 200
+        late = FakeEngineServer(port=late_port).start()
+        wait_until(lambda: landed_on(late, url, "late?", system="short"), SETTLE_S)
+
+        first.kill()  # its calls are refused from now on: the router sends them to the live replica
+        first.wait()
+        before = counts(late)[0]
+        statuses = [ask(url, f"after {k}", system="short") for k in range(24)]
+        assert statuses == [200] * 24
+        assert counts(late)[0] == before + 24
+    finally:
+        stop_process(shim)
+        first.kill()
+        if late is not None:
+            late.stop()
+
+
+def test_a_shared_prefix_sticks_to_its_replica_unless_that_one_is_loaded_well_beyond(pair) -> None:
+    shim, url = start_shim(f"{pair[0].address},{pair[1].address}", "--routing-balance-abs", "2",
+                           "--routing-balance-rel", "1.5")
+    try:
+        holder, other = holder_and_other(url, pair)
+        for k in range(6):
+            assert ask(url, f"question {k}") == 200
+        assert counts(holder, other) == [7, 0]
+        # Another prefix is placed by load (both idle: in turn), and sticks too.
+        assert ask(url, "one", system="Another long system prompt. " * 40) == 200
+        assert ask(url, "two", system="Another long system prompt. " * 40) == 200
+        assert counts(holder, other) in ([9, 0], [7, 2])
+
+        holder.engine.queued = 10  # as the engine reports it: other shims' work, say
+        wait_until(lambda: landed_on(other, url, "while it is busy"), SETTLE_S)
+        metrics = router_metrics(url)
+        assert metrics[("conduit:router_requests_total", holder.address, "cache_hit")] >= 6
+        assert metrics[("conduit:router_requests_total", other.address, "load_override")] >= 1
+        assert metrics[("conduit:router_replica_healthy", holder.address)] == 1
+        assert metrics[("conduit:router_replica_load", holder.address)] >= 10
+    finally:
+        stop_process(shim)
+
+
+def test_round_robin_spreads_a_shared_prefix(pair) -> None:
+    shim, url = start_shim(f"{pair[0].address},{pair[1].address}", "--routing", "round_robin")
+    try:
+        for k in range(6):
+            assert ask(url, f"question {k}") == 200
+        assert counts(*pair) == [3, 3]
+    finally:
+        stop_process(shim)
+
+
+def test_a_drained_replica_gets_no_work_and_its_prefix_moves_until_it_is_back(pair) -> None:
+    shim, url = start_shim(f"{pair[0].address},{pair[1].address}")
+    try:
+        holder, other = holder_and_other(url, pair)
+        holder.set_serving(False)  # draining: GetLoad and health say so
+        wait_until(lambda: landed_on(other, url, "drained?"), SETTLE_S)
+        before = counts(holder, other)
+        for k in range(6):
+            assert ask(url, f"question {k}") == 200
+        assert counts(holder, other) == [before[0], before[1] + 6]
+        assert router_metrics(url)[("conduit:router_replica_healthy", holder.address)] == 0
+
+        holder.set_serving(True)
+        wait_until(lambda: landed_on(holder, url, "back?", system="short"), SETTLE_S)
+    finally:
+        stop_process(shim)
+
+
+def test_a_stopped_replica_loses_no_request_and_gets_work_again_when_restarted(pair) -> None:
+    shim, url = start_shim(f"{pair[0].address},{pair[1].address}")
+    restarted = None
+    try:
+        holder, other = holder_and_other(url, pair)
+        holder.stop()
+        before = counts(other)[0]
+        statuses = [ask(url, f"question {k}") for k in range(8)]  # the first may find it gone: retried
+        assert statuses == [200] * 8
+        assert counts(other)[0] == before + 8
+
+        restarted = FakeEngineServer(port=holder.port).start()
+        wait_until(lambda: landed_on(restarted, url, "back?", system="short"), SETTLE_S)
+    finally:
+        stop_process(shim)
+        if restarted is not None:
+            restarted.stop()
+
+
+# --- the rules, on stand-in replicas ---------------------------------------------------------------
+
+class StandIn:
+    def __init__(self, address: str, load: int = 0) -> None:
+        self.address = address
+        self.load = load
+        self.prefixes = PrefixIndex()
+
+
+def chat(system: str, question: str) -> pb.GenerateRequest:
+    return pb.GenerateRequest(chat=pb.ChatInput(messages=[pb.ChatMessage(role="system", content=system),
+                                                          pb.ChatMessage(role="user", content=question)]))
+
+
+def test_prefix_blocks_chain_whole_blocks_of_the_input() -> None:
+    one, two = prefix_blocks(chat(SYSTEM, "a")), prefix_blocks(chat(SYSTEM, "b" * 600))
+    assert len(one) >= len(SYSTEM) // BLOCK_CHARS
+    assert two[:len(one)] == one and len(two) > len(one)  # the shared prefix, then the question's blocks
+    assert prefix_blocks(chat("x" + SYSTEM, "a"))[0] != one[0]  # a block stands for all before it
+    assert prefix_blocks(pb.GenerateRequest(text="short")) == []
+
+
+def test_prefix_index_matches_from_the_start_and_forgets_the_least_recent() -> None:
+    index = PrefixIndex(capacity_blocks=4)
+    index.add([1, 2, 3])
+    assert index.match([1, 2, 9]) == 2 and index.match([9, 1]) == 0
+    index.add([7, 8])  # over capacity: 1 goes first
+    assert len(index) == 4 and index.match([1, 2]) == 0 and index.match([7, 8]) == 2
+    old = PrefixIndex(max_age_s=0.0)
+    old.add([1])
+    assert old.match([1]) == 0
+
+
+def test_policies_choose_by_turn_load_and_prefix() -> None:
+    a, b = StandIn("a"), StandIn("b")
+    turns = RoundRobin()
+    assert [turns.choose([a, b], []).replica.address for _ in range(4)] == ["a", "b", "a", "b"]
+    b.load = 3
+    assert LeastLoad().choose([a, b], []).replica is a
+
+    b.load = 0
+    policy = CacheAware(balance_abs=2, balance_rel=1.5)
+    blocks = prefix_blocks(chat(SYSTEM, "q"))
+    assert policy.choose([a, b], blocks).reason == "cache_miss"
+    b.prefixes.add(blocks)
+    assert policy.choose([a, b], blocks) == Choice(b, "cache_hit")
+    b.load = 2  # not more than 2 beyond the least loaded
+    assert policy.choose([a, b], blocks) == Choice(b, "cache_hit")
+    b.load, a.load = 4, 1  # 3 more, and more than 1.5 times as many
+    assert policy.choose([a, b], blocks) == Choice(a, "load_override")
+    a.load = 3  # 4 is not 1.5 times 3
+    assert policy.choose([a, b], blocks) == Choice(b, "cache_hit")
+    assert policy.choose([a, b], prefix_blocks(chat("Another system prompt. " * 30, "q"))).reason == "cache_miss"
+
+
+def test_dns_and_list_targets_parse() -> None:
+    assert dns_name("dns:///engines.conduit.svc:50051") == ("engines.conduit.svc", "50051")
+    assert dns_name("dns://8.8.8.8/engines:7") == ("engines", "7")
+    assert dns_name("dns:engines:7") == ("engines", "7")
+    assert dns_name("127.0.0.1:5") is None
+    assert address_list("ipv4:127.0.0.1:5,127.0.0.2:6") == ["127.0.0.1:5", "127.0.0.2:6"]
+    assert address_list("127.0.0.1:5") == ["127.0.0.1:5"]
