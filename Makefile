@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
 protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
 
-.PHONY: install browser protos check-protos run-stack test test-fast deploy-check fuzz bench soak gpu-check clean
+.PHONY: install browser protos check-protos run-stack test test-fast deploy-check fuzz bench bench-routing soak gpu-check clean
 
 install: $(STAMP)
 
@@ -78,6 +78,12 @@ fuzz: $(STAMP)
 # against gRPC and llama-server, then the prefix-cache scenario; ~15 min. BENCH_ARGS='--skip-peer' etc.
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench --json benchmarks/out/results.json --write-results benchmarks/RESULTS.md $(BENCH_ARGS)
+
+# Routing policies side by side (benchmarks/routing.py): two replicas with small KV caches, 16 shared
+# ~1,000-token system prompts; cache_aware vs round_robin vs least_load in one run; ~15 min here.
+# ROUTING_ARGS='--engines A,B' uses running replicas (REPLICAS=2 make run-stack -- --kv-cache-tokens 10000).
+bench-routing: $(STAMP)
+	$(BIN)/python -m benchmarks.routing --json benchmarks/out/routing.json $(ROUTING_ARGS)
 
 # On a machine with an NVIDIA GPU, in under 10 minutes: tests/test_gpu.py (the engine on cuda against
 # transformers on the same device, batch invariance, the prefix cache), the stack tests with every
