@@ -118,7 +118,7 @@ def test_a_shared_prefix_sticks_to_its_replica_unless_that_one_is_loaded_well_be
         assert metrics[("conduit:router_requests_total", holder.address, "cache_hit")] >= 6
         assert metrics[("conduit:router_requests_total", other.address, "load_override")] >= 1
         assert metrics[("conduit:router_replica_healthy", holder.address)] == 1
-        assert metrics[("conduit:router_replica_load", holder.address)] >= 10
+        assert metrics[("conduit:router_replica_load", holder.address)] >= 8  # the report, give or take our own calls
     finally:
         stop_process(shim)
 
@@ -222,7 +222,9 @@ def test_policies_choose_by_turn_load_and_prefix() -> None:
     assert policy.choose([a, b], blocks) == Choice(a, "load_override")
     a.load = 3  # 4 is not 1.5 times 3
     assert policy.choose([a, b], blocks) == Choice(b, "cache_hit")
-    assert policy.choose([a, b], prefix_blocks(chat("Another system prompt. " * 30, "q"))).reason == "cache_miss"
+    assert policy.choose([a, b], prefix_blocks(chat("Another system prompt. " * 30, "q"))) == Choice(a, "cache_miss")
+    a.load = 12  # a new prefix goes where the fewest are held, unless that one is loaded beyond the balance
+    assert policy.choose([a, b], prefix_blocks(chat("Another system prompt. " * 30, "q"))) == Choice(b, "cache_miss")
 
 
 def test_dns_and_list_targets_parse() -> None:

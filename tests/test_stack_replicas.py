@@ -1,6 +1,7 @@
 """Two engine replicas (default model) behind one shim, on real processes: failover.
 
-- Work is spread round robin over both replicas.
+- Requests sharing a long prompt prefix stay on one replica (the shim's cache-aware routing), whose
+  prefix cache then serves it (cached_tokens); short prompts are spread over both replicas.
 - One replica SIGKILLed while streams run on both: its streams end with an error event (the SDK
   raises; never a [DONE]), the survivor's streams finish, and new requests all succeed on the
   survivor.
@@ -57,11 +58,29 @@ def short_request(client: openai.OpenAI, request_id: str) -> None:
     assert response.choices[0].finish_reason == "length"
 
 
+def test_a_shared_prefix_stays_on_one_replica_and_is_served_from_its_cache(stack: Stack) -> None:
+    client = openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=WAIT_S)
+    tag = uuid.uuid4().hex[:8]
+    system = {"role": "system", "content": f"Session {tag}. " + " ".join(f"Rule {k}: be brief." for k in range(60))}
+    ids = [f"sticky-{tag}-{i}" for i in range(4)]
+    usages = []
+    for i, request_id in enumerate(ids):
+        response = client.chat.completions.create(
+            model=MODEL, messages=[system, {"role": "user", "content": f"Question {i}: what is {i} + {i}?"}],
+            max_tokens=2, extra_headers={"X-Request-Id": request_id})
+        usages.append(response.usage)
+    placed = [served_by(stack, request_id) for request_id in ids]
+    assert all(len(where) == 1 for where in placed) and len({where[0] for where in placed}) == 1, placed
+    assert usages[0].prompt_tokens > 300
+    for usage in usages[1:]:  # the system prompt's blocks, at least
+        assert usage.prompt_tokens_details.cached_tokens >= 256, usage
+
+
 def test_failover_and_return_of_a_replica(stack: Stack) -> None:
     client = openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=WAIT_S)
     tag = uuid.uuid4().hex[:8]
 
-    # Round robin: six requests in a row reach both replicas.
+    # Short prompts (no prefix to follow): six requests in a row reach both replicas.
     spread_ids = [f"spread-{tag}-{i}" for i in range(6)]
     for request_id in spread_ids:
         short_request(client, request_id)

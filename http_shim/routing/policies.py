@@ -6,9 +6,11 @@
 - cache_aware (the default): the replica that was sent the longest prefix of this request, when
   that prefix is at least MIN_MATCH of the input (its prefill is mostly skipped there), unless
   that replica is loaded well beyond the least loaded one: more than `balance_abs` requests more
-  AND more than `balance_rel` times as many. Then, and when no replica holds enough of the prefix,
-  the least loaded wins. This is SGLang's cache-aware policy (cache threshold, and the absolute
-  and relative balance thresholds) on replica.py's load; prefix.py says what the prefix view is.
+  AND more than `balance_rel` times as many; then the least loaded wins. A prefix no replica holds
+  enough of goes where the fewest prefixes are held (the most cache room), within the same
+  balance, so a set's prefixes spread evenly over the caches. This is SGLang's cache-aware policy
+  (cache threshold, smallest tree on a miss, absolute and relative balance thresholds) on
+  replica.py's load; prefix.py says what the prefix view is.
 Every policy says why it chose (`Choice.reason`): the shim's metrics count the reasons.
 """
 
@@ -89,11 +91,23 @@ class CacheAware:
         matches = [(replica.prefixes.match(blocks), replica) for replica in replicas]
         best = max(matched for matched, _ in matches)
         if best < MIN_MATCH * len(blocks) or best == 0:
-            return Choice(least, "cache_miss")
+            return Choice(self._roomiest(replicas, least), "cache_miss")
         holder = min((replica for matched, replica in matches if matched == best), key=lambda r: r.load)
-        if holder.load - least.load > self.balance_abs and holder.load > self.balance_rel * least.load:
+        if self._overloaded(holder, least):
             return Choice(least, "load_override")
         return Choice(holder, "cache_hit")
+
+    def _roomiest(self, replicas: Sequence[Replica], least: Replica) -> Replica:
+        """Where a new prefix goes: the replica holding the fewest prefixes (the most room left, so
+        the set's prefixes spread evenly over the caches: one over-full cache would evict them all in
+        turn), unless it is loaded beyond the balance thresholds; among equals the least loaded."""
+        roomiest = min(replicas, key=lambda replica: (len(replica.prefixes), replica is not least, replica.load))
+        if self._overloaded(roomiest, least):
+            return least
+        return roomiest
+
+    def _overloaded(self, replica: Replica, least: Replica) -> bool:
+        return replica.load - least.load > self.balance_abs and replica.load > self.balance_rel * least.load
 
 
 def make_policy(name: str, balance_abs: int = DEFAULT_BALANCE_ABS,
