@@ -234,3 +234,26 @@ def test_dns_and_list_targets_parse() -> None:
     assert dns_name("127.0.0.1:5") is None
     assert address_list("ipv4:127.0.0.1:5,127.0.0.2:6") == ["127.0.0.1:5", "127.0.0.2:6"]
     assert address_list("127.0.0.1:5") == ["127.0.0.1:5"]
+
+
+def test_a_dns_target_follows_what_its_name_resolves_to(pair, monkeypatch) -> None:
+    """New addresses behind the name become replicas at once; one it no longer returns is retired."""
+    from clients.engine_client import EngineClient
+    from http_shim.routing import pool as pool_module
+    from http_shim.routing.replica import SERVING
+
+    answers = [[pair[0].address]]
+    monkeypatch.setattr(pool_module, "DNS_REFRESH_S", 0.05)
+    monkeypatch.setattr(pool_module, "resolve", lambda host, port: answers[-1])
+    replicas = pool_module.ReplicaPool(["dns:///engines.example:50051"], EngineClient)
+    try:
+        wait_until(lambda: [r.address for r in replicas.replicas()] == [pair[0].address], SETTLE_S)
+        answers.append([pair[0].address, pair[1].address])  # scaled up
+        wait_until(lambda: [r.state for r in replicas.replicas()] == [SERVING, SERVING], SETTLE_S)
+        assert replicas.replicas()[1].serves(MODEL_ID)
+        gone = replicas.replicas()[0]
+        answers.append([pair[1].address])  # scaled down
+        wait_until(lambda: [r.address for r in replicas.replicas()] == [pair[1].address], SETTLE_S)
+        assert gone.retired
+    finally:
+        replicas.close()
