@@ -70,8 +70,9 @@ class PrefixIndex:
 
     def size_for_cache(self, num_blocks: int, block_size: int) -> None:
         """Bound the view by what the engine's cache holds (its report), in text blocks."""
-        if num_blocks and block_size:
-            self.capacity = max(1, num_blocks * block_size * CHARS_PER_TOKEN // BLOCK_CHARS)
+        capacity = max(1, num_blocks * block_size * CHARS_PER_TOKEN // BLOCK_CHARS)
+        if num_blocks and block_size and capacity != self.capacity:
+            self.capacity = capacity
             self._evict(time.monotonic())
 
     def match(self, blocks: list[int]) -> int:
