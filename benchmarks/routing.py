@@ -1,8 +1,8 @@
 """Routing policies side by side (issue 32): cache_aware, least_load and round_robin on the same replicas.
 
 Two engine replicas (started here, or `--engines A,B` of a running `REPLICAS=2 make run-stack`),
-each with a KV cache too small to hold every shared prefix (--kv-cache-tokens, default 12,000
-tokens: about eleven of the workload's sixteen system prompts, so a replica must hold about half). The workload: PROMPTS_N distinct ~1,000-token system
+each with a KV cache too small to hold every shared prefix (--kv-cache-tokens, default 10,000
+tokens: about nine of the workload's sixteen ~1,020-token system prompts; half of them fit). The workload: PROMPTS_N distinct ~1,000-token system
 prompts, USERS users each asking their own question under each, in rounds (every system prompt
 once per round, each round in a new random order), CONCURRENCY requests in flight. Each policy gets
 its own shim process (`--routing P`) against the same engines and a fresh set of system prompts
@@ -126,7 +126,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", help="A,B: running replicas (default: start two here)")
     parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--kv-cache-tokens", type=int, default=12_000)
+    parser.add_argument("--kv-cache-tokens", type=int, default=10_000)
     parser.add_argument("--prompts", type=int, default=16, help="distinct ~1,000-token system prompts")
     parser.add_argument("--users", type=int, default=4, help="questions per system prompt (rounds)")
     parser.add_argument("--concurrency", type=int, default=4)

@@ -22,9 +22,11 @@ from collections import OrderedDict
 from conduit.v1 import engine_pb2 as pb
 
 BLOCK_CHARS = 256
-# Characters per token, to size a replica's view from its cache's tokens (English text, BPE).
-CHARS_PER_TOKEN = 4
-# Before the engine reported its cache: room for this many blocks (about 250k tokens).
+# Characters per token, to size a replica's view from its cache's tokens: generous (English text runs
+# 4-6 per token), since a view that forgets before the engine does moves prefixes for nothing,
+# while one that remembers longer only costs a miss where the prefix was anyway.
+CHARS_PER_TOKEN = 8
+# Before the engine reported its cache: room for this many blocks (about 130k tokens).
 DEFAULT_CAPACITY_BLOCKS = 4096
 # Prefixes not seen for this long are forgotten (the engine has likely evicted them under other load).
 MAX_AGE_S = 600.0
