@@ -48,7 +48,7 @@ def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _engine_connector(args: argparse.Namespace) -> Callable[[str | Sequence[str]], EngineClient]:
-    """Makes the shim's engine clients (one per model group), all with the engine flags' security."""
+    """Makes the shim's engine clients (one per engine address), all with the engine flags' security."""
 
     def connect(target: str | Sequence[str]) -> EngineClient:
         return EngineClient(target, options=ENGINE_CHANNEL_OPTIONS, token=args.engine_token or None,

@@ -152,7 +152,7 @@ def _model_object(info: pb.ModelInfo, started: int) -> dict[str, Any]:
 
 
 def create_app(config: ShimConfig, connect: Connect = connect_engine) -> ObservedApp:
-    """`connect` makes the engine clients (one per model group: see models.py), e.g. with credentials."""
+    """`connect` makes the engine clients (one per engine address: see models.py), e.g. with credentials."""
     app = Flask("http_shim")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     install_cors(app, config.cors)  # first: a preflight is answered before keys are asked for
