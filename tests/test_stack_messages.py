@@ -147,7 +147,7 @@ def test_tool_round_trip_with_any(claude):
     jsonschema.validate(call.input, WEATHER_SCHEMA)
 
     answered = claude.messages.create(
-        model=MODEL, max_tokens=20, tools=[WEATHER_TOOL, TIME_TOOL], tool_choice={"type": "none"}, **GREEDY,
+        model=MODEL, max_tokens=10, tools=[WEATHER_TOOL, TIME_TOOL], tool_choice={"type": "none"}, **GREEDY,
         messages=[*WEATHER_QUESTION, {"role": "assistant", "content": called.content},
                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
                                                 "content": "Sunny, 25 degrees"}]}])
