@@ -232,7 +232,7 @@ def _tool_choice(body: dict, tools: list[pb.Tool], chat: pb.ChatInput) -> None:
         return
     choice = _dict(value, "tool_choice")
     kind = choice.get("type")
-    if kind not in _TOOL_CHOICES:
+    if not isinstance(kind, str) or kind not in _TOOL_CHOICES:
         raise invalid(f"'tool_choice.type' must be 'auto', 'any', 'tool' or 'none', got {json.dumps(kind)}.",
                       "tool_choice.type")
     if kind in ("any", "tool") and not tools:
