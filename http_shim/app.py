@@ -213,7 +213,7 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
         if not authorization and not request.headers.get("x-api-key"):
             message = (
                 "You didn't provide an API key. You need to provide your API key in an Authorization header "
-                "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+                "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or in an x-api-key header."
             )
         else:
             message = "Incorrect API key provided."
