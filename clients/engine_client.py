@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from clients.errors import from_rpc_error
 from clients.many_calls import ManyCall, ManyCallsChannel
 from clients.replicas import channel_target, replica_options, spans_replicas
-from clients.request_builder import Message, build_request, tokenize_request
+from clients.request_builder import Message, ToolSpec, build_request, tokenize_request
 from conduit.common.results import Completion, CompletionBuilder
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
@@ -179,10 +179,10 @@ class EngineClient:
 
     def tokenize(self, text: str | None = None, *, messages: Iterable[Message] | None = None, model: str = "",
                  timeout: float | None = None, metadata: Metadata | None = None,
-                 request: pb.TokenizeRequest | None = None) -> pb.TokenizeResponse:
-        """Token ids of a text, or of a chat rendered exactly as Generate renders it; `request`: a
-        whole TokenizeRequest instead (a chat with tools and an answer format)."""
-        request = request or tokenize_request(text=text, messages=messages, model=model)
+                 tools: Sequence[ToolSpec] = (), request: pb.TokenizeRequest | None = None) -> pb.TokenizeResponse:
+        """Token ids of a text, or of a chat (with its tools) rendered exactly as Generate renders it;
+        `request`: a whole TokenizeRequest instead (tool choice, answer format)."""
+        request = request or tokenize_request(text=text, messages=messages, model=model, tools=tools)
         return self._unary(self._stub.Tokenize, request, timeout, metadata)
 
     def detokenize(self, token_ids: Sequence[int], *, model: str = "", timeout: float | None = None,

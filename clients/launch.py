@@ -191,6 +191,11 @@ class Stack:
         return self.engine_addresses[0]
 
     @property
+    def metrics_url(self) -> str | None:
+        """The (first) engine's Prometheus metrics, when `metrics_port` was given."""
+        return f"http://{self.host}:{self.metrics_port}/metrics" if self.metrics_port else None
+
+    @property
     def shim_url(self) -> str:
         return f"http://{self.host}:{self.shim_port}"
 

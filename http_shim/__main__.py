@@ -33,7 +33,7 @@ from clients.replicas import split_addresses  # noqa: E402
 
 from .app import ENGINE_CHANNEL_OPTIONS, ShimConfig, create_app  # noqa: E402
 from conduit.common.logs import configure_logging  # noqa: E402
-from .options import DEFAULT_ENGINE, build_parser, hardening_config  # noqa: E402
+from .options import DEFAULT_ENGINE, build_parser, hardening_config, responses_store_config  # noqa: E402
 from .server import serve  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()  # every flag and its environment variable (options.py)
     args = parser.parse_args(argv)
     args.engine = split_addresses(args.engine or [DEFAULT_ENGINE])
-    args.hardening = hardening_config(parser, args)
+    args.hardening = {**hardening_config(parser, args), **responses_store_config(parser, args)}
     return args
 
 

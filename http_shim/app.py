@@ -1,10 +1,10 @@
 """The Flask app: OpenAI routes over the engine's gRPC API.
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{id},
-GET /health, GET /metrics, GET /openapi.json, and the browser playground at / (playground.py);
-Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens) registers itself from
-messages/. Errors come back as OpenAI error JSON (see errors.py), or in Anthropic's shape to
-Anthropic's clients (messages/routes.py). `create_app` returns the WSGI app to
+Routes: POST /v1/chat/completions, POST /v1/completions, the Responses API (/v1/responses...:
+responses/), Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens: messages/),
+GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics, GET /openapi.json, and the browser
+playground at / (playground.py). Errors come back as OpenAI error JSON (see errors.py), or in
+Anthropic's shape to Anthropic's clients (messages/routes.py). `create_app` returns the WSGI app to
 serve: the Flask app inside the middleware that stamps request ids and records metrics
 (observe.py); its `state` holds the drain and the metrics.
 """
@@ -49,6 +49,7 @@ from .proto_to_openai import (
     completion_response,
 )
 from .relay import OpenAIEvents, Relay
+from .responses import RESPONSES_ROUTE, ResponseStore, StoreLimits, default_store_dir, register_responses
 
 log = logging.getLogger("http_shim")
 
@@ -62,7 +63,7 @@ ENGINE_CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
-_GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", *MESSAGES_ROUTES)
+_GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", RESPONSES_ROUTE, *MESSAGES_ROUTES)
 
 
 @dataclass
@@ -79,6 +80,10 @@ class ShimConfig:
     limits: RequestLimits = DEFAULT_LIMITS
     # Origins whose web pages may call the API from a browser (none: CORS off).
     cors: CorsPolicy = CorsPolicy()
+    # The Responses API's store (responses/store.py): its folder (None: default_store_dir(); "": no
+    # store, nothing is kept) and bounds.
+    responses_store_dir: str | None = None
+    responses_store_limits: StoreLimits = StoreLimits()
 
 
 @dataclass
@@ -163,6 +168,9 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
     keys = KeyChecker(config.api_keys)
     document = openapi_document(config.limits, keys.enabled)
     relay = Relay(models, drain, metrics, config.heartbeat_s, config.request_timeout_s, _metadata)
+    store_dir = default_store_dir() if config.responses_store_dir is None else config.responses_store_dir
+    store = ResponseStore(store_dir, config.responses_store_limits) if store_dir else None
+    register_responses(app, relay, models, store, config.limits, _body, _request_id, _json, _metadata)
 
     @app.errorhandler(APIError)
     def on_api_error(error: APIError) -> Response:

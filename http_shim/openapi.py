@@ -14,6 +14,7 @@ from conduit.v1.contract import LOGIT_BIAS_RANGE, MAX_TOP_LOGPROBS, SAMPLING_RAN
 
 from .messages.openapi import messages_openapi
 from .openai_to_proto import MAX_COMPLETION_LOGPROBS, MAX_PROMPTS, RequestLimits
+from .responses.openapi import responses_paths
 
 _UINT32_MAX = 2**32 - 1
 
@@ -389,6 +390,9 @@ def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, An
         },
         "components": {"schemas": {**_message_schemas(), **_request_schemas(limits), **_response_schemas()}},
     }
+    paths, schemas = responses_paths([request_id_header], _error_responses)
+    document["paths"].update(paths)
+    document["components"]["schemas"].update(schemas)
     messages_paths, messages_schemas = messages_openapi(limits, [request_id_header])
     document["paths"].update(messages_paths)
     document["components"]["schemas"].update(messages_schemas)

@@ -19,6 +19,7 @@ from .app import DEFAULT_MAX_BODY_BYTES
 from .auth import KEY_ENV, KEYS_ENV, KeyFileError, collect_keys
 from .cors import CorsPolicy, normal_origin
 from .openai_to_proto import DEFAULT_LIMITS, RequestLimits
+from .responses import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RESPONSES, StoreLimits
 from .server import DEFAULT_DRAIN_S
 
 DEFAULT_ENGINE = "127.0.0.1:50051"
@@ -42,7 +43,29 @@ def build_parser() -> EnvArgumentParser:
     parser.add_argument("--log-level", default="INFO", help="Python logging level")
     add_hardening_args(parser)
     add_engine_security_args(parser)
+    add_responses_store_args(parser)
     return parser
+
+
+def add_responses_store_args(parser: EnvArgumentParser) -> None:
+    """Where the Responses API keeps stored responses (http_shim/responses/store.py), and how many."""
+    group = parser.add_argument_group("responses store")
+    group.add_argument("--responses-store-dir", metavar="DIR", default=None,
+                       help="folder of the SQLite file holding stored responses (one per shim; shims do not share "
+                            "it); '' keeps none; default $XDG_STATE_HOME/conduit (~/.local/state/conduit)")
+    group.add_argument("--responses-store-max", type=int, metavar="N", default=DEFAULT_MAX_RESPONSES,
+                       help="most stored responses; the oldest are evicted first")
+    group.add_argument("--responses-store-max-age", type=float, metavar="S", default=DEFAULT_MAX_AGE_S,
+                       help="seconds a stored response is kept (default 30 days)")
+
+
+def responses_store_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """ShimConfig fields of the response store; bad bounds end the program with a usage error."""
+    try:
+        limits = StoreLimits(args.responses_store_max, args.responses_store_max_age)
+    except ValueError as error:
+        parser.error(str(error))
+    return {"responses_store_dir": args.responses_store_dir, "responses_store_limits": limits}
 
 
 def add_hardening_args(parser: EnvArgumentParser) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import openai
 import pytest
 
 from clients import AsyncEngineClient, EngineClient
-from clients.launch import Stack
+from clients.launch import Stack, free_port
 from fake_engine import FakeEngineServer
 
 # Headless chromium on a machine without a network: without the background-networking flags it
@@ -27,6 +28,17 @@ STARTUP_TIMEOUT_S = 180
 # is ~11k tokens of the default model, more than any test keeps in flight.
 TEST_KV_CACHE_GB = 0.25
 os.environ.setdefault("CONDUIT_KV_CACHE_GB", str(TEST_KV_CACHE_GB))
+# The Responses API's store of every shim the tests start (in-process or not), out of the home folder.
+os.environ.setdefault("CONDUIT_RESPONSES_STORE_DIR", tempfile.mkdtemp(prefix="conduit-responses-"))
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The fast tier is `-m "not model"`: it leaves out the slow tests (marked `slow`, or driving a
+    browser) too, which `make test` runs with the rest."""
+    for item in items:
+        if item.get_closest_marker("slow") or "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.model)
+
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeEngineServer]:
@@ -38,8 +50,9 @@ def fake() -> Iterator[FakeEngineServer]:
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
-    """The default stack; its `base_url` is for the openai SDK, `engine_address` for gRPC."""
-    with Stack(startup_timeout=STARTUP_TIMEOUT_S) as running:
+    """The default stack; its `base_url` is for the openai SDK, `engine_address` for gRPC, and
+    `metrics_url` shows what the engine is doing."""
+    with Stack(metrics_port=free_port(), startup_timeout=STARTUP_TIMEOUT_S) as running:
         yield running
 
 

@@ -158,6 +158,7 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
 
 
+@pytest.mark.slow  # a fresh venv with the package installed
 def test_installed_package_is_a_copy_with_its_data(installed, tmp_path):
     site = _run([str(installed / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                 tmp_path).strip()
@@ -171,6 +172,7 @@ def test_installed_package_is_a_copy_with_its_data(installed, tmp_path):
         assert wanted and sorted(p.name for p in (Path(site) / "http_shim" / "playground").iterdir()) == wanted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", PARSERS)
 def test_installed_command_help_lists_every_flag_and_variable(installed, tmp_path, command):
     out = _run([str(installed / command), "--help"], tmp_path, _clean_env())  # cwd outside the repo
@@ -180,6 +182,7 @@ def test_installed_command_help_lists_every_flag_and_variable(installed, tmp_pat
         assert all(name in out for name in action.env_names), action.env_names
 
 
+@pytest.mark.slow
 def test_installed_shim_serves_configured_by_its_environment(installed, tmp_path, fake):
     env = {**_clean_env(), "CONDUIT_ENGINE": fake.address, "CONDUIT_HOST": "127.0.0.1", "CONDUIT_PORT": "0",
            "CONDUIT_API_KEYS": "installed-key"}
@@ -200,6 +203,7 @@ def test_installed_shim_serves_configured_by_its_environment(installed, tmp_path
         stop_process(process)
 
 
+@pytest.mark.slow
 def test_installed_stack_exits_1_when_its_port_is_taken(installed, tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # deploy linters: `make test` and `make deploy-check`, not the fast tier
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "kubernetes"

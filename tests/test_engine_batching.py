@@ -201,26 +201,26 @@ def drain_until_cancelled(call) -> None:
         assert err.code() == grpc.StatusCode.CANCELLED
 
 
-def test_queue_full_is_resource_exhausted():
-    with Stack(engine_args=["--max-batch-size", "1", "--max-queue", "1"]) as small:
-        with grpc.insecure_channel(small.engine_address) as channel:
-            stub = pb_grpc.EngineStub(channel)
-            running = long_running(stub)
-            next(iter(running))  # admitted: holds the only slot
-            waiting = long_running(stub)  # fills the one-place queue
-            threading.Thread(target=drain_until_cancelled, args=(waiting,), daemon=True).start()
-            codes = []
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and grpc.StatusCode.RESOURCE_EXHAUSTED not in codes:
-                try:
-                    collect(stub, chat("hi", max_tokens=1))
-                    codes.append(grpc.StatusCode.OK)
-                except grpc.RpcError as err:
-                    codes.append(err.code())
-                time.sleep(0.2)
-            running.cancel()
-            waiting.cancel()
-            assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes
+def test_queue_full_is_resource_exhausted(single_slot_stack: Stack):
+    with grpc.insecure_channel(single_slot_stack.engine_address) as channel:
+        stub = pb_grpc.EngineStub(channel)
+        running = long_running(stub)
+        next(iter(running))  # admitted: holds the only slot
+        waiting = [long_running(stub) for _ in range(2)]  # fill the two-place queue
+        for call in waiting:
+            threading.Thread(target=drain_until_cancelled, args=(call,), daemon=True).start()
+        codes = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and grpc.StatusCode.RESOURCE_EXHAUSTED not in codes:
+            try:
+                collect(stub, chat("hi", max_tokens=1))
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as err:
+                codes.append(err.code())
+            time.sleep(0.2)
+        for call in [running, *waiting]:
+            call.cancel()
+        assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes
 
 
 def test_a_long_prompt_does_not_stall_running_streams(stub):

@@ -52,6 +52,7 @@ def test_the_engine_gets_this_cpus_build() -> None:
     assert native.int8_matmul() is not None and native.decode_attention() is not None
 
 
+@pytest.mark.slow  # compiles every library from scratch
 def test_every_build_compiles_on_any_x86_64(tmp_path, monkeypatch) -> None:
     """The container image builds them all (`python -m engine_service.model.native`), whatever the
     CPU that builds it."""

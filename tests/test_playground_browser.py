@@ -24,9 +24,8 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 from prometheus_client.parser import text_string_to_metric_families
 
-from clients.launch import Stack, free_port
+from clients.launch import Stack
 from common import MODEL
-from conftest import STARTUP_TIMEOUT_S
 from fake_engine import MARKDOWN_ANSWER, REPO_ROOT, start_shim, stop_process
 
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
@@ -292,35 +291,24 @@ def test_api_key_is_asked_for_and_kept_in_the_browser(page: Page, keyed_shim: st
 
 # ---------------------------------------------------------------------------------- real stack
 
-@pytest.fixture(scope="module")
-def metered_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The default stack with the engine's metrics served, to see what the engine is doing."""
-    metrics_port = free_port()
-    stack = Stack(metrics_port=metrics_port, startup_timeout=STARTUP_TIMEOUT_S,
-                  log_dir=tmp_path_factory.mktemp("playground-stack"))
-    stack.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"  # type: ignore[attr-defined]
-    with stack:
-        yield stack
-
-
 def engine_metric(stack: Stack, name: str, **labels: str) -> float:
-    with urllib.request.urlopen(stack.metrics_url, timeout=10) as response:  # type: ignore[attr-defined]
+    with urllib.request.urlopen(stack.metrics_url, timeout=10) as response:
         text = response.read().decode()
     return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
 
 
 @pytest.mark.model
-def test_real_model_streams_and_stop_leaves_the_engine_idle(page: Page, metered_stack: Stack) -> None:
-    open_playground(page, metered_stack.shim_url)
+def test_real_model_streams_and_stop_leaves_the_engine_idle(page: Page, stack: Stack) -> None:
+    open_playground(page, stack.shim_url)
     expect(page.locator("#model")).to_have_value(MODEL)
     page.fill("#max-tokens", "1000")
     page.fill("#seed", "7")
-    cancelled = engine_metric(metered_stack, "conduit:request_success_total", finished_reason="cancelled")
+    cancelled = engine_metric(stack, "conduit:request_success_total", finished_reason="cancelled")
     watch_answers(page)
     ask(page, "Tell me a very long story about a lighthouse keeper.")
     page.wait_for_function("() => window.answerTexts.filter(Boolean).length >= 3", timeout=60_000)
-    assert engine_metric(metered_stack, "conduit:num_requests_running") == 1
+    assert engine_metric(stack, "conduit:num_requests_running") == 1
     page.click("#stop")
     assert "stopped" in wait_answered(page)
     assert len(distinct_pieces(page)) > 1
@@ -329,21 +317,21 @@ def test_real_model_streams_and_stop_leaves_the_engine_idle(page: Page, metered_
     # loaded machine may take a while to get there, so the deadline is generous (met, it ends early).
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        idle = engine_metric(metered_stack, "conduit:num_requests_running") == 0
-        moved = engine_metric(metered_stack, "conduit:request_success_total", finished_reason="cancelled")
+        idle = engine_metric(stack, "conduit:num_requests_running") == 0
+        moved = engine_metric(stack, "conduit:request_success_total", finished_reason="cancelled")
         if idle and moved == cancelled + 1:
             break
         time.sleep(0.1)
-    assert engine_metric(metered_stack, "conduit:num_requests_running") == 0, "the engine is still generating"
+    assert engine_metric(stack, "conduit:num_requests_running") == 0, "the engine is still generating"
     assert moved == cancelled + 1, "the engine did not see the request cancelled"
-    assert engine_metric(metered_stack, "conduit:num_requests_waiting") == 0
-    metered_stack.check_alive()
+    assert engine_metric(stack, "conduit:num_requests_waiting") == 0
+    stack.check_alive()
 
 
 @pytest.mark.model
-def test_real_model_answer_screenshot(page: Page, metered_stack: Stack) -> None:
+def test_real_model_answer_screenshot(page: Page, stack: Stack) -> None:
     """A finished Markdown answer with its stats: the README's screenshot."""
-    open_playground(page, metered_stack.shim_url)
+    open_playground(page, stack.shim_url)
     page.fill("#system", "You are a helpful coding assistant.")
     page.fill("#temperature", "0")
     page.fill("#max-tokens", "160")

@@ -24,6 +24,8 @@ from fake_engine import MODEL_ID, FakeEngineServer, start_shim, stop_process
 from http_shim.openai_to_proto import DEFAULT_LIMITS
 from http_shim.openapi import openapi_document
 
+pytestmark = pytest.mark.slow  # a fuzzer: `make test` and `make fuzz`, not the fast tier
+
 MAX_EXAMPLES = int(os.environ.get("CONDUIT_FUZZ_EXAMPLES", "10"))
 API_KEY = "fuzz-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -33,7 +35,8 @@ def fuzzable(document: dict[str, Any], model: str) -> dict[str, Any]:
     """The shim's document, with `model` pinned to the served one so requests reach the engine
     (random names would all stop at a 404). Used on the real stack too."""
     schemas = document["components"]["schemas"]
-    for name in ("ChatCompletionRequest", "CompletionRequest", "MessagesRequest", "CountTokensRequest"):
+    for name in ("ChatCompletionRequest", "CompletionRequest", "ResponseRequest", "MessagesRequest",
+                 "CountTokensRequest"):
         schemas[name]["properties"]["model"] = {"type": "string", "enum": [model]}
     return document
 
@@ -66,12 +69,23 @@ def _check_answer(case: schemathesis.Case, response: Any) -> None:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}, error
     content_type = (response.headers.get("content-type") or [""])[0]  # schemathesis: header -> values
-    if content_type.startswith("text/event-stream"):
+    if content_type.startswith("text/event-stream") and case.path.startswith("/v1/responses"):
+        check_responses_events(response.text, response.stream_cut_short)
+    elif content_type.startswith("text/event-stream"):
         events = [line for line in response.text.split("\n") if line.startswith("data: ")]
         assert not any('"error"' in event for event in events[:-1])
         if not response.stream_cut_short:  # not left by the client
             assert events and (events[-1] in ("data: [DONE]", 'data: {"type":"message_stop"}')
                                or '"error"' in events[-1]), response.text[-500:]
+
+
+def check_responses_events(text: str, cut_short: bool) -> None:
+    """A Responses stream: only the flat error event has a truthy "error"; one terminal event, last."""
+    events = [json.loads(line[6:]) for line in text.split("\n") if line.startswith("data: ")]
+    assert all(not e.get("error") for e in events if e["type"] != "error"), text[-500:]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    if not cut_short and events and events[0]["type"] == "response.created":  # a replay of nothing is empty
+        assert events[-1]["type"] in ("response.completed", "response.incomplete", "response.failed"), text[-500:]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 from clients.launch import Stack
 from common import ANSWER, MODEL, QUESTION
-from conftest import STARTUP_TIMEOUT_S
+from fake_engine import start_shim, stop_process
 from http_shim.openai_to_proto import RequestLimits
 from http_shim.openapi import openapi_document
 from test_shim_fuzz import MAX_EXAMPLES, PHASES, check_answer, load_schema
@@ -29,22 +29,26 @@ EXAMPLES = int(os.environ.get("CONDUIT_STACK_FUZZ_EXAMPLES", str(max(1, MAX_EXAM
 
 
 @pytest.fixture(scope="module")
-def fuzzed_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with Stack(shim_args=SHIM_ARGS, log_dir=tmp_path_factory.mktemp("logs"),
-               startup_timeout=STARTUP_TIMEOUT_S) as stack:
-        yield stack
+def fuzzed_shim(stack: Stack) -> Iterator[str]:
+    """The URL of a shim with small limits in front of the session's engine."""
+    process, shim_url = start_shim(stack.engine_address, *SHIM_ARGS)
+    try:
+        yield shim_url
         # Both processes survived, and the stack still answers.
+        assert process.poll() is None, "the fuzzed shim died"
         stack.check_alive()
         request = urllib.request.Request(
-            f"{stack.base_url}/chat/completions",
+            f"{shim_url}/v1/chat/completions",
             json.dumps({"model": MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": 8}).encode(),
             {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=120) as response:
             assert ANSWER.startswith(json.load(response)["choices"][0]["message"]["content"])
+    finally:
+        stop_process(process)
 
 
-def test_the_fuzzed_document_is_the_served_one(fuzzed_stack: Stack) -> None:
-    with urllib.request.urlopen(f"{fuzzed_stack.shim_url}/openapi.json", timeout=30) as response:
+def test_the_fuzzed_document_is_the_served_one(fuzzed_shim: str) -> None:
+    with urllib.request.urlopen(f"{fuzzed_shim}/openapi.json", timeout=30) as response:
         assert json.load(response) == DOCUMENT
 
 
@@ -56,5 +60,5 @@ schema = load_schema(json.loads(json.dumps(DOCUMENT)), MODEL, PHASES)
 # No shrinking: against the real engine it takes minutes; the failing request is printed whole.
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
           phases=[p for p in Phase if p is not Phase.shrink])
-def test_no_request_gets_a_server_error(case, fuzzed_stack: Stack) -> None:
-    check_answer(case, case.call(base_url=fuzzed_stack.shim_url, timeout=180))
+def test_no_request_gets_a_server_error(case, fuzzed_shim: str) -> None:
+    check_answer(case, case.call(base_url=fuzzed_shim, timeout=180))

@@ -1,0 +1,11 @@
+"""OpenAI's Responses API (POST /v1/responses and its stored responses) over the engine's chat.
+
+request.py parses a body into the chat GenerateRequest; objects.py builds the response object;
+events.py writes the exact event stream; store.py keeps responses in SQLite; routes.py serves them.
+"""
+
+from .routes import RESPONSES_ROUTE, register_responses
+from .store import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RESPONSES, ResponseStore, StoreLimits, default_store_dir
+
+__all__ = ["RESPONSES_ROUTE", "register_responses", "ResponseStore", "StoreLimits", "default_store_dir",
+           "DEFAULT_MAX_AGE_S", "DEFAULT_MAX_RESPONSES"]

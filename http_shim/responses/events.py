@@ -1,0 +1,218 @@
+"""The Responses API's event stream, exactly as the openai SDK's stream helper and the Agents SDK
+read it (DESIGN.md, "The agent APIs"):
+
+  response.created, response.in_progress,
+  per message item: output_item.added, content_part.added, output_text.delta..., output_text.done,
+                    content_part.done, output_item.done
+  per function call: output_item.added, function_call_arguments.delta..., .done, output_item.done
+  one terminal event: response.completed | response.incomplete | (error, then response.failed)
+
+Each event's `event:` line equals its `type`; `sequence_number` counts every event from 0;
+`output_index` is the item's place in `output`; `content_index` is the part's place in its item.
+The same writer replays a stored response (GET /v1/responses/{id}?stream=true).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from conduit.v1 import engine_pb2 as pb
+from conduit.v1.contract import finish_reason_name, new_tool_call_id
+
+from .. import sse
+from ..errors import APIError
+from ..proto_to_openai import UsageTally
+from .objects import (ResponseSkeleton, function_call_item, logprobs_list, message_item, status_of, text_part,
+                      usage_object)
+from .request import new_id, renamed
+
+# The code of the error a cancel (POST /v1/responses/{id}/cancel) ends a generation with.
+CANCELLED_CODE = "response_cancelled"
+
+
+@dataclass
+class _Item:
+    """An output item being written: a message (text) or a function call (arguments)."""
+
+    output_index: int
+    item: dict[str, Any]
+    pieces: list[str] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    done: bool = False
+
+
+class ResponseEvents:
+    """An EventWriter (relay.py) for /v1/responses. `on_end(response)` receives the final object
+    (completed, incomplete, failed or cancelled), e.g. to store it."""
+
+    heartbeat = sse.HEARTBEAT
+
+    def __init__(self, skeleton: ResponseSkeleton, logprobs: bool,
+                 on_end: Callable[[dict[str, Any]], None] = lambda _: None) -> None:
+        self._skeleton = skeleton
+        self._logprobs = logprobs
+        self._on_end = on_end
+        self._sequence = 0
+        self._started = False
+        self._items: list[_Item] = []
+        self._text: _Item | None = None  # the open message item
+        self._calls: dict[int, _Item] = {}  # the engine's call index -> its open function call item
+        self._tally = UsageTally()
+        self._status = "completed"  # incomplete once the engine says the output limit cut the answer
+
+    # -------------------------------------------------------------- framing
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        data = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return f"event: {kind}\n".encode() + sse.event(data)
+
+    def _start(self) -> list[bytes]:
+        if self._started:
+            return []
+        self._started = True
+        snapshot = self._skeleton.build("in_progress", [])
+        return [self._event("response.created", response=snapshot),
+                self._event("response.in_progress", response=snapshot)]
+
+    # -------------------------------------------------------------- items
+
+    def _add(self, item: dict[str, Any]) -> tuple[_Item, bytes]:
+        entry = _Item(len(self._items), item)
+        self._items.append(entry)
+        return entry, self._event("response.output_item.added", output_index=entry.output_index, item=item)
+
+    def open_text(self, item_id: str | None = None) -> list[bytes]:
+        self._text, added = self._add(message_item(item_id or new_id("msg"), "in_progress", []))
+        part = text_part("", [])
+        return [added, self._event("response.content_part.added", item_id=self._text.item["id"],
+                                   output_index=self._text.output_index, content_index=0, part=part)]
+
+    def text_delta(self, text: str, logprobs: list[dict[str, Any]]) -> list[bytes]:
+        out = [] if self._text is not None else self.open_text()
+        entry = self._text
+        assert entry is not None
+        entry.pieces.append(text)
+        entry.logprobs.extend(logprobs)
+        out.append(self._event("response.output_text.delta", item_id=entry.item["id"],
+                               output_index=entry.output_index, content_index=0, delta=text, logprobs=logprobs))
+        return out
+
+    def _close_text(self, status: str) -> list[bytes]:
+        entry, self._text = self._text, None
+        if entry is None:
+            return []
+        text = "".join(entry.pieces)
+        part = text_part(text, entry.logprobs)
+        entry.item = message_item(entry.item["id"], status, [part])
+        entry.done = True
+        where = {"item_id": entry.item["id"], "output_index": entry.output_index, "content_index": 0}
+        return [self._event("response.output_text.done", **where, text=text, logprobs=entry.logprobs),
+                self._event("response.content_part.done", **where, part=part),
+                self._event("response.output_item.done", output_index=entry.output_index, item=entry.item)]
+
+    def open_call(self, index: int, call_id: str, name: str, item_id: str | None = None) -> list[bytes]:
+        out = self._close_text("completed")  # the text before a call is finished
+        item = function_call_item(item_id or new_id("fc"), call_id, name, "", "in_progress")
+        self._calls[index], added = self._add(item)
+        return out + [added]
+
+    def call_delta(self, index: int, arguments: str) -> list[bytes]:
+        entry = self._calls[index]
+        entry.pieces.append(arguments)
+        return [self._event("response.function_call_arguments.delta", item_id=entry.item["id"],
+                            output_index=entry.output_index, delta=arguments)]
+
+    def _close_calls(self, status: str) -> list[bytes]:
+        out = []
+        for entry in self._calls.values():
+            arguments = "".join(entry.pieces)
+            item = entry.item
+            entry.item = function_call_item(item["id"], item["call_id"], item["name"], arguments, status)
+            entry.done = True
+            out += [self._event("response.function_call_arguments.done", item_id=item["id"],
+                                output_index=entry.output_index, name=item["name"], arguments=arguments),
+                    self._event("response.output_item.done", output_index=entry.output_index, item=entry.item)]
+        self._calls = {}
+        return out
+
+    def close_items(self, status: str) -> list[bytes]:
+        """Ends the open items; an answer with no item at all gets an empty message (as a whole one does)."""
+        out = [] if self._items else self.open_text()
+        return out + self._close_text(status) + self._close_calls(status)
+
+    def output(self) -> list[dict[str, Any]]:
+        """The items so far; those never finished are marked incomplete."""
+        return [e.item if e.done else {**e.item, "status": "incomplete"} for e in self._items]
+
+    def end(self, status: str, usage: dict[str, Any] | None, error: APIError | None = None) -> list[bytes]:
+        """The terminal event(s): response.completed / .incomplete, or error then response.failed."""
+        if error is not None:
+            error = renamed(error)
+        response = self._skeleton.build(status, self.output(), usage, error)
+        self._on_end(response)
+        if error is None:
+            return [self._event(f"response.{status}", response=response)]
+        flat = {"code": error.code or error.type, "message": error.message, "param": error.param}
+        return [self._event("error", **flat), self._event("response.failed", response=response)]
+
+    # -------------------------------------------------------------- EventWriter
+
+    def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[bytes]:
+        self._tally.add(prompt_index, response)
+        out = self._start()
+        kind = response.WhichOneof("kind")
+        if kind == "chunk":
+            chunk = response.chunk
+            if chunk.text or (self._logprobs and chunk.logprobs):
+                out += self.text_delta(chunk.text, logprobs_list(list(chunk.logprobs)) if self._logprobs else [])
+            for delta in chunk.tool_calls:
+                if delta.index not in self._calls:
+                    out += self.open_call(delta.index, delta.id or new_tool_call_id(), delta.name)
+                if delta.arguments:
+                    out += self.call_delta(delta.index, delta.arguments)
+        elif kind == "final":
+            final = response.final
+            if not self._calls:  # the engine did not stream its calls piecewise: each whole
+                for k, call in enumerate(final.tool_calls):
+                    out += self.open_call(k, call.id or new_tool_call_id(), call.name)
+                    out += self.call_delta(k, call.arguments) if call.arguments else []
+            self._status = status_of(finish_reason_name(final.finish_reason))
+            out += self.close_items(self._status)
+        return out
+
+    def finish(self) -> list[bytes]:
+        out = self._start() + self.close_items(self._status)
+        return out + self.end(self._status, usage_object(self._tally.usage()))
+
+    def fail(self, error: APIError) -> list[bytes]:
+        status = "cancelled" if error.code == CANCELLED_CODE else "failed"
+        return self._start() + self.end(status, usage_object(self._tally.usage()), error)
+
+
+def replay(response: dict[str, Any]) -> list[bytes]:
+    """A stored response as the events that streamed it: each text in one delta, each call's
+    arguments in one delta, then its terminal event."""
+    writer = ResponseEvents(ResponseSkeleton.of(response), logprobs=False)
+    out = writer._start()
+    for k, item in enumerate(response["output"]):
+        if item["type"] == "message":
+            out += writer.open_text(item["id"])
+            part = (item.get("content") or [{}])[0]
+            if part.get("text"):
+                out += writer.text_delta(part["text"], part.get("logprobs") or [])
+            out += writer.close_items(item["status"])
+        elif item["type"] == "function_call":
+            out += writer.open_call(k, item["call_id"], item["name"], item["id"])
+            if item["arguments"]:
+                out += writer.call_delta(k, item["arguments"])
+            out += writer.close_items(item["status"])
+    status = response["status"]
+    if status in ("completed", "incomplete"):
+        return out + [writer._event(f"response.{status}", response=response)]
+    error = response.get("error") or {"code": "server_error", "message": "The response failed."}
+    return out + [writer._event("error", code=error.get("code"), message=error.get("message"), param=None),
+                  writer._event("response.failed", response=response)]
+

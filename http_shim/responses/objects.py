@@ -1,0 +1,114 @@
+"""The Responses API's objects: output items, usage and the response itself.
+
+Whole answers (`Collector`) and streams (events.py) build their output items with the same
+functions here, so a streamed response's final object equals the one a whole answer gets.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from conduit.common.results import Choice
+from conduit.v1.contract import new_tool_call_id
+
+from ..errors import APIError
+from ..proto_to_openai import chat_logprobs
+from .request import new_id
+
+TERMINAL = ("completed", "incomplete", "failed", "cancelled")
+
+
+def logprobs_list(entries: list) -> list[dict[str, Any]]:
+    """Engine logprobs -> the Responses shape (chat's content entries: token, logprob, bytes, top_logprobs)."""
+    return chat_logprobs(entries)["content"] if entries else []
+
+
+def text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+
+
+def message_item(item_id: str, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name, "arguments": arguments,
+            "status": status}
+
+
+def output_items(choice: Choice, logprobs: bool) -> list[dict[str, Any]]:
+    """A finished choice's output: its text as a message (also an empty one when it made no call),
+    then one item per function call."""
+    status = "incomplete" if choice.finish_reason == "length" else "completed"
+    items = []
+    if choice.text or not choice.tool_calls:
+        part = text_part(choice.text, logprobs_list(choice.logprobs) if logprobs else [])
+        items.append(message_item(new_id("msg"), status, [part]))
+    for call in choice.tool_calls:
+        items.append(function_call_item(new_id("fc"), call.id or new_tool_call_id(), call.name, call.arguments, status))
+    return items
+
+
+def usage_object(chat_usage: dict[str, Any]) -> dict[str, Any]:
+    """Chat usage -> Responses usage; cached tokens come from the engine's prefix cache."""
+    return {
+        "input_tokens": chat_usage["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
+        "output_tokens": chat_usage["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": chat_usage["total_tokens"],
+    }
+
+
+def status_of(finish_reason: str | None) -> str:
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+def error_object(error: APIError) -> dict[str, Any]:
+    """`response.error`: OpenAI's codes name the kind of failure."""
+    if error.status == 499:  # a cancel: its own code
+        code = error.code or "cancelled"
+    elif error.status == 429:
+        code = "rate_limit_exceeded"
+    else:
+        code = "server_error" if error.status >= 500 else "invalid_prompt"
+    return {"code": code, "message": error.message}
+
+
+class ResponseSkeleton:
+    """A response's fixed fields (id, creation time, the request's settings) and how to dress its state."""
+
+    def __init__(self, response_id: str, model: str, echo: dict[str, Any]) -> None:
+        self.id = response_id
+        self.created_at = int(time.time())
+        self.model = model
+        self.echo = echo
+
+    def build(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
+              error: APIError | None = None) -> dict[str, Any]:
+        response = {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "error": None if error is None else error_object(error),
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "output": output,
+            "usage": usage,
+            **self.echo,
+            "model": self.model,
+        }
+        if status == "completed":
+            response["completed_at"] = int(time.time())
+        return response
+
+    @classmethod
+    def of(cls, response: dict[str, Any]) -> ResponseSkeleton:
+        """The skeleton of a stored response (to replay its events)."""
+        skeleton = cls(response["id"], response["model"], {})
+        skeleton.created_at = response["created_at"]
+        fixed = ("id", "object", "created_at", "status", "error", "incomplete_details", "output", "usage",
+                 "model", "completed_at")
+        skeleton.echo = {k: v for k, v in response.items() if k not in fixed}
+        return skeleton

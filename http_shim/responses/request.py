@@ -1,0 +1,331 @@
+"""A /v1/responses body -> the chat request the engine already serves, plus what the answer echoes.
+
+The Responses API is chat completions with other spellings: input items become chat messages,
+flat function tools become chat tools, `text.format` becomes `response_format`. So this module
+checks what is Responses-specific (items, tools, tool_choice, include, metadata, truncation) and
+hands a chat body to `parse_chat`, which validates the rest and builds the GenerateRequest exactly
+as the chat route does. Errors it raises name chat fields; `responses_param` renames them.
+
+Refused with a 400 naming them: item types other than messages, function calls and their outputs
+(images, files, reasoning, hosted tools' calls, item references), content parts other than text,
+tools other than functions. Tolerated: unknown top-level fields and `include` values (as the chat
+route tolerates unknown fields), `reasoning`, `service_tier`, `prompt_cache_key` and the like.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import APIError, invalid
+from ..openai_to_proto import GenerationPlan, RequestLimits, parse_chat
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+_ROLES = ("user", "assistant", "system", "developer")
+_TEXT_PARTS = ("input_text", "output_text", "text")
+_TRUNCATION = ("disabled", "auto")
+# OpenAI's limits on `metadata`.
+METADATA_MAX_KEYS, METADATA_MAX_KEY_CHARS, METADATA_MAX_VALUE_CHARS = 16, 64, 512
+# Vendor fields (sent through the SDK's extra_body) passed on to the engine as the chat route reads them.
+_VENDOR_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop",
+                  "min_tokens", "ignore_eos", "stop_token_ids", "logit_bias")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+@dataclass
+class ResponsesRequest:
+    """One validated /v1/responses request."""
+
+    plan: GenerationPlan
+    context: list[dict[str, Any]]  # every input item the answer is generated from (inherited ones first)
+    echo: dict[str, Any]  # the request's settings, as the response object repeats them
+    stream: bool
+    store: bool
+    logprobs: bool  # include asks for output_text logprobs
+    truncation: str
+
+
+# ------------------------------------------------------------------ small readers
+
+
+def _dict(value: Any, param: str) -> dict:
+    if not isinstance(value, dict):
+        raise invalid(f"'{param}' must be an object.", param)
+    return value
+
+
+def _str(value: Any, param: str) -> str:
+    if not isinstance(value, str):
+        raise invalid(f"'{param}' must be a string.", param)
+    return value
+
+
+def _list(value: Any, param: str) -> list:
+    if not isinstance(value, list):
+        raise invalid(f"'{param}' must be an array.", param)
+    return value
+
+
+def unsupported(what: str, kind: Any, param: str) -> APIError:
+    return invalid(f"{what} of type {json.dumps(kind)} are not supported by this server.", param, "unsupported_value")
+
+
+# ------------------------------------------------------------------ input items
+
+
+def normalize_items(value: Any) -> list[dict[str, Any]]:
+    """`input` as stored and listed: a list of typed items with ids, message content as parts."""
+    if isinstance(value, str):
+        value = [{"role": "user", "content": value}]
+    items = _list(value, "input")
+    out = []
+    for i, item in enumerate(items):
+        param = f"input[{i}]"
+        item = dict(_dict(item, param))
+        kind = item.setdefault("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in _ROLES:
+                raise invalid(f"'{param}.role' must be one of {', '.join(_ROLES)}; got {json.dumps(role)}.",
+                              f"{param}.role")
+            content = item.get("content")
+            if isinstance(content, str):
+                part = "output_text" if role == "assistant" else "input_text"
+                item["content"] = [{"type": part, "text": content, **({"annotations": []} if role == "assistant" else {})}]
+            item.setdefault("id", new_id("msg"))
+            item.setdefault("status", "completed")
+        elif kind in ("function_call", "function_call_output"):
+            item.setdefault("id", new_id("fc" if kind == "function_call" else "fco"))
+            item.setdefault("status", "completed")
+        out.append(item)
+    return out
+
+
+def _part_text(part: Any, param: str) -> str:
+    part = _dict(part, param)
+    kind = part.get("type")
+    if kind in _TEXT_PARTS:
+        return _str(part.get("text"), f"{param}.text")
+    if kind == "refusal":
+        return _str(part.get("refusal"), f"{param}.refusal")
+    raise unsupported("Content parts", kind, f"{param}.type")
+
+
+def _content(value: Any, param: str) -> str:
+    if isinstance(value, str):
+        return value
+    parts = _list(value, param)
+    return "\n".join(_part_text(p, f"{param}[{j}]") for j, p in enumerate(parts))
+
+
+def chat_messages(items: list[dict[str, Any]], first_index: int) -> list[dict[str, Any]]:
+    """Input items -> chat messages: consecutive function calls join the assistant message before
+    them (text, then calls, as a chat assistant turn holds them). `first_index`: the place of
+    items[0] in the request's `input` (negative for inherited items), for error messages."""
+    messages: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        param = f"input[{i + first_index}]" if i + first_index >= 0 else "previous_response_id"
+        kind = item["type"]
+        if kind == "message":
+            messages.append({"role": item["role"], "content": _content(item.get("content"), f"{param}.content")})
+        elif kind == "function_call":
+            call = {"id": _str(item.get("call_id"), f"{param}.call_id"), "type": "function",
+                    "function": {"name": _str(item.get("name"), f"{param}.name"),
+                                 "arguments": _str(item.get("arguments", "{}"), f"{param}.arguments")}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": _str(item.get("call_id"), f"{param}.call_id"),
+                             "content": _content(item.get("output"), f"{param}.output")})
+        else:
+            raise unsupported("Input items", kind, f"{param}.type")
+    return messages
+
+
+# ------------------------------------------------------------------ tools and formats
+
+
+def chat_tools(value: Any) -> list[dict[str, Any]]:
+    """Flat function tools -> chat tools; any other tool type is refused, named."""
+    tools = []
+    for k, tool in enumerate(_list(value, "tools")):
+        tool = _dict(tool, f"tools[{k}]")
+        if tool.get("type") != "function":
+            raise unsupported("Tools", tool.get("type"), f"tools[{k}].type")
+        if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
+            raise invalid(f"'tools[{k}].strict' must be a boolean.", f"tools[{k}].strict")
+        function = {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None}
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
+def chat_tool_choice(value: Any, tools: list[dict[str, Any]]) -> tuple[Any, list[dict[str, Any]]]:
+    """(the chat tool_choice, the tools offered to the model): `allowed_tools` narrows the tools."""
+    if value is None or isinstance(value, str):
+        return value, tools
+    choice = _dict(value, "tool_choice")
+    kind = choice.get("type")
+    if kind == "function":
+        return {"type": "function", "function": {"name": _str(choice.get("name"), "tool_choice.name")}}, tools
+    if kind == "allowed_tools":
+        mode = choice.get("mode", "auto")
+        if mode not in ("auto", "required"):
+            raise invalid(f"'tool_choice.mode' must be 'auto' or 'required', got {json.dumps(mode)}.", "tool_choice.mode")
+        names = set()
+        for j, allowed in enumerate(_list(choice.get("tools"), "tool_choice.tools")):
+            allowed = _dict(allowed, f"tool_choice.tools[{j}]")
+            if allowed.get("type") != "function":
+                raise unsupported("Tools", allowed.get("type"), f"tool_choice.tools[{j}].type")
+            names.add(_str(allowed.get("name"), f"tool_choice.tools[{j}].name"))
+        known = {t["function"].get("name") for t in tools}
+        if names - known:
+            raise invalid(f"'tool_choice.tools' names tools not in 'tools': {', '.join(sorted(names - known))}.",
+                          "tool_choice.tools")
+        return mode, [t for t in tools if t["function"].get("name") in names]
+    raise unsupported("Tool choices", kind, "tool_choice.type")
+
+
+def response_format(text: Any) -> dict[str, Any] | None:
+    """`text.format` -> the chat `response_format` (flat json_schema -> nested)."""
+    if text is None:
+        return None
+    fmt = _dict(text, "text").get("format")
+    if fmt is None:
+        return None
+    fmt = _dict(fmt, "text.format")
+    if fmt.get("type") == "json_schema":
+        spec = {key: fmt[key] for key in ("name", "schema", "strict", "description") if key in fmt}
+        return {"type": "json_schema", "json_schema": spec}
+    return fmt
+
+
+def _metadata(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    metadata = _dict(value, "metadata")
+    if len(metadata) > METADATA_MAX_KEYS:
+        raise invalid(f"'metadata' may hold at most {METADATA_MAX_KEYS} keys, got {len(metadata)}.", "metadata")
+    for key, item in metadata.items():
+        if len(key) > METADATA_MAX_KEY_CHARS:
+            raise invalid(f"'metadata' keys may be at most {METADATA_MAX_KEY_CHARS} characters.", "metadata")
+        if not isinstance(item, str) or len(item) > METADATA_MAX_VALUE_CHARS:
+            raise invalid(f"'metadata' values must be strings of at most {METADATA_MAX_VALUE_CHARS} characters.",
+                          "metadata")
+    return metadata
+
+
+def _include(value: Any) -> list[str]:
+    include = _list(value, "include") if value is not None else []
+    for j, entry in enumerate(include):
+        _str(entry, f"include[{j}]")
+    return include
+
+
+# ------------------------------------------------------------------ error names
+
+# Chat names in parse_chat's (and the engine's) errors -> the Responses field the user sent.
+_RENAMES = (
+    (re.compile(r"^messages(\[\d+\])?.*"), "input"),
+    (re.compile(r"^tools\[(\d+)\]\.function\.(\w+)"), r"tools[\1].\2"),
+    (re.compile(r"^tool_choice\.function\.name"), "tool_choice.name"),
+    (re.compile(r"^response_format(\.json_schema)?"), "text.format"),
+    (re.compile(r"^(max_completion_tokens|max_tokens)$"), "max_output_tokens"),
+    (re.compile(r"^logprobs$"), "include"),
+)
+
+
+def responses_param(param: str | None) -> str | None:
+    if not param:
+        return param
+    for pattern, name in _RENAMES:
+        if pattern.match(param):
+            return pattern.sub(name, param, count=1)
+    return param
+
+
+def renamed(error: APIError) -> APIError:
+    """The error with the Responses name of its parameter, in `param` and in its message."""
+    new = responses_param(error.param)
+    if new != error.param and error.param:
+        error.message = error.message.replace(f"'{error.param}", f"'{new}")
+        error.param = new
+    return error
+
+
+# ------------------------------------------------------------------ the request
+
+
+def parse_responses(body: dict, request_id: str, limits: RequestLimits,
+                    inherited: list[dict[str, Any]] | None = None) -> ResponsesRequest:
+    """Validate a /v1/responses body. `inherited`: the context and output of `previous_response_id`."""
+    if body.get("input") is None:
+        raise invalid("you must provide an input parameter.", "input")
+    new_items = normalize_items(body["input"])
+    context = list(inherited or []) + new_items
+    instructions = body.get("instructions")
+    messages = [] if instructions is None else [{"role": "system", "content": _str(instructions, "instructions")}]
+    messages += chat_messages(context, -len(inherited or []))
+    include = _include(body.get("include"))
+    logprobs = LOGPROBS_INCLUDE in include
+    tools = chat_tools(body["tools"]) if body.get("tools") is not None else []
+    tool_choice, offered = chat_tool_choice(body.get("tool_choice"), tools)
+    truncation = body.get("truncation") or "disabled"
+    if truncation not in _TRUNCATION:
+        raise invalid(f"'truncation' must be 'auto' or 'disabled', got {json.dumps(truncation)}.", "truncation")
+    store = body.get("store")
+    if store is not None and not isinstance(store, bool):
+        raise invalid("'store' must be a boolean.", "store")
+    metadata = _metadata(body.get("metadata"))
+    if body.get("user") is not None:
+        _str(body["user"], "user")
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages, "stream": body.get("stream")}
+    for key in ("temperature", "top_p", "parallel_tool_calls", *_VENDOR_FIELDS):
+        if body.get(key) is not None:
+            chat[key] = body[key]
+    if offered:
+        chat["tools"] = offered
+    if tool_choice is not None:
+        chat["tool_choice"] = tool_choice
+    if body.get("max_output_tokens") is not None:
+        chat["max_completion_tokens"] = body["max_output_tokens"]
+    if (fmt := response_format(body.get("text"))) is not None:
+        chat["response_format"] = fmt
+    if logprobs:
+        chat["logprobs"] = True
+        chat["top_logprobs"] = body.get("top_logprobs") or 0
+    elif body.get("top_logprobs") is not None:
+        chat["top_logprobs"], chat["logprobs"] = body["top_logprobs"], True  # validated; not returned
+    try:
+        plan = parse_chat(chat, request_id, limits)
+    except APIError as error:
+        raise renamed(error) from None
+    echo = {
+        "instructions": instructions,
+        "max_output_tokens": body.get("max_output_tokens"),
+        "metadata": metadata or {},
+        "model": body["model"],
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "previous_response_id": body.get("previous_response_id"),
+        "temperature": body.get("temperature", 1.0),
+        "top_p": body.get("top_p", 1.0),
+        "top_logprobs": body.get("top_logprobs", 0),
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
+        "truncation": truncation,
+        "user": body.get("user"),
+        "store": True if store is None else store,
+        "reasoning": {"effort": None, "summary": None},
+        "background": False,
+        "service_tier": "default",
+    }
+    return ResponsesRequest(plan, context, echo, plan.stream, echo["store"], logprobs, truncation)

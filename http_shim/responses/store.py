@@ -1,0 +1,115 @@
+"""The response store behind `store` and `previous_response_id`: SQLite from the standard library.
+
+One file (`responses.sqlite3`) under a folder the operator names (--responses-store-dir), in WAL
+mode so a reader never waits on the writer and a crash loses at most the last write. It is bounded
+by count and by age; each write evicts the oldest responses past either bound, so a conversation
+whose start was evicted can no longer be continued (its id answers 404, as at OpenAI after 30 days).
+
+Each row holds the whole response object and the context it was generated from (every input item,
+inherited ones included, without `instructions`), so continuing a chain reads one row, never a chain.
+Shims do not share a store: each has its own file (see the README for pinning a conversation).
+
+Under gevent every greenlet runs on one OS thread and a sqlite3 call never yields, so one connection
+serves them all; the lock only keeps a statement and its commit together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STORE_FILE = "responses.sqlite3"
+DEFAULT_MAX_RESPONSES = 10_000
+DEFAULT_MAX_AGE_S = 30 * 24 * 3600  # OpenAI keeps stored responses for 30 days
+
+
+STORE_DIR_ENV = "CONDUIT_RESPONSES_STORE_DIR"
+
+
+def default_store_dir() -> str:
+    """$CONDUIT_RESPONSES_STORE_DIR (the flag's variable), else $XDG_STATE_HOME/conduit
+    (~/.local/state/conduit): state that should outlive a restart."""
+    if os.environ.get(STORE_DIR_ENV) is not None:
+        return os.environ[STORE_DIR_ENV]
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return str(Path(base) / "conduit")
+
+
+@dataclass(frozen=True)
+class StoreLimits:
+    max_responses: int = DEFAULT_MAX_RESPONSES
+    max_age_s: float = DEFAULT_MAX_AGE_S
+
+    def __post_init__(self) -> None:
+        if self.max_responses < 1 or self.max_age_s <= 0:
+            raise ValueError("the response store's count and age bounds must be positive")
+
+
+@dataclass
+class StoredResponse:
+    response: dict[str, Any]
+    context: list[dict[str, Any]]  # the input items it was generated from, inherited ones included
+
+
+class ResponseStore:
+    def __init__(self, folder: Path | str, limits: StoreLimits = StoreLimits()) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / STORE_FILE
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # durable at each checkpoint; WAL keeps it consistent
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS responses ("
+            " seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, stored_at REAL NOT NULL,"
+            " response TEXT NOT NULL, context TEXT NOT NULL)"
+        )
+
+    def put(self, response: dict[str, Any], context: list[dict[str, Any]]) -> None:
+        """Stores (or replaces) a response, then evicts the oldest past the bounds."""
+        row = (response["id"], time.time(), json.dumps(response), json.dumps(context))
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("DELETE FROM responses WHERE id = ?", row[:1])
+                self._db.execute("INSERT INTO responses (id, stored_at, response, context) VALUES (?, ?, ?, ?)", row)
+                self._evict()
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def _evict(self) -> None:
+        self._db.execute("DELETE FROM responses WHERE stored_at < ?", (time.time() - self.limits.max_age_s,))
+        self._db.execute(
+            "DELETE FROM responses WHERE seq <= (SELECT seq FROM responses ORDER BY seq DESC LIMIT 1 OFFSET ?)",
+            (self.limits.max_responses,),
+        )
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT response, context FROM responses WHERE id = ? AND stored_at >= ?",
+                (response_id, time.time() - self.limits.max_age_s),
+            ).fetchone()
+        return None if row is None else StoredResponse(json.loads(row[0]), json.loads(row[1]))
+
+    def delete(self, response_id: str) -> bool:
+        with self._lock:
+            return self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
+
+    def count(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
