@@ -179,9 +179,10 @@ class EngineClient:
 
     def tokenize(self, text: str | None = None, *, messages: Iterable[Message] | None = None, model: str = "",
                  timeout: float | None = None, metadata: Metadata | None = None,
-                 tools: Sequence[ToolSpec] = ()) -> pb.TokenizeResponse:
-        """Token ids of a text, or of a chat (with its tools) rendered exactly as Generate renders it."""
-        request = tokenize_request(text=text, messages=messages, model=model, tools=tools)
+                 tools: Sequence[ToolSpec] = (), request: pb.TokenizeRequest | None = None) -> pb.TokenizeResponse:
+        """Token ids of a text, or of a chat (with its tools) rendered exactly as Generate renders it;
+        `request`: a whole TokenizeRequest instead (tool choice, answer format)."""
+        request = request or tokenize_request(text=text, messages=messages, model=model, tools=tools)
         return self._unary(self._stub.Tokenize, request, timeout, metadata)
 
     def detokenize(self, token_ids: Sequence[int], *, model: str = "", timeout: float | None = None,
@@ -293,8 +294,9 @@ class AsyncEngineClient:
 
     async def tokenize(self, text: str | None = None, *, messages: Iterable[Message] | None = None,
                        model: str = "", timeout: float | None = None,
-                       metadata: Metadata | None = None) -> pb.TokenizeResponse:
-        request = tokenize_request(text=text, messages=messages, model=model)
+                       metadata: Metadata | None = None,
+                       request: pb.TokenizeRequest | None = None) -> pb.TokenizeResponse:
+        request = request or tokenize_request(text=text, messages=messages, model=model)
         return await self._unary(self._stub.Tokenize, request, timeout, metadata)
 
     async def detokenize(self, token_ids: Sequence[int], *, model: str = "", timeout: float | None = None,

@@ -1,9 +1,10 @@
 """The Flask app: OpenAI routes over the engine's gRPC API.
 
 Routes: POST /v1/chat/completions, POST /v1/completions, the Responses API (/v1/responses...:
-responses/), GET /v1/models, GET /v1/models/{id},
-GET /health, GET /metrics, GET /openapi.json, and the browser playground at / (playground.py).
-Errors always come back as OpenAI error JSON (see errors.py). `create_app` returns the WSGI app to
+responses/), Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens: messages/),
+GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics, GET /openapi.json, and the browser
+playground at / (playground.py). Errors come back as OpenAI error JSON (see errors.py), or in
+Anthropic's shape to Anthropic's clients (messages/routes.py). `create_app` returns the WSGI app to
 serve: the Flask app inside the middleware that stamps request ids and records metrics
 (observe.py); its `state` holds the drain and the metrics.
 """
@@ -31,6 +32,9 @@ from .connection import ABANDON_BODY_KEY
 from .cors import CorsPolicy, install_cors
 from .drain import Drain
 from .errors import APIError, from_engine_error, internal_error_message
+from .messages import is_anthropic_request, register_messages
+from .messages.routes import GENERATION_ROUTES as MESSAGES_ROUTES
+from .messages.routes import anthropic_error, model_list, model_object
 from .metrics import ShimMetrics
 from .models import Connect, ServedModels
 from .observe import REQUEST_ID_KEY, ROUTE_KEY, ObservedApp
@@ -60,7 +64,7 @@ ENGINE_CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
-_GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", RESPONSES_ROUTE)
+_GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", RESPONSES_ROUTE, *MESSAGES_ROUTES)
 
 
 @dataclass
@@ -112,6 +116,9 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 
 def _error(error: APIError) -> Response:
+    """In the shape the client's API uses: OpenAI's, or Anthropic's (its routes, its SDKs)."""
+    if is_anthropic_request():
+        return anthropic_error(error, _request_id())
     return _json(error.body(), error.status, error.headers)
 
 
@@ -194,11 +201,7 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
         if error.code == 413:  # the rest of the body is not read: this connection cannot carry another request
             request.environ[ABANDON_BODY_KEY] = True
             headers["Connection"] = "close"
-        return _json(
-            {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}},
-            error.code or 400,
-            headers,
-        )
+        return _error(APIError(error.code or 400, message, "invalid_request_error", None, code, headers))
 
     @app.errorhandler(Exception)
     def on_bug(error: Exception) -> Response:
@@ -216,17 +219,17 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
         if not keys.enabled or not request.path.startswith("/v1"):
             return None
         authorization = request.headers.get("Authorization")
-        if keys.check(authorization):
+        if keys.check(authorization) or keys.check_key(request.headers.get("x-api-key")):  # x-api-key: Anthropic's
             return None
-        if not authorization:
+        if not authorization and not request.headers.get("x-api-key"):
             message = (
                 "You didn't provide an API key. You need to provide your API key in an Authorization header "
-                "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+                "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or in an x-api-key header."
             )
         else:
             message = "Incorrect API key provided."
-        error = APIError(401, message, "invalid_request_error", None, "invalid_api_key")
-        return _json(error.body(), 401, {"WWW-Authenticate": "Bearer"})
+        return _error(APIError(401, message, "invalid_request_error", None, "invalid_api_key",
+                               {"WWW-Authenticate": "Bearer"}))
 
     @app.before_request
     def refuse_while_draining() -> None:
@@ -273,10 +276,14 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
 
     @app.get("/v1/models")
     def list_models() -> Response:
+        if is_anthropic_request():
+            return _json(model_list(models.list(metadata=_metadata()), started))
         return _json({"object": "list", "data": [_model_object(m, started) for m in models.list(metadata=_metadata())]})
 
     @app.get("/v1/models/<path:model_id>")
     def get_model(model_id: str) -> Response:
+        if is_anthropic_request():
+            return _json(model_object(models.info(model_id, metadata=_metadata()), started))
         return _json(_model_object(models.info(model_id, metadata=_metadata()), started))
 
     @app.post("/v1/chat/completions")
@@ -304,5 +311,6 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
             return Response(status=499)
         return _json(build(response_id, created, model, plan, collected))
 
+    register_messages(app, relay, models, config.limits, _body, _request_id, _metadata)
     return ObservedApp(app, metrics, ShimState(drain, metrics))
 

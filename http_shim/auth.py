@@ -3,7 +3,7 @@
 Keys come from `--api-key` (repeatable), `--api-key-file` (one key per line; blank lines and
 lines starting with # are ignored) and the environment (`CONDUIT_API_KEYS`, comma-separated;
 `CONDUIT_API_KEY`, one key). With any key configured, every /v1 route needs
-`Authorization: Bearer <key>`; /health, /metrics and /openapi.json stay open (probes, scrapers
+`Authorization: Bearer <key>` (or `x-api-key: <key>`, as Anthropic's clients send it); /health, /metrics and /openapi.json stay open (probes, scrapers
 and the schema carry no secrets).
 
 The check compares SHA-256 digests with `hmac.compare_digest` against every key, without
@@ -71,3 +71,7 @@ class KeyChecker:
         for expected in self._digests:
             matched |= hmac.compare_digest(digest, expected)
         return matched and scheme.lower() == "bearer"
+
+    def check_key(self, key: str | None) -> bool:
+        """Whether a bare key (Anthropic's `x-api-key` header) is one of the keys."""
+        return key is not None and self.check(f"Bearer {key}")

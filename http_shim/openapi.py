@@ -12,6 +12,7 @@ from typing import Any
 
 from conduit.v1.contract import LOGIT_BIAS_RANGE, MAX_TOP_LOGPROBS, SAMPLING_RANGES
 
+from .messages.openapi import messages_openapi
 from .openai_to_proto import MAX_COMPLETION_LOGPROBS, MAX_PROMPTS, RequestLimits
 from .responses.openapi import responses_paths
 
@@ -392,6 +393,9 @@ def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, An
     paths, schemas = responses_paths([request_id_header], _error_responses)
     document["paths"].update(paths)
     document["components"]["schemas"].update(schemas)
+    messages_paths, messages_schemas = messages_openapi(limits, [request_id_header])
+    document["paths"].update(messages_paths)
+    document["components"]["schemas"].update(messages_schemas)
     if auth_required:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         document["security"] = [{"bearer": []}]

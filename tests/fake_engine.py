@@ -115,6 +115,13 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"model '{request.model}' is not served")
         return self._info()
 
+    async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
+        """One token per word of the chat's contents (or the text)."""
+        if request.model and request.model != self.model_id:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"model {request.model!r} is not served here")
+        words = (" ".join(m.content for m in request.chat.messages) if request.HasField("chat") else request.text).split()
+        return pb.TokenizeResponse(token_ids=list(range(len(words))), tokens=words, max_context_length=2048)
+
     def _info(self) -> pb.ModelInfo:
         return pb.ModelInfo(id=self.model_id, source="fake", max_context_length=2048, vocab_size=1000, created=MODEL_CREATED)
 

@@ -35,7 +35,8 @@ def fuzzable(document: dict[str, Any], model: str) -> dict[str, Any]:
     """The shim's document, with `model` pinned to the served one so requests reach the engine
     (random names would all stop at a 404). Used on the real stack too."""
     schemas = document["components"]["schemas"]
-    for name in ("ChatCompletionRequest", "CompletionRequest", "ResponseRequest"):
+    for name in ("ChatCompletionRequest", "CompletionRequest", "ResponseRequest", "MessagesRequest",
+                 "CountTokensRequest"):
         schemas[name]["properties"]["model"] = {"type": "string", "enum": [model]}
     return document
 
@@ -50,7 +51,8 @@ def load_schema(document: dict[str, Any], model: str, phases: list[str]) -> sche
 
 
 def check_answer(case: schemathesis.Case, response: Any) -> None:
-    """No 5xx; errors in OpenAI's shape; streams end with [DONE] or an error event."""
+    """No 5xx; errors in OpenAI's shape (Anthropic's on /v1/messages); streams end with [DONE] (or
+message_stop) or an error event."""
     try:
         _check_answer(case, response)
     except AssertionError:
@@ -60,7 +62,10 @@ def check_answer(case: schemathesis.Case, response: Any) -> None:
 
 def _check_answer(case: schemathesis.Case, response: Any) -> None:
     assert response.status_code < 500, f"{response.status_code} for {case.method} {case.path}: {response.text[:500]}"
-    if response.status_code >= 400 and case.path not in ("/health",):
+    if response.status_code >= 400 and case.path.startswith("/v1/messages"):  # Anthropic's shape
+        body = response.json()
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+    elif response.status_code >= 400 and case.path not in ("/health",):
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}, error
     content_type = (response.headers.get("content-type") or [""])[0]  # schemathesis: header -> values
@@ -70,7 +75,8 @@ def _check_answer(case: schemathesis.Case, response: Any) -> None:
         events = [line for line in response.text.split("\n") if line.startswith("data: ")]
         assert not any('"error"' in event for event in events[:-1])
         if not response.stream_cut_short:  # not left by the client
-            assert events and (events[-1] == "data: [DONE]" or '"error"' in events[-1]), response.text[-500:]
+            assert events and (events[-1] in ("data: [DONE]", 'data: {"type":"message_stop"}')
+                               or '"error"' in events[-1]), response.text[-500:]
 
 
 def check_responses_events(text: str, cut_short: bool) -> None:

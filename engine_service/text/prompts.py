@@ -95,7 +95,7 @@ def _without_tool_fields(messages: list[dict], spec: ToolSpec | None, answer_for
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, request: pb.GenerateRequest | pb.TokenizeRequest) -> list[int]:
     kind = request.WhichOneof("input")
     if kind == "chat":
-        answer_format = request.constraint if isinstance(request, pb.GenerateRequest) else None
+        answer_format = request.constraint
         text = render_chat(tokenizer, request.chat, answer_format)
         # The template already wrote any special tokens the model expects.
         return tokenizer(text, add_special_tokens=False)["input_ids"]

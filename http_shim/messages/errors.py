@@ -1,0 +1,44 @@
+"""Errors in Anthropic's shape: `{"type": "error", "error": {"type", "message"}, "request_id"}`.
+
+The shim raises one `APIError` (OpenAI's fields) everywhere; this maps its status to Anthropic's
+error type, and 503 (engine unavailable, shutting down) to Anthropic's 529 `overloaded_error`,
+the status the anthropic SDK treats as "overloaded, retry". The SDK picks its exception class from
+the status, so the status is what must be right.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import APIError
+
+OVERLOADED_STATUS = 529
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    OVERLOADED_STATUS: "overloaded_error",
+}
+
+
+def anthropic_status(status: int) -> int:
+    return OVERLOADED_STATUS if status == 503 else status
+
+
+def error_type(status: int) -> str:
+    status = anthropic_status(status)
+    return _TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def error_object(error: APIError) -> dict[str, Any]:
+    """The inner object, as the stream's `error` event carries it too."""
+    return {"type": error_type(error.status), "message": error.message}
+
+
+def error_body(error: APIError, request_id: str) -> dict[str, Any]:
+    return {"type": "error", "error": error_object(error), "request_id": request_id}

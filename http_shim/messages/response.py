@@ -1,0 +1,93 @@
+"""The message object: ids, content blocks, stop reason and usage, from the engine's answer.
+
+Shared by the whole answer and the event stream, so both say the same thing: the stop reason and
+sequence, tool_use ids and inputs, and usage (Anthropic's `input_tokens` excludes the prompt
+tokens read from the cache, which `cache_read_input_tokens` reports; the engine caches prefixes by
+itself, so nothing is ever reported as written to the cache).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from conduit.common.results import Choice
+from conduit.v1 import engine_pb2 as pb
+
+from ..proto_to_openai import Collector
+from .request import MessagesPlan
+
+
+def new_message_id() -> str:
+    return f"msg_{uuid.uuid4().hex[:24]}"
+
+
+def tool_use_id(call_id: str) -> str:
+    """Anthropic's `toolu_` id for an engine call id (`call_` + hex): the same call, the same id."""
+    return "toolu_" + (call_id.removeprefix("call_") or uuid.uuid4().hex[:24])
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """The call's arguments as the object Anthropic's `input` is; {} for arguments cut short by
+    max_tokens (not JSON) or not an object."""
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def stop_reason(finish_reason: str | None, matched_stop: str, stop_sequences: list[str]) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence): a stop string the client sent is named; EOS is end_turn."""
+    if finish_reason == "length":
+        return "max_tokens", None
+    if finish_reason == "tool_calls":
+        return "tool_use", None
+    if matched_stop and matched_stop in stop_sequences:
+        return "stop_sequence", matched_stop
+    return "end_turn", None
+
+
+def usage_object(prompt: pb.PromptInfo | None, output_tokens: int) -> dict[str, Any]:
+    prompt_tokens = prompt.prompt_tokens if prompt else 0
+    cached = prompt.cached_tokens if prompt else 0
+    return {
+        "input_tokens": prompt_tokens - cached,
+        "output_tokens": output_tokens,
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+def envelope(message_id: str, model: str, usage: dict[str, Any]) -> dict[str, Any]:
+    """The message before its content and stop reason (message_start carries this)."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage,
+    }
+
+
+def tool_use_block(call_id: str, name: str, arguments: str | None) -> dict[str, Any]:
+    """A tool_use block; `arguments` None: its start in a stream (input follows as deltas)."""
+    return {"type": "tool_use", "id": tool_use_id(call_id), "name": name,
+            "input": {} if arguments is None else tool_input(arguments)}
+
+
+def message_object(message_id: str, model: str, plan: MessagesPlan, collected: Collector) -> dict[str, Any]:
+    completion = collected.completion(0)
+    choice = completion.choices[0] if completion.choices else Choice(0)
+    content: list[dict[str, Any]] = []
+    if choice.text:
+        content.append({"type": "text", "text": choice.text})
+    content.extend(tool_use_block(c.id, c.name, c.arguments) for c in choice.tool_calls)
+    reason, sequence = stop_reason(choice.finish_reason, choice.matched_stop, plan.stop_sequences)
+    message = envelope(message_id, model, usage_object(completion.prompt, choice.completion_tokens))
+    message.update(content=content, stop_reason=reason, stop_sequence=sequence)
+    return message

@@ -1,0 +1,97 @@
+"""The Messages API's routes, and Anthropic's conventions at the edge.
+
+POST /v1/messages (whole or streamed) and POST /v1/messages/count_tokens. Anthropic's clients
+(the anthropic SDKs, Claude Code through ANTHROPIC_BASE_URL) are recognised by the route or by the
+`anthropic-version` header every SDK sends: their errors take Anthropic's shape (`anthropic_error`,
+which the app's error handlers call), their responses carry a `request-id` header, and GET
+/v1/models answers in Anthropic's list shape (`model_list`). Their key may come in `x-api-key`
+(app.py's key check reads it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from flask import Flask, Response, request
+
+from conduit.v1 import engine_pb2 as pb
+
+from ..errors import APIError
+from ..models import RPC_TIMEOUT_S, ServedModels
+from ..openai_to_proto import RequestLimits
+from ..relay import Relay
+from .errors import anthropic_status, error_body
+from .events import MessagesEvents
+from .request import parse_count_tokens, parse_messages
+from .response import message_object, new_message_id
+
+ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
+GENERATION_ROUTES = ("/v1/messages",)  # admitted (or refused) by the drain
+
+
+def is_anthropic_request() -> bool:
+    return request.path.startswith("/v1/messages") or "anthropic-version" in request.headers
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(body, ensure_ascii=False), status, headers, mimetype="application/json")
+
+
+def anthropic_error(error: APIError, request_id: str) -> Response:
+    return _json(error_body(error, request_id), anthropic_status(error.status), error.headers)
+
+
+def _created_at(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def model_object(info: pb.ModelInfo, started: int) -> dict[str, Any]:
+    return {"type": "model", "id": info.id, "display_name": info.id, "created_at": _created_at(info.created or started)}
+
+
+def model_list(infos: Sequence[pb.ModelInfo], started: int) -> dict[str, Any]:
+    data = [model_object(info, started) for info in infos]
+    return {"data": data, "has_more": False, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None}
+
+
+def register_messages(
+    app: Flask,
+    relay: Relay,
+    models: ServedModels,
+    limits: RequestLimits,
+    read_body: Callable[[], dict],
+    request_id: Callable[[], str],
+    metadata: Callable[[], list[tuple[str, str]]],
+) -> None:
+    """`read_body()` is the app's body reader (size limit, JSON and Unicode checks)."""
+
+    @app.after_request
+    def add_request_id(response: Response) -> Response:
+        if is_anthropic_request():
+            response.headers["request-id"] = request_id()
+        return response
+
+    @app.post("/v1/messages")
+    def messages() -> Response:
+        plan = parse_messages(read_body(), request_id(), limits)
+        model, stream = relay.open(plan.model, [plan.request])
+        message_id = new_message_id()
+        if plan.stream:
+            return relay.sse(stream, lambda: MessagesEvents(message_id, model, plan.stop_sequences))
+        collected = relay.collect(stream)
+        if collected is None:
+            return Response(status=499)
+        return _json(message_object(message_id, model, plan, collected))
+
+    @app.post("/v1/messages/count_tokens")
+    def count_tokens() -> Response:
+        model, tokenize = parse_count_tokens(read_body(), limits)
+        calls = metadata()
+        info, engine = models.route(model, metadata=calls)
+        tokenize.model = info.id
+        answer = engine.tokenize(request=tokenize, timeout=RPC_TIMEOUT_S, metadata=calls)
+        return _json({"input_tokens": len(answer.token_ids)})
