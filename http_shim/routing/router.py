@@ -22,7 +22,6 @@ import grpc
 from clients.engine_client import EngineClient, GenerateStream, Metadata
 from clients.errors import ConduitError, from_status
 from clients.many_calls import ManyCall
-from clients.request_builder import Message, ToolSpec
 from conduit.v1 import engine_pb2 as pb
 
 from .policies import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, Choice, make_policy
@@ -189,15 +188,13 @@ class RoutedEngine:
                 break
         return status
 
-    def model_info(self, model: str = "", *, timeout: float | None = None,
-                   metadata: Metadata | None = None) -> pb.ModelInfo:
-        return self._unary(lambda client: client.model_info(model, timeout=timeout, metadata=metadata))
+    def model_info(self, *args: Any, **kwargs: Any) -> pb.ModelInfo:
+        """EngineClient.model_info, on a replica serving the model."""
+        return self._unary(lambda client: client.model_info(*args, **kwargs))
 
-    def tokenize(self, text: str | None = None, *, messages: Iterable[Message] | None = None, model: str = "",
-                 timeout: float | None = None, metadata: Metadata | None = None,
-                 tools: Sequence[ToolSpec] = ()) -> pb.TokenizeResponse:
-        return self._unary(lambda client: client.tokenize(text, messages=messages, model=model, timeout=timeout,
-                                                          metadata=metadata, tools=tools))
+    def tokenize(self, *args: Any, **kwargs: Any) -> pb.TokenizeResponse:
+        """EngineClient.tokenize, on a replica serving the model."""
+        return self._unary(lambda client: client.tokenize(*args, **kwargs))
 
     def _unary(self, call: Any) -> Any:
         """`call(client)` on the healthy replicas in turn until one answers; the last error if none does."""
