@@ -2,8 +2,9 @@
 its health, its load, the models it serves and the prompt prefixes it was sent.
 
 A watcher thread (a greenlet in the shim) asks the engine for its load (GetLoad) every
-POLL_INTERVAL_S: the answer also says whether it drains. An engine that does not answer is
-UNREACHABLE (down, or still loading: the engine listens only once its model is loaded); one too
+POLL_INTERVAL_S: the answer also says whether it drains. An engine that refuses the connection is
+UNREACHABLE at once (down, or still loading: the engine listens only once its model is loaded),
+one that is merely slow to answer only after SLOW_POLLS polls in a row time out; one too
 old for GetLoad is judged by its grpc.health.v1 status. So a replica that becomes ready gets work
 within a poll and a reconnect backoff (ENGINE_CHANNEL_OPTIONS: at most 2 s), and a dead or
 draining one gets none from its next poll on. A call that finds it gone before that marks it
@@ -35,6 +36,8 @@ NOT_SERVING = "NOT_SERVING"  # draining, or health says so
 UNREACHABLE = "UNREACHABLE"  # down, loading, or not yet asked
 POLL_INTERVAL_S = 0.25
 POLL_TIMEOUT_S = 1.0
+# Timed-out polls in a row that make a replica unreachable (a refused connection does at once).
+SLOW_POLLS = 3
 LIST_TIMEOUT_S = 2.0
 
 
@@ -100,6 +103,7 @@ class Replica:
 
     def _watch(self) -> None:
         use_load = True
+        slow = 0  # polls in a row that timed out
         while not self._stop.is_set():
             report = None
             try:
@@ -112,7 +116,11 @@ class Replica:
                 if error.code == grpc.StatusCode.UNIMPLEMENTED and use_load:
                     use_load = False  # an engine from before GetLoad: health alone, load counted here
                     continue
-                state = UNREACHABLE
+                slow = slow + 1 if error.code == grpc.StatusCode.DEADLINE_EXCEEDED else 0
+                # A refused connection is news at once; a busy engine slow to answer, only when it stays so.
+                state = self.state if 0 < slow < SLOW_POLLS else UNREACHABLE
+            else:
+                slow = 0
             if report is not None:
                 with self._lock:
                     self.report, self._delta = report, 0
