@@ -169,8 +169,15 @@ class EngineClient:
                 builder.add(response)
         return builder.build()
 
-    def list_models(self, *, timeout: float | None = None, metadata: Metadata | None = None) -> list[pb.ModelInfo]:
-        return list(self._unary(self._stub.ListModels, pb.ListModelsRequest(), timeout, metadata).models)
+    def list_models(self, *, timeout: float | None = None, metadata: Metadata | None = None,
+                    wait_for_ready: bool = False) -> list[pb.ModelInfo]:
+        """`wait_for_ready`: an engine not reachable yet (starting, or its channel waiting to
+        reconnect) is waited for, up to the timeout, instead of failing at once."""
+        try:
+            return list(self._stub.ListModels(pb.ListModelsRequest(), wait_for_ready=wait_for_ready,
+                                              **self._options.call_options(timeout, metadata)).models)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from error
 
     def model_info(self, model: str = "", *, timeout: float | None = None,
                    metadata: Metadata | None = None) -> pb.ModelInfo:

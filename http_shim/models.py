@@ -24,6 +24,7 @@ from conduit.v1 import engine_pb2 as pb
 
 from .errors import model_not_found
 from .routing import RoutedEngine, Router, RoutingConfig
+from .routing.replica import SERVING, Replica
 
 # Deadline of the small unary calls (ListModels, GetModelInfo).
 RPC_TIMEOUT_S = 10.0
@@ -62,16 +63,27 @@ class ServedModels:
                     self._models, self._models_at = models, time.monotonic()
             return self._models
         if not fresh:
-            self._refresh_replicas()
+            errors = self._refresh_replicas(self._router.pool.replicas())
+            with self._lock:
+                self._models_at = time.monotonic()
+            if not self._listed() and any(errors):
+                raise next(error for error in errors if error is not None)
         return self._listed()
 
-    def _refresh_replicas(self) -> None:
-        replicas = self._router.pool.replicas()
-        errors = [replica.refresh_models() for replica in replicas]
-        with self._lock:
-            self._models_at = time.monotonic()
-        if not self._listed() and any(errors):
-            raise next(error for error in errors if error is not None)
+    def _refresh_replicas(self, replicas: list[Replica], wait: bool = False) -> list[ConduitError | None]:
+        """Asks the replicas at once (threads: greenlets in the shim), so a dead one delays the rest
+        little; `wait`: giving each a moment to become reachable (replica.py)."""
+        errors: list[ConduitError | None] = [None] * len(replicas)
+
+        def ask(index: int, replica: Replica) -> None:
+            errors[index] = replica.refresh_models(wait)
+
+        askers = [threading.Thread(target=ask, args=item, daemon=True) for item in enumerate(replicas)]
+        for asker in askers:
+            asker.start()
+        for asker in askers:
+            asker.join()
+        return errors
 
     def _listed(self) -> list[pb.ModelInfo]:
         """Every model a replica lists (or last listed), in the order the replicas were given."""
@@ -96,6 +108,10 @@ class ServedModels:
             for model in self.list(max_age_s, metadata):
                 if model.id == name:
                     return model, self._single or self._router.engine(name)
+            if self._router is not None and max_age_s == MODELS_TTL_S:
+                # The replica serving it may have just come back, its channel still waiting to
+                # reconnect: the ones away get a moment to answer.
+                self._refresh_replicas([r for r in self._router.pool.replicas() if r.state != SERVING], wait=True)
         raise model_not_found(name, [model.id for model in self.list(metadata=metadata)])
 
     def resolve(self, name: str, metadata: Metadata = ()) -> pb.ModelInfo:

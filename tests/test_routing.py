@@ -8,12 +8,14 @@ fake engines (tests/fake_engine.py), plus the policies' rules on stand-in replic
 - A drained replica gets no new work and its prefix goes elsewhere; undrained, it gets work again.
 - A stopped replica's prefix goes elsewhere without a failed request; restarted on its port, it
   gets work again.
+- A replica back under another name serves the first request for that name.
 - The shim's router metrics: requests by replica and decision, replica health.
 Which replica served a request is read from the fakes' own records.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -25,7 +27,7 @@ from fake_engine import MODEL_ID, FakeEngineServer, start_fake_engine_process, s
 from http_shim.routing.policies import CacheAware, Choice, LeastLoad, RoundRobin
 from http_shim.routing.pool import address_list, dns_name
 from http_shim.routing.prefix import BLOCK_CHARS, PrefixIndex, prefix_blocks
-from test_replicas import counts, wait_until
+from test_replicas import OTHER_MODEL, counts, wait_until
 from test_shim_http import post, request, say
 
 # Long enough for several prefix blocks; the question after it is what differs.
@@ -257,3 +259,21 @@ def test_a_dns_target_follows_what_its_name_resolves_to(pair, monkeypatch) -> No
         assert gone.retired
     finally:
         replicas.close()
+
+
+def test_a_replica_back_under_another_name_serves_the_first_request_for_it(pair) -> None:
+    """Its channel may still be waiting to reconnect when the request comes: the unknown name makes
+    the shim wait a moment for the replicas that are away, rather than answer 404 at once."""
+    shim, url = start_shim(f"{pair[0].address},{pair[1].address}")
+    renamed = None
+    try:
+        assert ask(url, "hi", system="short") == 200
+        pair[1].stop()
+        wait_until(lambda: router_metrics(url)[("conduit:router_replica_healthy", pair[1].address)] == 0, SETTLE_S)
+        renamed = FakeEngineServer(port=pair[1].port, model_id=OTHER_MODEL).start()
+        status, _, raw = post(url, "/v1/chat/completions", {"model": OTHER_MODEL, "messages": say("hi")})
+        assert status == 200 and json.loads(raw)["model"] == OTHER_MODEL
+    finally:
+        stop_process(shim)
+        if renamed is not None:
+            renamed.stop()

@@ -131,11 +131,13 @@ class Replica:
                 self._set(state)
             self._stop.wait(POLL_INTERVAL_S)
 
-    def refresh_models(self) -> ConduitError | None:
+    def refresh_models(self, wait: bool = False) -> ConduitError | None:
         """Asks it what it serves now (it became ready, a request named a model nobody listed, or
-        an engine said "not served here"); the error when it did not answer."""
+        an engine said "not served here"); the error when it did not answer. `wait`: up to
+        LIST_TIMEOUT_S for it to be reachable (it may have just come back, its channel still
+        waiting to reconnect)."""
         try:
-            self.models = self.client.list_models(timeout=LIST_TIMEOUT_S)
+            self.models = self.client.list_models(timeout=LIST_TIMEOUT_S, wait_for_ready=wait)
         except ConduitError as error:
             return error
         return None
