@@ -3,8 +3,9 @@ fake engines (tests/fake_engine.py), plus the policies' rules on stand-in replic
 
 - A replica that becomes ready after the shim started gets work at once; killing the first one
   then loses no request (refused calls go to the live replica).
-- cache_aware: requests sharing a long prefix stay on the replica that served it, unless the
-  engine reports that replica loaded well beyond the other (load override); round_robin spreads them.
+- cache_aware: requests sharing a long prefix stay on the replica that served it, unless that
+  replica is loaded well beyond the other, by the engine's report (other shims' work) or by this
+  shim's own streams (load override); round_robin spreads them.
 - A drained replica gets no new work and its prefix goes elsewhere; undrained, it gets work again.
 - A stopped replica's prefix goes elsewhere without a failed request; restarted on its port, it
   gets work again.
@@ -28,7 +29,7 @@ from http_shim.routing.policies import CacheAware, Choice, LeastLoad, RoundRobin
 from http_shim.routing.pool import address_list, dns_name
 from http_shim.routing.prefix import BLOCK_CHARS, PrefixIndex, prefix_blocks
 from test_replicas import OTHER_MODEL, counts, wait_until
-from test_shim_http import post, request, say
+from test_shim_http import open_raw_stream, post, read_until, request, say
 
 # Long enough for several prefix blocks; the question after it is what differs.
 SYSTEM = "You are the routing test's assistant. " + " ".join(f"rule {k}: answer briefly." for k in range(150))
@@ -122,6 +123,25 @@ def test_a_shared_prefix_sticks_to_its_replica_unless_that_one_is_loaded_well_be
         assert metrics[("conduit:router_replica_healthy", holder.address)] == 1
         assert metrics[("conduit:router_replica_load", holder.address)] >= 8  # the report, give or take our own calls
     finally:
+        stop_process(shim)
+
+
+def test_streams_of_this_shim_saturating_the_prefix_holder_send_the_next_request_elsewhere(pair) -> None:
+    shim, url = start_shim(f"{pair[0].address},{pair[1].address}", "--routing-balance-abs", "2",
+                           "--routing-balance-rel", "1.5", "--heartbeat-interval", "0.5")
+    streams = []
+    try:
+        holder, other = holder_and_other(url, pair)
+        body = {"model": MODEL_ID, "stream": True, "messages": [{"role": "system", "content": SYSTEM}, *say("hang")]}
+        for _ in range(3):  # they follow the prefix: the holder runs 3, the other none
+            streams.append(open_raw_stream(url, body))
+            read_until(streams[-1], b"data: ")
+        assert [server.engine.running for server in (holder, other)] == [3, 0]
+        assert landed_on(other, url, "and now?")  # 3 more than 0, and more than 1.5 times 0
+        assert router_metrics(url)[("conduit:router_requests_total", other.address, "load_override")] == 1
+    finally:
+        for stream in streams:
+            stream.close()
         stop_process(shim)
 
 
