@@ -297,3 +297,16 @@ def test_a_replica_back_under_another_name_serves_the_first_request_for_it(pair)
         stop_process(shim)
         if renamed is not None:
             renamed.stop()
+
+
+def test_routing_flags() -> None:
+    from http_shim.options import build_parser, routing_config
+    from http_shim.routing import RoutingConfig
+
+    parser = build_parser()
+    args = parser.parse_args(["--routing", "least_load", "--routing-balance-abs", "3"])
+    assert routing_config(parser, args) == {"routing": RoutingConfig("least_load", 3, 1.5)}
+    assert routing_config(parser, parser.parse_args([]))["routing"].policy == "cache_aware"
+    for bad in (["--routing", "random"], ["--routing-balance-rel", "0.5"], ["--routing-balance-abs", "-1"]):
+        with pytest.raises(SystemExit):
+            routing_config(parser, parser.parse_args(bad))
