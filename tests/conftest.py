@@ -28,6 +28,14 @@ STARTUP_TIMEOUT_S = 180
 # is ~11k tokens of the default model, more than any test keeps in flight.
 TEST_KV_CACHE_GB = 0.25
 os.environ.setdefault("CONDUIT_KV_CACHE_GB", str(TEST_KV_CACHE_GB))
+# Torch threads of every engine the tests start (CONDUIT_THREADS, as the KV cache above). In a test
+# the engine shares the cores with the shim and the client it answers (and other engines): with a
+# thread per core, each of a step's small ops (masks, sampling) waits at an OpenMP barrier for a
+# thread the OS has descheduled. On 2 busy cores a forced tool call's masking took ~125 ms a token
+# with 2 threads and 0.6 ms with 1, and tests/test_stack_messages.py ran in 24.6 s against 119.5 s.
+# Thread-count invariance is tested where it is the point (test_lean_llama.py, test_native_kernels.py).
+TEST_ENGINE_THREADS = 1
+os.environ.setdefault("CONDUIT_THREADS", str(TEST_ENGINE_THREADS))
 # The Responses API's store of every shim the tests start (in-process or not), out of the home folder.
 os.environ.setdefault("CONDUIT_RESPONSES_STORE_DIR", tempfile.mkdtemp(prefix="conduit-responses-"))
 
