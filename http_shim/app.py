@@ -97,8 +97,9 @@ class ShimState:
     metrics: ShimMetrics
 
 
-def connect_engine(target: str | Sequence[str]) -> EngineClient:
-    """An engine client (and channel) to one target or a set of replicas, plaintext."""
+def connect_engine(target: str | Sequence[str], server_name: str | None = None) -> EngineClient:
+    """An engine client (and channel) to one target or a set of replicas, plaintext (so
+    `server_name`, a TLS certificate's name, plays no part)."""
     return EngineClient(target, options=ENGINE_CHANNEL_OPTIONS)
 
 

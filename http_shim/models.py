@@ -33,7 +33,8 @@ MODELS_TTL_S = 30.0
 # The youngest model list that an engine's "model not served here" throws away.
 EXPIRE_MIN_AGE_S = 0.5
 
-Connect = Callable[[str | Sequence[str]], EngineClient]
+# connect(target) or connect(address, server_name): see routing/pool.py.
+Connect = Callable[..., EngineClient]
 
 
 class ServedModels:

@@ -30,7 +30,7 @@ def _builder(subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublic
             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1)))
 
 
-def _write(folder: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> tuple[str, str]:
+def write_pair(folder: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> tuple[str, str]:
     cert_path, key_path = folder / f"{stem}.pem", folder / f"{stem}.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -50,13 +50,15 @@ class CertificateAuthority:
                                                   encipher_only=False, decipher_only=False), critical=True)
                      .sign(self.key, hashes.SHA256()))
 
-    def issue(self, common_name: str, *, server: bool) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    def issue(self, common_name: str, *, server: bool,
+              ip: bool = True) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        """A server certificate names localhost, and 127.0.0.1 unless `ip` is false."""
         key = _key()
         builder = _builder(common_name, self.name, key.public_key()).add_extension(
             x509.BasicConstraints(ca=False, path_length=None), critical=True)
         if server:
-            builder = builder.add_extension(x509.SubjectAlternativeName([
-                x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            names = [x509.DNSName("localhost")] + ([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))] if ip else [])
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
         builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         return builder.sign(self.key, hashes.SHA256()), key
@@ -75,8 +77,8 @@ def make_tls_files(folder: Path) -> tuple[TLSFiles, TLSFiles]:
     folder.mkdir(parents=True, exist_ok=True)
     ca, stranger = CertificateAuthority("conduit-test-ca"), CertificateAuthority("stranger-ca")
     ca_path = ca.write(folder)
-    server_cert, server_key = _write(folder, "server", *ca.issue("conduit-engine", server=True))
-    client_cert, client_key = _write(folder, "client", *ca.issue("conduit-shim", server=False))
-    rogue_cert, rogue_key = _write(folder, "rogue-client", *stranger.issue("rogue", server=False))
+    server_cert, server_key = write_pair(folder, "server", *ca.issue("conduit-engine", server=True))
+    client_cert, client_key = write_pair(folder, "client", *ca.issue("conduit-shim", server=False))
+    rogue_cert, rogue_key = write_pair(folder, "rogue-client", *stranger.issue("rogue", server=False))
     return (TLSFiles(ca_path, server_cert, server_key, client_cert, client_key),
             TLSFiles(ca_path, server_cert, server_key, rogue_cert, rogue_key))

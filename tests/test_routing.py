@@ -267,9 +267,16 @@ def test_a_dns_target_follows_what_its_name_resolves_to(pair, monkeypatch) -> No
     answers = [[pair[0].address]]
     monkeypatch.setattr(pool_module, "DNS_REFRESH_S", 0.05)
     monkeypatch.setattr(pool_module, "resolve", lambda host, port: answers[-1])
-    replicas = pool_module.ReplicaPool(["dns:///engines.example:50051"], EngineClient)
+    dialed = []
+
+    def connect(address: str, server_name: str = "") -> EngineClient:
+        dialed.append((address, server_name))  # the name: what a TLS certificate would carry
+        return EngineClient(address)
+
+    replicas = pool_module.ReplicaPool(["dns:///engines.example:50051"], connect)
     try:
         wait_until(lambda: [r.address for r in replicas.replicas()] == [pair[0].address], SETTLE_S)
+        assert dialed == [(pair[0].address, "engines.example")]
         answers.append([pair[0].address, pair[1].address])  # scaled up
         wait_until(lambda: [r.state for r in replicas.replicas()] == [SERVING, SERVING], SETTLE_S)
         assert replicas.replicas()[1].serves(MODEL_ID)
@@ -310,3 +317,23 @@ def test_routing_flags() -> None:
     for bad in (["--routing", "random"], ["--routing-balance-rel", "0.5"], ["--routing-balance-abs", "-1"]):
         with pytest.raises(SystemExit):
             routing_config(parser, parser.parse_args(bad))
+
+
+def test_replicas_behind_a_name_are_verified_by_that_name_over_tls(tmp_path) -> None:
+    """The shim dials each address a name resolves to, but checks the engine's certificate
+    against the name (a certificate names the Service, not each pod's address)."""
+    from engine_service.serving.background import BackgroundServer
+    from engine_service.serving.security import ServerSecurity
+    from engine_tls import CertificateAuthority, write_pair
+    from fake_engine import FakeEngine
+
+    ca = CertificateAuthority("routing-test-ca")
+    cert, key = write_pair(tmp_path, "server", *ca.issue("conduit-engine", server=True, ip=False))  # localhost only
+    server = BackgroundServer(FakeEngine(), "127.0.0.1", 0, security=ServerSecurity(cert_file=cert, key_file=key))
+    server.start()
+    shim, url = start_shim(f"dns:///localhost:{server.port}", "--engine-tls-ca", ca.write(tmp_path))
+    try:
+        assert ask(url, "hi", system="short") == 200
+    finally:
+        stop_process(shim)
+        server.stop(grace=0)

@@ -52,8 +52,10 @@ def resolve(host: str, port: str) -> list[str]:
 
 
 class ReplicaPool:
-    def __init__(self, targets: Sequence[str], connect: Callable[[str], EngineClient],
+    def __init__(self, targets: Sequence[str], connect: Callable[..., EngineClient],
                  on_change: Callable[[Replica], None] = lambda replica: None) -> None:
+        """`connect(address)` makes a replica's client; for an address a name resolved to,
+        `connect(address, name)`: the name its TLS certificate carries."""
         self._connect = connect
         self._on_change = on_change
         self._replicas: dict[str, Replica] = {}
@@ -78,11 +80,12 @@ class ReplicaPool:
         for replica in self.replicas():
             replica.retire()
 
-    def _add(self, address: str, owner: str) -> None:
+    def _add(self, address: str, owner: str, server_name: str = "") -> None:
         with self._lock:
             if address in self._replicas:
                 return
-            replica = Replica(address, self._connect(address), self._on_change)
+            client = self._connect(address, server_name) if server_name else self._connect(address)
+            replica = Replica(address, client, self._on_change)
             self._replicas[address] = replica
             self._owners[address] = owner
         log.info("engine replica %s added%s", address, f" ({owner})" if owner else "")
@@ -99,7 +102,7 @@ class ReplicaPool:
                 addresses = None
             if addresses is not None:
                 for address in addresses:
-                    self._add(address, target)
+                    self._add(address, target, host)
                 with self._lock:
                     gone = [a for a, owner in self._owners.items() if owner == target and a not in addresses]
                     retired = [self._replicas.pop(a) for a in gone]

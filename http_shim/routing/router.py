@@ -46,7 +46,7 @@ class RoutingConfig:
 
 
 class Router:
-    def __init__(self, targets: Sequence[str], connect: Callable[[str], EngineClient], config: RoutingConfig,
+    def __init__(self, targets: Sequence[str], connect: Callable[..., EngineClient], config: RoutingConfig,
                  metrics: Any = None) -> None:
         """`metrics`: the shim's (metrics.py), whose router_* metrics this keeps; None: none kept."""
         self._policy = make_policy(config.policy, config.balance_abs, config.balance_rel)
