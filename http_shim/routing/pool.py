@@ -1,10 +1,12 @@
 """The replicas behind the shim: one per engine address, and one per address a dns:/// name resolves to.
 
 Addresses given as HOST:PORT (or in an ipv4:/ipv6: list) are replicas for the shim's lifetime. A
-dns:///NAME:PORT target (a Kubernetes headless Service) is resolved every DNS_REFRESH_S (every
-second while it resolves to nothing): a new address becomes a replica at once, and one the name no
-longer returns is retired (no new work; its channel closes when its calls end). Each replica has
-its own channel, so its own GenerateMany stream (the cheap relay) whatever the topology.
+dns:///NAME:PORT target (a Kubernetes headless Service) is resolved at start and then every
+DNS_REFRESH_S (every second while it resolves to nothing): a new address becomes a replica at
+once, and one the name no longer returns is retired (no new work; its channel closes when its
+calls end). The pool waits briefly at start for its replicas' first polls, so the first requests
+find the ready ones ready. Each replica has its own channel, so its own GenerateMany stream (the
+cheap relay) whatever the topology.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from clients.engine_client import EngineClient
@@ -22,6 +25,8 @@ log = logging.getLogger("http_shim.routing")
 
 DNS_REFRESH_S = 5.0
 DNS_RETRY_S = 1.0
+# How long the pool waits at start for its replicas' first polls.
+FIRST_POLL_WAIT_S = 1.5
 
 
 def dns_name(target: str) -> tuple[str, str] | None:
@@ -68,8 +73,13 @@ class ReplicaPool:
                 for address in address_list(target):
                     self._add(address, "")
             else:
+                self._resolve(target, *name)  # the first time here, so the replicas are there from the start
                 threading.Thread(target=self._follow, args=(target, *name), name=f"dns-{target}",
                                  daemon=True).start()
+        # Their first polls, so the first requests find the ready ones ready (a bounded wait).
+        deadline = time.monotonic() + FIRST_POLL_WAIT_S
+        for replica in self.replicas():
+            replica.polled.wait(max(deadline - time.monotonic(), 0.0))
 
     def replicas(self) -> list[Replica]:
         with self._lock:
@@ -94,22 +104,32 @@ class ReplicaPool:
 
     def _follow(self, target: str, host: str, port: str) -> None:
         """Keeps the replicas behind a dns target in step with what the name resolves to."""
-        while not self._stop.is_set():
-            try:
-                addresses = resolve(host, port)
-            except OSError as error:
-                log.warning("cannot resolve %s: %s", target, error)
-                addresses = None
-            if addresses is not None:
-                for address in addresses:
-                    self._add(address, target, host)
-                with self._lock:
-                    gone = [a for a, owner in self._owners.items() if owner == target and a not in addresses]
-                    retired = [self._replicas.pop(a) for a in gone]
-                    for address in gone:
-                        del self._owners[address]
-                for replica in retired:
-                    log.info("engine replica %s retired (%s no longer resolves to it)", replica.address, target)
-                    replica.retire()
-                    self._on_change(replica)
-            self._stop.wait(DNS_REFRESH_S if addresses else DNS_RETRY_S)
+        with self._lock:
+            found = bool(self._owned(target))
+        while not self._stop.wait(DNS_REFRESH_S if found else DNS_RETRY_S):
+            found = self._resolve(target, host, port)
+
+    def _resolve(self, target: str, host: str, port: str) -> bool:
+        """Adds the addresses `target` resolves to now and retires the ones it no longer does;
+        False when it resolves to nothing (or not at all)."""
+        try:
+            addresses = resolve(host, port)
+        except OSError as error:
+            log.warning("cannot resolve %s: %s", target, error)
+            return False
+        for address in addresses:
+            self._add(address, target, host)
+        with self._lock:
+            gone = [address for address in self._owned(target) if address not in addresses]
+            retired = [self._replicas.pop(address) for address in gone]
+            for address in gone:
+                del self._owners[address]
+        for replica in retired:
+            log.info("engine replica %s retired (%s no longer resolves to it)", replica.address, target)
+            replica.retire()
+            self._on_change(replica)
+        return bool(addresses)
+
+    def _owned(self, target: str) -> list[str]:
+        """The addresses that came from `target` (under the lock)."""
+        return [address for address, owner in self._owners.items() if owner == target]

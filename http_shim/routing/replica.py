@@ -55,6 +55,7 @@ class Replica:
         self._delta = 0  # this shim's calls started minus ended since the last report
         self._on_change = on_change
         self._stop = threading.Event()
+        self.polled = threading.Event()  # set once its first poll (and listing) is done
         self.retired = False
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._watch, name=f"replica-{address}", daemon=True)
@@ -129,6 +130,7 @@ class Replica:
                 self.refresh_models()
             if state != self.state and not self.retired:
                 self._set(state)
+            self.polled.set()
             self._stop.wait(POLL_INTERVAL_S)
 
     def refresh_models(self, wait: bool = False) -> ConduitError | None:
