@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
 protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
 
-.PHONY: install browser protos check-protos run-stack test test-fast deploy-check fuzz bench bench-routing soak gpu-check clean
+.PHONY: install browser protos check-protos run-stack test test-fast deploy-check fuzz bench bench-routing soak gpu-check goldens clean
 
 install: $(STAMP)
 
@@ -105,3 +105,8 @@ bench-step: $(STAMP)
 clean:
 	rm -rf $(VENV) build dist *.egg-info protos/*.egg-info .pytest_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# Writes tests/golden/ anew: transformers' reference outputs on the real models, which the model tests
+# compare the engine with (tests/goldens.py). After a change of model, prompts or transformers version.
+goldens: $(STAMP)
+	$(BIN)/python tests/goldens.py

@@ -24,8 +24,8 @@ if __name__ == "__main__":
     die_with_parent()
 
 from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
-from engine_service.core.engine import (  # noqa: E402
-    AUTO_MAX_STREAM_INTERVAL, AUTO_STREAMS_PER_STEP, Engine, EngineConfig)
+from engine_service.core.engine import Engine, EngineConfig  # noqa: E402
+from engine_service.core.pacing import AUTO_MAX_STREAM_INTERVAL, AUTO_STREAMS_PER_STEP  # noqa: E402
 from engine_service.model.linear import QUANTIZATIONS  # noqa: E402
 from conduit.common.cli import EnvArgumentParser, prog_name  # noqa: E402
 from conduit.common.logs import LOG_FORMATS, configure_logging  # noqa: E402

@@ -16,24 +16,23 @@ Vendor fields (sent through the SDK's `extra_body`): `top_k` (-1 or 0 = off), `m
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from clients.request_builder import TOOL_CHOICE_MODES
 from conduit.v1 import engine_pb2 as pb
-from conduit.v1.contract import (LOGIT_BIAS_RANGE, MAX_N, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SAMPLING_RANGES,
-                                 Range)
+from conduit.v1.contract import LOGIT_BIAS_RANGE, MAX_N, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SAMPLING_RANGES
 
 from .errors import APIError, invalid
+from .fields import (UINT32_MAX, bool_field, dict_value, int_field, is_int, is_number, list_value, number_field, str_value,
+                     token_id)
 
 # The engine's limits (conduit.v1.contract) bound n, best_of, stop, top_logprobs and the sampling
 # fields; these are the shim's own.
 MAX_PROMPTS = 64  # prompts in one /v1/completions request; each becomes one Generate call
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for the legacy completions `logprobs`
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
-_UINT32_MAX = 2**32 - 1
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -52,8 +51,8 @@ class RequestLimits:
     max_prompt_chars: int = 1_000_000  # characters of prompt text (see prompt_chars)
 
     def __post_init__(self) -> None:
-        if self.max_tokens is not None and not 1 <= self.max_tokens <= _UINT32_MAX:
-            raise ValueError(f"max_tokens limit must be between 1 and {_UINT32_MAX}")
+        if self.max_tokens is not None and not 1 <= self.max_tokens <= UINT32_MAX:
+            raise ValueError(f"max_tokens limit must be between 1 and {UINT32_MAX}")
         if not 1 <= self.max_n <= MAX_N:
             raise ValueError(f"max_n must be between 1 and {MAX_N} (the engine's limit)")
         if not 0 <= self.max_stop <= MAX_STOP_STRINGS:
@@ -80,103 +79,28 @@ class GenerationPlan:
     echo: bool
 
 
-# ------------------------------------------------------------------ scalar readers
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
-
-
-def _int(body: dict, key: str, lo: int, hi: int, param: str | None = None) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    param = param or key
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not _is_int(value):
-        raise invalid(f"'{param}' must be an integer, got {json.dumps(value)}.", param)
-    if not lo <= value <= hi:
-        raise invalid(f"'{param}' must be between {lo} and {hi}, got {value}.", param)
-    return value
-
-
-def _number(body: dict, key: str, allowed: Range) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not _is_number(value):
-        raise invalid(f"'{key}' must be a number, got {json.dumps(value)}.", key)
-    if value not in allowed:
-        low = f"greater than {allowed.lo}" if allowed.lo_open else f"at least {allowed.lo}"
-        raise invalid(f"'{key}' must be {low} and at most {allowed.hi}, got {value}.", key)
-    return float(value)
-
-
-def _bool(body: dict, key: str, param: str | None = None) -> bool | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    param = param or key
-    if not isinstance(value, bool):
-        raise invalid(f"'{param}' must be a boolean, got {json.dumps(value)}.", param)
-    return value
-
-
-def _str(value: Any, param: str, allow_empty: bool = True) -> str:
-    if not isinstance(value, str):
-        raise invalid(f"'{param}' must be a string.", param)
-    if not allow_empty and not value:
-        raise invalid(f"'{param}' must not be empty.", param)
-    return value
-
-
-def _dict(value: Any, param: str) -> dict:
-    if not isinstance(value, dict):
-        raise invalid(f"'{param}' must be an object.", param)
-    return value
-
-
-def _list(value: Any, param: str, allow_empty: bool = False) -> list:
-    if not isinstance(value, list):
-        raise invalid(f"'{param}' must be an array.", param)
-    if not allow_empty and not value:
-        raise invalid(f"'{param}' must not be empty.", param)
-    return value
-
-
-def _token_id(value: Any, param: str) -> int:
-    if not _is_int(value) or not 0 <= value <= _UINT32_MAX:
-        raise invalid(f"'{param}' must be a non-negative integer token id, got {json.dumps(value)}.", param)
-    return value
-
-
 # ------------------------------------------------------------------ shared fields
 
 
 def _model(body: dict) -> str:
     if body.get("model") is None:
         raise invalid("you must provide a model parameter.", "model")
-    return _str(body["model"], "model", allow_empty=False)
+    return str_value(body["model"], "model", allow_empty=False)
 
 
 def _stream(body: dict) -> tuple[bool, bool]:
     """(stream, include_usage)."""
-    stream = bool(_bool(body, "stream"))
+    stream = bool(bool_field(body, "stream"))
     options = body.get("stream_options")
     if options is None or not stream:
         return stream, False
-    include_usage = _bool(_dict(options, "stream_options"), "include_usage", "stream_options.include_usage")
+    include_usage = bool_field(dict_value(options, "stream_options"), "include_usage", "stream_options.include_usage")
     return stream, bool(include_usage)
 
 
 def _seed(body: dict) -> int | None:
     """OpenAI seeds are signed 64-bit; the engine's are unsigned, so negatives wrap (deterministically)."""
-    seed = _int(body, "seed", -(2**63), 2**64 - 1)
+    seed = int_field(body, "seed", -(2**63), 2**64 - 1)
     return None if seed is None else seed % 2**64
 
 
@@ -185,10 +109,10 @@ def _logit_bias(body: dict) -> dict[int, float]:
     if value is None:
         return {}
     bias: dict[int, float] = {}
-    for key, weight in _dict(value, "logit_bias").items():
-        if not (isinstance(key, str) and key.isdigit() and int(key) <= _UINT32_MAX):
+    for key, weight in dict_value(value, "logit_bias").items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) <= UINT32_MAX):
             raise invalid(f"'logit_bias' keys must be token ids as strings, got {json.dumps(key)}.", "logit_bias")
-        if not _is_number(weight) or weight not in LOGIT_BIAS_RANGE:
+        if not is_number(weight) or weight not in LOGIT_BIAS_RANGE:
             raise invalid(
                 f"'logit_bias' values must be numbers in {LOGIT_BIAS_RANGE}, got {json.dumps(weight)}.", "logit_bias"
             )
@@ -199,10 +123,10 @@ def _logit_bias(body: dict) -> dict[int, float]:
 def _sampling(body: dict) -> pb.SamplingParams:
     params = pb.SamplingParams(logit_bias=_logit_bias(body))
     for name, allowed in SAMPLING_RANGES.items():
-        value = _number(body, name, allowed)
+        value = number_field(body, name, allowed)
         if value is not None:
             setattr(params, name, value)
-    top_k = _int(body, "top_k", -1, 2**31 - 1)
+    top_k = int_field(body, "top_k", -1, 2**31 - 1)
     if top_k is not None:
         params.top_k = max(top_k, 0)  # vLLM spells "off" as -1
     seed = _seed(body)
@@ -215,11 +139,11 @@ def _stop(body: dict, max_stop: int) -> list[str]:
     value = body.get("stop")
     if value is None:
         return []
-    stops = [value] if isinstance(value, str) else _list(value, "stop", allow_empty=True)
+    stops = [value] if isinstance(value, str) else list_value(value, "stop", allow_empty=True)
     if len(stops) > max_stop:
         raise invalid(f"'stop' may hold at most {max_stop} strings on this server, got {len(stops)}.", "stop")
     for stop in stops:
-        _str(stop, "stop", allow_empty=False)
+        str_value(stop, "stop", allow_empty=False)
     return stops
 
 
@@ -227,12 +151,12 @@ def _stopping(body: dict, max_tokens: int | None, limits: RequestLimits) -> pb.S
     params = pb.StoppingParams(stop=_stop(body, limits.max_stop))
     if max_tokens is not None:
         params.max_tokens = max_tokens
-    params.min_tokens = _int(body, "min_tokens", 0, _UINT32_MAX) or 0
-    params.ignore_eos = bool(_bool(body, "ignore_eos"))
+    params.min_tokens = int_field(body, "min_tokens", 0, UINT32_MAX) or 0
+    params.ignore_eos = bool(bool_field(body, "ignore_eos"))
     ids = body.get("stop_token_ids")
     if ids is not None:
         params.stop_token_ids.extend(
-            _token_id(t, "stop_token_ids") for t in _list(ids, "stop_token_ids", allow_empty=True)
+            token_id(t, "stop_token_ids") for t in list_value(ids, "stop_token_ids", allow_empty=True)
         )
     return params
 
@@ -249,16 +173,16 @@ def _schema_text(schema: Any, param: str) -> str:
 
 
 def _response_format(value: Any) -> pb.Constraint | None:
-    fmt = _dict(value, "response_format")
+    fmt = dict_value(value, "response_format")
     kind = fmt.get("type")
     if kind == "text":
         return None
     if kind == "json_object":
         return pb.Constraint(json_object=True)
     if kind == "json_schema":
-        spec = _dict(fmt.get("json_schema"), "response_format.json_schema")
+        spec = dict_value(fmt.get("json_schema"), "response_format.json_schema")
         if spec.get("name") is not None:
-            _str(spec["name"], "response_format.json_schema.name")
+            str_value(spec["name"], "response_format.json_schema.name")
         if spec.get("schema") is None:
             return pb.Constraint(json_object=True)
         return pb.Constraint(json_schema=_schema_text(spec["schema"], "response_format.json_schema.schema"))
@@ -269,7 +193,7 @@ def _response_format(value: Any) -> pb.Constraint | None:
 
 
 def _structured_outputs(value: Any) -> pb.Constraint:
-    spec = _dict(value, "structured_outputs")
+    spec = dict_value(value, "structured_outputs")
     kinds = [k for k in ("regex", "grammar", "json") if spec.get(k) is not None]
     if len(kinds) != 1:
         raise invalid(
@@ -278,7 +202,7 @@ def _structured_outputs(value: Any) -> pb.Constraint:
     kind = kinds[0]
     if kind == "json":
         return pb.Constraint(json_schema=_schema_text(spec["json"], "structured_outputs.json"))
-    text = _str(spec[kind], f"structured_outputs.{kind}", allow_empty=False)
+    text = str_value(spec[kind], f"structured_outputs.{kind}", allow_empty=False)
     return pb.Constraint(regex=text) if kind == "regex" else pb.Constraint(grammar=text)
 
 
@@ -302,10 +226,10 @@ def _content_text(content: Any, param: str) -> str:
     parts = content
     texts = []
     for j, part in enumerate(parts):
-        part = _dict(part, f"{param}[{j}]")
+        part = dict_value(part, f"{param}[{j}]")
         kind = part.get("type")
         if kind in ("text", "refusal"):
-            texts.append(_str(part.get(kind), f"{param}[{j}].{kind}"))
+            texts.append(str_value(part.get(kind), f"{param}[{j}].{kind}"))
         else:
             raise invalid(
                 f"Content parts of type {json.dumps(kind)} are not supported; this model accepts text only.",
@@ -315,34 +239,34 @@ def _content_text(content: Any, param: str) -> str:
 
 
 def _tool_call(value: Any, param: str) -> pb.ToolCall:
-    call = _dict(value, param)
+    call = dict_value(value, param)
     if call.get("type", "function") != "function":
         raise invalid(f"'{param}.type' must be 'function'.", f"{param}.type")
-    function = _dict(call.get("function"), f"{param}.function")
+    function = dict_value(call.get("function"), f"{param}.function")
     arguments = function.get("arguments", "{}")
     if isinstance(arguments, dict):  # some clients send the object itself
         arguments = json.dumps(arguments)
     return pb.ToolCall(
-        id=_str(call.get("id", ""), f"{param}.id"),
-        name=_str(function.get("name"), f"{param}.function.name", allow_empty=False),
-        arguments=_str(arguments, f"{param}.function.arguments"),
+        id=str_value(call.get("id", ""), f"{param}.id"),
+        name=str_value(function.get("name"), f"{param}.function.name", allow_empty=False),
+        arguments=str_value(arguments, f"{param}.function.arguments"),
     )
 
 
 def _message(value: Any, i: int) -> pb.ChatMessage:
     param = f"messages[{i}]"
-    msg = _dict(value, param)
+    msg = dict_value(value, param)
     role = msg.get("role")
     if role not in _ROLES:
         raise invalid(f"'{param}.role' must be one of {', '.join(_ROLES)}; got {json.dumps(role)}.", f"{param}.role")
     out = pb.ChatMessage(role=role)
     if msg.get("name") is not None:
-        out.name = _str(msg["name"], f"{param}.name")
+        out.name = str_value(msg["name"], f"{param}.name")
     if role == "assistant" and msg.get("tool_calls") is not None:
-        calls = _list(msg["tool_calls"], f"{param}.tool_calls", allow_empty=True)
+        calls = list_value(msg["tool_calls"], f"{param}.tool_calls", allow_empty=True)
         out.tool_calls.extend(_tool_call(c, f"{param}.tool_calls[{k}]") for k, c in enumerate(calls))
     if role == "tool":
-        out.tool_call_id = _str(msg.get("tool_call_id"), f"{param}.tool_call_id", allow_empty=False)
+        out.tool_call_id = str_value(msg.get("tool_call_id"), f"{param}.tool_call_id", allow_empty=False)
     content = msg.get("content")
     if content is None:
         if role != "assistant":
@@ -357,13 +281,13 @@ def _tools(body: dict) -> list[pb.Tool]:
     if value is None:
         return []
     tools = []
-    for k, item in enumerate(_list(value, "tools", allow_empty=True)):
+    for k, item in enumerate(list_value(value, "tools", allow_empty=True)):
         param = f"tools[{k}]"
-        tool = _dict(item, param)
+        tool = dict_value(item, param)
         if tool.get("type") != "function":
             raise invalid(f"'{param}.type' must be 'function'.", f"{param}.type")
-        function = _dict(tool.get("function"), f"{param}.function")
-        name = _str(function.get("name"), f"{param}.function.name")
+        function = dict_value(tool.get("function"), f"{param}.function")
+        name = str_value(function.get("name"), f"{param}.function.name")
         if not _TOOL_NAME.match(name):
             raise invalid(
                 f"'{param}.function.name' must match ^[a-zA-Z0-9_-]{{1,64}}$, got {json.dumps(name)}.",
@@ -373,7 +297,7 @@ def _tools(body: dict) -> list[pb.Tool]:
         tools.append(
             pb.Tool(
                 name=name,
-                description=_str(function.get("description") or "", f"{param}.function.description"),
+                description=str_value(function.get("description") or "", f"{param}.function.description"),
                 parameters_json="" if params is None else _schema_text(params, f"{param}.function.parameters"),
             )
         )
@@ -393,10 +317,10 @@ def _tool_choice(body: dict, tools: list[pb.Tool]) -> pb.ToolChoice:
         if value == "required" and not tools:
             raise invalid("'tool_choice' is 'required' but no 'tools' were given.", "tool_choice")
         return pb.ToolChoice(mode=TOOL_CHOICE_MODES[value])
-    choice = _dict(value, "tool_choice")
+    choice = dict_value(value, "tool_choice")
     if choice.get("type") != "function":
         raise invalid("'tool_choice.type' must be 'function'.", "tool_choice.type")
-    name = _str(_dict(choice.get("function"), "tool_choice.function").get("name"), "tool_choice.function.name")
+    name = str_value(dict_value(choice.get("function"), "tool_choice.function").get("name"), "tool_choice.function.name")
     if name not in {t.name for t in tools}:
         raise invalid(f"'tool_choice' names the function '{name}', which is not in 'tools'.", "tool_choice")
     return pb.ToolChoice(mode=pb.ToolChoice.MODE_FUNCTION, function_name=name)
@@ -411,7 +335,7 @@ def _reject_legacy_functions(body: dict) -> None:
 def _max_tokens(body: dict, keys: tuple[str, ...], lo: int, limits: RequestLimits) -> int | None:
     """The first of `keys` that is set, within [lo, the operator's cap]."""
     for key in keys:
-        value = _int(body, key, lo, _UINT32_MAX)
+        value = int_field(body, key, lo, UINT32_MAX)
         if value is None:
             continue
         if limits.max_tokens is not None and value > limits.max_tokens:
@@ -421,7 +345,7 @@ def _max_tokens(body: dict, keys: tuple[str, ...], lo: int, limits: RequestLimit
 
 
 def _n(body: dict, key: str, limits: RequestLimits) -> int | None:
-    value = _int(body, key, 1, _UINT32_MAX)
+    value = int_field(body, key, 1, UINT32_MAX)
     if value is not None and value > limits.max_n:
         raise invalid(f"'{key}' may be at most {limits.max_n} on this server, got {value}.", key)
     return value
@@ -449,7 +373,7 @@ def parse_chat(body: dict, request_id: str, limits: RequestLimits = DEFAULT_LIMI
     """Validate a /v1/chat/completions body and build its single GenerateRequest."""
     model = _model(body)
     _reject_legacy_functions(body)
-    items = _list(body.get("messages"), "messages")
+    items = list_value(body.get("messages"), "messages")
     if len(items) > limits.max_messages:
         raise invalid(
             f"'messages' may hold at most {limits.max_messages} messages on this server, got {len(items)}.",
@@ -459,13 +383,13 @@ def parse_chat(body: dict, request_id: str, limits: RequestLimits = DEFAULT_LIMI
     tools = _tools(body)
     _check_prompt_chars(chat_prompt_chars(messages, tools), "messages", limits)
     chat = pb.ChatInput(messages=messages, tools=tools, tool_choice=_tool_choice(body, tools))
-    parallel = _bool(body, "parallel_tool_calls")
+    parallel = bool_field(body, "parallel_tool_calls")
     if parallel is not None:
         chat.parallel_tool_calls = parallel
     stream, include_usage = _stream(body)
     n = _n(body, "n", limits) or 1
-    logprobs = bool(_bool(body, "logprobs"))
-    top_logprobs = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
+    logprobs = bool(bool_field(body, "logprobs"))
+    top_logprobs = int_field(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
     if top_logprobs and not logprobs:
         raise invalid("'logprobs' must be true when 'top_logprobs' is set.", "logprobs")
     max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"), 1, limits)
@@ -496,13 +420,13 @@ def _prompts(value: Any) -> list[str | list[int]]:
         raise invalid("you must provide a prompt parameter.", "prompt")
     if isinstance(value, str):
         return [value]
-    items = _list(value, "prompt")
+    items = list_value(value, "prompt")
     if all(isinstance(p, str) for p in items):
         prompts: list[str | list[int]] = list(items)
-    elif all(_is_int(p) for p in items):
-        prompts = [[_token_id(t, "prompt") for t in items]]
+    elif all(is_int(p) for p in items):
+        prompts = [[token_id(t, "prompt") for t in items]]
     elif all(isinstance(p, list) for p in items):
-        prompts = [[_token_id(t, f"prompt[{i}]") for t in _list(p, f"prompt[{i}]")] for i, p in enumerate(items)]
+        prompts = [[token_id(t, f"prompt[{i}]") for t in list_value(p, f"prompt[{i}]")] for i, p in enumerate(items)]
     else:
         raise invalid(
             "'prompt' must be a string, an array of strings, an array of token ids or an array of token-id arrays.",
@@ -520,7 +444,7 @@ def parse_completion(body: dict, request_id: str, limits: RequestLimits = DEFAUL
     # Token-id prompts count one per id.
     _check_prompt_chars(sum(len(p) for p in prompts), "prompt", limits)
     suffix = body.get("suffix")
-    if suffix is not None and _str(suffix, "suffix"):
+    if suffix is not None and str_value(suffix, "suffix"):
         raise invalid("'suffix' is not supported: the model has no fill-in-the-middle support.", "suffix")
     stream, include_usage = _stream(body)
     n = _n(body, "n", limits) or 1
@@ -531,8 +455,8 @@ def parse_completion(body: dict, request_id: str, limits: RequestLimits = DEFAUL
         raise invalid(f"'best_of' ({best_of}) must be greater than or equal to 'n' ({n}).", "best_of")
     if stream and best_of > n:
         raise invalid("'best_of' greater than 'n' cannot be used with 'stream'.", "best_of")
-    top = _int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
-    echo = bool(_bool(body, "echo"))
+    top = int_field(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
+    echo = bool(bool_field(body, "echo"))
     max_tokens = _max_tokens(body, ("max_tokens",), 0, limits)
     if max_tokens is None:
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS

@@ -67,8 +67,10 @@ def stack() -> Iterator[Stack]:
 @pytest.fixture(scope="session")
 def single_slot_stack() -> Iterator[Stack]:
     """An engine that runs one sequence at a time with two waiting: a leaked generation blocks the
-    next request, and a fourth concurrent request finds the queue full."""
-    with Stack(engine_args=["--max-batch-size", "1", "--max-queue", "2"],
+    next request, and a fourth concurrent request finds the queue full. Its shim writes a heartbeat
+    after a second of silence (not 5): a queued stream's response starts, and a departed client is
+    noticed, a heartbeat after the request."""
+    with Stack(engine_args=["--max-batch-size", "1", "--max-queue", "2"], shim_args=["--heartbeat-interval", "1"],
                startup_timeout=STARTUP_TIMEOUT_S) as running:
         yield running
 

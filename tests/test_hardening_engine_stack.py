@@ -43,12 +43,9 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[TLSFiles, TLSFiles]:
 
 @pytest.fixture(scope="module")
 def secured(tls: tuple[TLSFiles, TLSFiles], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    metrics_port = free_port()
-    stack = Stack(token=TOKEN, tls=tls[0], log_dir=tmp_path_factory.mktemp("logs"),
-                  engine_args=["--metrics-port", str(metrics_port), "--log-format", "json"],
-                  engine_env={FAULT_INJECT_ENV: MARKER}, startup_timeout=STARTUP_TIMEOUT_S)
-    stack.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"  # type: ignore[attr-defined]
-    with stack:
+    with Stack(token=TOKEN, tls=tls[0], log_dir=tmp_path_factory.mktemp("logs"), metrics_port=free_port(),
+               engine_args=["--log-format", "json"], engine_env={FAULT_INJECT_ENV: MARKER},
+               startup_timeout=STARTUP_TIMEOUT_S) as stack:
         yield stack
 
 
@@ -155,7 +152,7 @@ def scrape_settled(url: str, timeout_s: float = 10) -> dict[tuple[str, tuple], f
 
 
 def test_metrics_agree_with_the_usage_clients_got(secured: Stack, engine: EngineClient) -> None:
-    url = secured.metrics_url  # type: ignore[attr-defined]
+    url = secured.metrics_url
     before = scrape_settled(url)
     results = [engine.complete(messages=QUESTION, temperature=0, max_tokens=30),
                engine.complete(messages=STORY, max_tokens=12, ignore_eos=True, n=2, seed=3)]

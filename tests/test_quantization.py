@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import goldens
 import pytest
 import torch
 from conftest import STARTUP_TIMEOUT_S
@@ -263,21 +264,32 @@ MIN_AGREEMENT = {"int8": 0.85, "int4": 0.75}  # measured: 0.938, 0.875
 MAX_LOGLIK_SHIFT = {"int8": 0.02, "int4": 0.12}  # measured: 0.0064, 0.050 (nats per token)
 
 
-@pytest.fixture(scope="module")
-def full() -> Iterator[tuple]:
-    """The full-bf16 model and its greedy continuations. One thread: on a busy machine, torch's thread
-    pool waits on preempted workers and runs these tests many times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def full_bf16_model():
     loaded = load_model(None, device="cpu", dtype="bfloat16")
     quantize_linears(loaded.model, "none")
     tok = loaded.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                        tokenize=True, return_dict=False) for p in PROMPTS]
-    with torch.inference_mode():
-        continuations = [greedy(loaded.model, ids) for ids in prompts]
-    yield loaded.model, tok, prompts, continuations
+    return loaded.model, tok, prompts
+
+
+@pytest.fixture(scope="module")
+def full() -> Iterator[tuple]:
+    """The full-bf16 model and its greedy continuations (tests/golden/, `make goldens`). One thread: on
+    a busy machine, torch's thread pool waits on preempted workers and runs these tests many times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model, tok, prompts = full_bf16_model()
+    continuations = [entry["ids"] for entry in goldens.load("bf16_continuations", prompts)]
+    yield model, tok, prompts, continuations
     torch.set_num_threads(threads)
+
+
+def compute_goldens() -> dict[str, list[dict]]:
+    """The full-bf16 model's greedy continuations of PROMPTS, for `make goldens` (tests/goldens.py)."""
+    model, _, prompts = full_bf16_model()
+    with torch.inference_mode():
+        return {"bf16_continuations": [{"prompt_ids": ids, "ids": greedy(model, ids)} for ids in prompts]}
 
 
 def greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:

@@ -23,13 +23,12 @@ def test_full_queue_is_a_rate_limit_error(single_slot_stack: Stack) -> None:
     with openai.OpenAI(base_url=single_slot_stack.base_url, api_key="unused", max_retries=0, timeout=60) as chat, \
             anthropic.Anthropic(base_url=single_slot_stack.shim_url, api_key="unused", max_retries=0,
                                 timeout=60) as claude:
-        # One running, two waiting: the queue is full. Opened together: a waiting stream's 200 comes
-        # only after a heartbeat interval without its first answer.
+        # One running, two waiting: the queue is full once all three have their 200 (a waiting
+        # stream's comes after a heartbeat interval without its first answer). Opened together.
         with ThreadPoolExecutor(3) as pool:
             streams = list(pool.map(lambda _: chat.chat.completions.create(model=MODEL, messages=STORY, stream=True,
                                                                            **params), range(3)))
         try:
-            next(iter(streams[0]))
             with pytest.raises(anthropic.RateLimitError) as caught:
                 claude.messages.create(model=MODEL, max_tokens=5, messages=QUESTION)
             assert caught.value.status_code == 429 and int(caught.value.response.headers["retry-after"]) >= 0

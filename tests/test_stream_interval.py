@@ -13,7 +13,8 @@ import pytest
 from clients.launch import Stack
 from conftest import STARTUP_TIMEOUT_S, TEST_KV_CACHE_GB
 from engine_service.__main__ import parse_args
-from engine_service.core.engine import Engine, EngineConfig, auto_stream_interval
+from engine_service.core.engine import Engine, EngineConfig
+from engine_service.core.pacing import auto_stream_interval
 from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReason
 from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
 from engine_service.core.sequence import Request
@@ -67,7 +68,7 @@ def submit(engine: Engine, n: int = 1, seed: int | None = None) -> Recorder:
 
 
 def generate(engine: Engine, interval: int, n: int = 1, seed: int | None = None) -> Recorder:
-    engine.config.stream_interval = interval
+    engine.pacing.interval = interval
     sink = submit(engine, n, seed)
     run_until_done(engine, [sink])
     return sink
@@ -110,7 +111,7 @@ def test_auto_sends_every_token_of_a_lone_stream(engine) -> None:
 def test_auto_groups_tokens_when_many_streams_run(engine) -> None:
     """17 streams at once: once they step together, each message holds 3 steps' tokens
     (ceil(17 / 8)); nothing is lost and the first token still goes alone."""
-    engine.config.stream_interval = 0
+    engine.pacing.interval = 0
     sinks = [submit(engine) for _ in range(17)]
     run_until_done(engine, sinks)
     for sink in sinks:

@@ -1,8 +1,9 @@
 """The engine loop: step() = scheduler.schedule() -> runner.run() -> postprocess(), returning the
 step's outputs: for each request that has news, its events (the prompt, new text, finals).
 
-It runs on its own thread. Other threads submit requests and aborts through a small inbox; the
-loop hands each step's outputs to their requests' sinks (deliver()).
+It runs on its own thread. Other threads submit requests and aborts through its inbox (inbox.py); the
+loop hands each step's outputs to their requests' sinks (deliver()), as often as the stream
+interval says (pacing.py).
 
 A step that raises fails only the request at fault, when it can tell which: a step of one
 request fails that request; otherwise the step's requests are rewound (their cache is
@@ -18,7 +19,6 @@ what is left (FinishReason.SHUTDOWN: UNAVAILABLE) and returns from run().
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -29,13 +29,15 @@ import torch
 from engine_service.text.constraints import GrammarCompiler
 from engine_service.text.detokenizer import TokenTable
 from engine_service.core.admission import Admission
+from engine_service.core.inbox import Inbox
+from engine_service.core.pacing import StreamPacing
 from engine_service.core.block_manager import BlockManager
 from engine_service.model.kv_cache import KVCache
 from engine_service.model.loader import LoadedModel
 from engine_service.model.runner import ModelRunner, StepLogits
 from engine_service.text.output import OutputProcessor
 from engine_service.core.metrics import EngineMetrics, StepRecorder
-from engine_service.core.params import Draining, InvalidRequest, QueueFull, RequestParams
+from engine_service.core.params import InvalidRequest, RequestParams
 from engine_service.core.sampler import sample, token_logprob
 from engine_service.core.scheduler import ScheduledBatch, Scheduler
 from engine_service.core.events import Event, FinalEvent, FinishReason, PromptEvent, TokenLogprob
@@ -66,29 +68,8 @@ class EngineConfig:
     quantization: str | None = None  # linear weights: none, int8, int4; None: the default (model/linear.py)
     deterministic: bool = False  # a sequence's results never depend on the batch it runs in
     native_kernels: bool = True  # int8 linears and decode attention on model/native.py's kernels where they build
-    # Steps whose tokens a request gathers before they are sent (its first token and its end go at
-    # once): fewer, larger messages cost the shim and clients less per token at high concurrency.
-    # 0 (auto): every step while a step feeds up to AUTO_STREAMS_PER_STEP requests, then every
-    # ceil(requests / AUTO_STREAMS_PER_STEP) steps, at most AUTO_MAX_STREAM_INTERVAL.
+    # Steps whose tokens a request gathers before they are sent; 0: auto (core/pacing.py).
     stream_interval: int = 0
-
-
-# Auto stream interval: about this many requests' messages per step however big the batch (the
-# relay's CPU per step stays bounded, and on a shared CPU that is the engine's), with text still
-# arriving every few steps. At 32 streams: 4 tokens a message; up to 8 streams: every token.
-AUTO_STREAMS_PER_STEP = 8
-AUTO_MAX_STREAM_INTERVAL = 4
-
-
-def _describe_stream_interval(interval: int) -> str:
-    if interval == 0:
-        return f"every token up to {AUTO_STREAMS_PER_STEP} requests a step, grouped past that (--stream-interval auto)"
-    return "every token" if interval == 1 else f"a message every {interval} steps (--stream-interval {interval})"
-
-
-def auto_stream_interval(requests: int) -> int:
-    """The auto stream interval of a step that gives tokens to this many requests."""
-    return min(AUTO_MAX_STREAM_INTERVAL, -(-requests // AUTO_STREAMS_PER_STEP))
 
 
 @dataclass(frozen=True)
@@ -118,19 +99,15 @@ class Engine:
                               config.block_size, self.runner.cache.copy_block, config.enable_prefix_caching)
         self.scheduler = Scheduler(blocks, config.max_batch_size, config.max_step_tokens)
         self.admission = Admission(self.max_model_len, self.kv_capacity_tokens, self.vocab_size, config.max_batch_size)
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._inbox: list[Request] = []
-        self._aborts: list[str] = []
-        self._requests: dict[str, Request] = {}
+        self.inbox = Inbox(config.max_waiting)
+        self._requests: dict[str, Request] = {}  # every request submitted and not yet finished
         self._stopping = False
-        self._draining = False  # no new requests; run() returns once the rest are done or cut
-        self._drain_deadline = math.inf  # time.monotonic()
         self._thread: threading.Thread | None = None
         self.recorder = StepRecorder(metrics)
         self.load = Load(0, 0, 0.0)  # as of the last step (or idle wake)
         if metrics is not None:
             metrics.cache_config(config.block_size, num_blocks - 1, config.enable_prefix_caching)
+        self.pacing = StreamPacing(config.stream_interval)
         self._outputs: list[RequestOutput] = []  # what the loop delivers next (step() returns them)
         # Where the loop hands each step's outputs: deliver() calls the sinks on the loop's thread; a
         # server may take them to its own thread in one hop per step (serving/server.py).
@@ -145,7 +122,7 @@ class Engine:
                  else "gathered, then SDPA")
         if self.runner.native_decode_layers:
             log.info("decode steps: every layer in one native call (up to %d rows)", self.runner.full_weights.max_rows)
-        log.info("streaming: %s", _describe_stream_interval(config.stream_interval))
+        log.info("streaming: %s", self.pacing.describe())
 
     def _num_blocks(self) -> int:
         cfg, model_cfg = self.config, self.loaded.model.config
@@ -165,16 +142,14 @@ class Engine:
         """Run the loop in the calling thread until stop(), or until a drain is over. Prefer the
         main thread: torch's CPU kernels ran about 35% slower per step on a secondary thread here."""
         while True:
-            draining = self._draining  # read first: what was admitted before the drain is in the inbox
+            draining = self.inbox.draining  # read first: what was admitted before the drain is in the inbox
             self._drain_inbox()
-            if self._stopping or (draining and (not self.scheduler.has_work()
-                                                or time.monotonic() >= self._drain_deadline)):
+            if self._stopping or (draining and (not self.scheduler.has_work() or self.inbox.past_deadline())):
                 break
             if not self.scheduler.has_work():
                 self.on_outputs(self._take_outputs())  # aborts of queued requests
                 self._update_metrics(None)
-                self._wake.wait(timeout=1.0)
-                self._wake.clear()
+                self.inbox.wait(1.0)
                 continue
             started = time.perf_counter()
             try:
@@ -209,7 +184,7 @@ class Engine:
         """End the loop now; requests still there end with FinishReason.SHUTDOWN. Waits for a
         background loop. Not for signal handlers (it takes a lock): see drain()."""
         self._stopping = True
-        self._wake.set()
+        self.inbox.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 
@@ -218,20 +193,15 @@ class Engine:
         make run() return when they are done, or at `deadline` (time.monotonic()) with the rest
         ended by FinishReason.SHUTDOWN. A later call may bring the deadline forward. Any thread
         but a signal handler's."""
-        with self._lock:
-            self._draining = True
-            self._drain_deadline = min(self._drain_deadline, deadline)
-        self._wake.set()
+        self.inbox.drain(deadline)
 
     @property
     def draining(self) -> bool:
-        return self._draining
+        return self.inbox.draining
 
     def _close(self) -> None:
         """The loop is over: end every request still here with SHUTDOWN."""
-        with self._lock:
-            self._draining = True  # submit() refuses from now on
-            self._inbox = []  # what is still there is in self._requests too
+        self.inbox.close()  # submit() refuses from now on; what it still held is in self._requests too
         left = list(self._requests.values())
         if left:
             log.warning("engine stopping with %d request(s) unfinished; ending them with UNAVAILABLE", len(left))
@@ -245,23 +215,17 @@ class Engine:
         self.admission.check(request)
         request.arrival = time.monotonic()
         request.log_id = request.log_id or request.request_id
-        with self._lock:
-            if self._draining:
-                raise Draining("the engine is draining (shutting down) and takes no new requests; "
-                               "retry on another replica")
-            if len(self.scheduler.waiting) + len(self._inbox) >= self.config.max_waiting:
-                raise QueueFull(f"the engine's queue is full ({self.config.max_waiting} waiting); retry later")
+
+        def admit() -> None:
             if request.request_id in self._requests:
                 raise InvalidRequest(f"request_id {request.request_id!r} is already running", "request_id")
             self._requests[request.request_id] = request
-            self._inbox.append(request)
-        self._wake.set()
+
+        self.inbox.put(request, len(self.scheduler.waiting), admit)
 
     def abort(self, request_id: str) -> None:
         """Stop a request (any thread); its blocks are freed at the next step."""
-        with self._lock:
-            self._aborts.append(request_id)
-        self._wake.set()
+        self.inbox.abort(request_id)
 
     def stop_ids_for(self, params: RequestParams) -> set[int]:
         ids = set(params.stopping.stop_token_ids)
@@ -284,9 +248,7 @@ class Engine:
         return Sequence(request, index, stop_ids, matcher, output)
 
     def _drain_inbox(self) -> None:
-        with self._lock:
-            inbox, self._inbox = self._inbox, []
-            aborts, self._aborts = self._aborts, []
+        inbox, aborts = self.inbox.take()
         for request in inbox:
             request.sequences = [self._new_sequence(request, i) for i in range(request.params.n)]
             leader = request.sequences[0]
@@ -389,22 +351,9 @@ class Engine:
             self.recorder.tokens(seqs)
         stepped = {scheduled[seq_id].request.request_id: scheduled[seq_id].request
                    for seq_id in logits.next_token}
-        interval = self._stream_interval(len(stepped))
-        for request in stepped.values():
-            request.unsent_steps += 1
-            if self._output_due(request, interval):
-                self._send_events(request)
+        for request in self.pacing.due(list(stepped.values())):
+            self._send_events(request)
         return seqs
-
-    def _stream_interval(self, requests: int) -> int:
-        return self.config.stream_interval or auto_stream_interval(requests)
-
-    @staticmethod
-    def _output_due(request: Request, interval: int) -> bool:
-        """Every `interval` steps; at once for the first token (its PromptEvent waits in the outbox)
-        and for a choice's end."""
-        return (request.unsent_steps >= interval or bool(request.outbox)
-                or any(seq.finished and not seq.final_sent for seq in request.sequences))
 
     def _collect_prompt_logprobs(self, logits: StepLogits, batch: ScheduledBatch) -> None:
         """Echo with logprobs: the logprob of each prompt token given the ones before it."""
@@ -493,7 +442,7 @@ class Engine:
         waiting = {seq.request.request_id for seq in self.scheduler.waiting} - running
         blocks = self.scheduler.blocks
         # One assignment: the gRPC server's thread reads it whole (GetLoad, for routers).
-        self.load = Load(len(running), len(waiting) + len(self._inbox), 1.0 - blocks.num_free / blocks.num_blocks)
+        self.load = Load(len(running), len(waiting) + len(self.inbox), 1.0 - blocks.num_free / blocks.num_blocks)
         if self.recorder.metrics is None:
             return
         self.recorder.publish(step_seconds, self.load.running, self.load.waiting, self.load.kv_usage,

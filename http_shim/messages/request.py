@@ -24,20 +24,15 @@ from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import SAMPLING_RANGES, Range
 
 from ..errors import invalid
+from ..fields import bool_field, dict_value, int_field, list_value, number_field, str_value
 from ..openai_to_proto import (
     _TOOL_NAME,
     DEFAULT_LIMITS,
     RequestLimits,
-    _bool,
     _check_prompt_chars,
-    _dict,
-    _int,
-    _list,
     _max_tokens,
     _model,
-    _number,
     _schema_text,
-    _str,
     chat_prompt_chars,
 )
 
@@ -78,7 +73,7 @@ def _cache_control(value: Any, param: str) -> None:
     """Accepted (the prefix cache is automatic); checked, so a typo is not taken for a mark."""
     if value is None:
         return
-    mark = _dict(value, param)
+    mark = dict_value(value, param)
     if mark.get("type") != "ephemeral":
         raise invalid(f"'{param}.type' must be 'ephemeral', got {json.dumps(mark.get('type'))}.", f"{param}.type")
 
@@ -95,14 +90,14 @@ def _unsupported_block(kind: Any, param: str) -> Exception:
 
 def _text_block(block: dict, param: str) -> str:
     _cache_control(block.get("cache_control"), f"{param}.cache_control")
-    return _str(block.get("text"), f"{param}.text")
+    return str_value(block.get("text"), f"{param}.text")
 
 
 def _blocks(value: Any, param: str) -> list[dict]:
     """A content array: every item an object with a type."""
-    blocks = _list(value, param)
+    blocks = list_value(value, param)
     for j, block in enumerate(blocks):
-        if not isinstance(_dict(block, f"{param}[{j}]").get("type"), str):
+        if not isinstance(dict_value(block, f"{param}[{j}]").get("type"), str):
             raise invalid(f"'{param}[{j}].type' must be a string.", f"{param}[{j}].type")
     return blocks
 
@@ -126,25 +121,25 @@ def _tool_result(block: dict, param: str) -> pb.ChatMessage:
     _cache_control(block.get("cache_control"), f"{param}.cache_control")
     content = block.get("content")
     text = "" if content is None else _texts(content, f"{param}.content")
-    if _bool(block, "is_error", f"{param}.is_error"):
+    if bool_field(block, "is_error", f"{param}.is_error"):
         text = TOOL_ERROR_PREFIX + text
-    call_id = _str(block.get("tool_use_id"), f"{param}.tool_use_id", allow_empty=False)
+    call_id = str_value(block.get("tool_use_id"), f"{param}.tool_use_id", allow_empty=False)
     return pb.ChatMessage(role="tool", tool_call_id=call_id, content=text)
 
 
 def _tool_use(block: dict, param: str) -> pb.ToolCall:
     _cache_control(block.get("cache_control"), f"{param}.cache_control")
     return pb.ToolCall(
-        id=_str(block.get("id"), f"{param}.id", allow_empty=False),
-        name=_str(block.get("name"), f"{param}.name", allow_empty=False),
-        arguments=json.dumps(_dict(block.get("input"), f"{param}.input")),
+        id=str_value(block.get("id"), f"{param}.id", allow_empty=False),
+        name=str_value(block.get("name"), f"{param}.name", allow_empty=False),
+        arguments=json.dumps(dict_value(block.get("input"), f"{param}.input")),
     )
 
 
 def _turn(value: Any, i: int) -> list[pb.ChatMessage]:
     """One Anthropic message -> the chat messages it becomes."""
     param = f"messages[{i}]"
-    msg = _dict(value, param)
+    msg = dict_value(value, param)
     role = msg.get("role")
     if role not in _ROLES:
         raise invalid(f"'{param}.role' must be 'user' or 'assistant', got {json.dumps(role)}.", f"{param}.role")
@@ -173,7 +168,7 @@ def _turn(value: Any, i: int) -> list[pb.ChatMessage]:
 
 
 def _chat_messages(body: dict, limits: RequestLimits) -> list[pb.ChatMessage]:
-    items = _list(body.get("messages"), "messages")
+    items = list_value(body.get("messages"), "messages")
     if len(items) > limits.max_messages:
         raise invalid(
             f"'messages' may hold at most {limits.max_messages} messages on this server, got {len(items)}.",
@@ -200,16 +195,16 @@ def _tools(body: dict) -> list[pb.Tool]:
     if value is None:
         return []
     tools = []
-    for k, item in enumerate(_list(value, "tools", allow_empty=True)):
+    for k, item in enumerate(list_value(value, "tools", allow_empty=True)):
         param = f"tools[{k}]"
-        tool = _dict(item, param)
+        tool = dict_value(item, param)
         if tool.get("type", "custom") not in ("custom", None):
             raise invalid(
                 f"'{param}' is a server tool ({json.dumps(tool.get('type'))}), which this server does not run: "
                 "define client tools with name, description and input_schema.",
                 f"{param}.type",
             )
-        name = _str(tool.get("name"), f"{param}.name")
+        name = str_value(tool.get("name"), f"{param}.name")
         if not _TOOL_NAME.match(name):
             raise invalid(f"'{param}.name' must match ^[a-zA-Z0-9_-]{{1,64}}$, got {json.dumps(name)}.",
                           f"{param}.name")
@@ -218,7 +213,7 @@ def _tools(body: dict) -> list[pb.Tool]:
             raise invalid(f"'{param}.input_schema' is required.", f"{param}.input_schema")
         tools.append(pb.Tool(
             name=name,
-            description=_str(tool.get("description") or "", f"{param}.description"),
+            description=str_value(tool.get("description") or "", f"{param}.description"),
             parameters_json=_schema_text(tool["input_schema"], f"{param}.input_schema"),
         ))
     if len({t.name for t in tools}) < len(tools):
@@ -230,7 +225,7 @@ def _tool_choice(body: dict, tools: list[pb.Tool], chat: pb.ChatInput) -> None:
     value = body.get("tool_choice")
     if value is None:
         return
-    choice = _dict(value, "tool_choice")
+    choice = dict_value(value, "tool_choice")
     kind = choice.get("type")
     if not isinstance(kind, str) or kind not in _TOOL_CHOICES:
         raise invalid(f"'tool_choice.type' must be 'auto', 'any', 'tool' or 'none', got {json.dumps(kind)}.",
@@ -239,18 +234,18 @@ def _tool_choice(body: dict, tools: list[pb.Tool], chat: pb.ChatInput) -> None:
         raise invalid(f"'tool_choice' is '{kind}' but no 'tools' were given.", "tool_choice")
     chat.tool_choice.mode = _TOOL_CHOICES[kind]
     if kind == "tool":
-        name = _str(choice.get("name"), "tool_choice.name", allow_empty=False)
+        name = str_value(choice.get("name"), "tool_choice.name", allow_empty=False)
         if name not in {t.name for t in tools}:
             raise invalid(f"'tool_choice' names the tool '{name}', which is not in 'tools'.", "tool_choice.name")
         chat.tool_choice.function_name = name
-    if _bool(choice, "disable_parallel_tool_use", "tool_choice.disable_parallel_tool_use"):
+    if bool_field(choice, "disable_parallel_tool_use", "tool_choice.disable_parallel_tool_use"):
         chat.parallel_tool_calls = False
 
 
 def _format(value: Any, param: str) -> pb.Constraint | None:
     if value is None:
         return None
-    fmt = _dict(value, param)
+    fmt = dict_value(value, param)
     if fmt.get("type") != "json_schema":
         raise invalid(f"'{param}.type' must be 'json_schema', got {json.dumps(fmt.get('type'))}.", f"{param}.type")
     if fmt.get("schema") is None:
@@ -263,9 +258,9 @@ def _constraint(body: dict) -> pb.Constraint | None:
     config = body.get("output_config")
     from_config = None
     if config is not None:
-        config = _dict(config, "output_config")
+        config = dict_value(config, "output_config")
         if config.get("effort") is not None:
-            _str(config["effort"], "output_config.effort", allow_empty=False)
+            str_value(config["effort"], "output_config.effort", allow_empty=False)
         from_config = _format(config.get("format"), "output_config.format")
     from_beta = _format(body.get("output_format"), "output_format")
     if from_config is not None and from_beta is not None:
@@ -275,7 +270,7 @@ def _constraint(body: dict) -> pb.Constraint | None:
 
 def _refuse_unservable(body: dict) -> None:
     thinking = body.get("thinking")
-    if thinking is not None and _dict(thinking, "thinking").get("type") != "disabled":
+    if thinking is not None and dict_value(thinking, "thinking").get("type") != "disabled":
         raise invalid("'thinking': this model has no extended thinking; leave it out or set type 'disabled'.",
                       "thinking")
     if body.get("mcp_servers"):
@@ -300,13 +295,13 @@ def chat_parts(body: dict, limits: RequestLimits = DEFAULT_LIMITS) -> ChatParts:
 
 def _sampling(body: dict) -> pb.SamplingParams:
     params = pb.SamplingParams()
-    temperature = _number(body, "temperature", TEMPERATURE_RANGE)
+    temperature = number_field(body, "temperature", TEMPERATURE_RANGE)
     if temperature is not None:
         params.temperature = temperature
-    top_p = _number(body, "top_p", SAMPLING_RANGES["top_p"])
+    top_p = number_field(body, "top_p", SAMPLING_RANGES["top_p"])
     if top_p is not None:
         params.top_p = top_p
-    top_k = _int(body, "top_k", 0, 2**31 - 1)
+    top_k = int_field(body, "top_k", 0, 2**31 - 1)
     if top_k is not None:
         params.top_k = top_k
     return params
@@ -316,11 +311,11 @@ def _stop_sequences(body: dict, limits: RequestLimits) -> list[str]:
     value = body.get("stop_sequences")
     if value is None:
         return []
-    stops = _list(value, "stop_sequences", allow_empty=True)
+    stops = list_value(value, "stop_sequences", allow_empty=True)
     if len(stops) > limits.max_stop:
         raise invalid(f"'stop_sequences' may hold at most {limits.max_stop} strings on this server, "
                       f"got {len(stops)}.", "stop_sequences")
-    return [_str(s, f"stop_sequences[{i}]", allow_empty=False) for i, s in enumerate(stops)]
+    return [str_value(s, f"stop_sequences[{i}]", allow_empty=False) for i, s in enumerate(stops)]
 
 
 def parse_messages(body: dict, request_id: str, limits: RequestLimits = DEFAULT_LIMITS) -> MessagesPlan:
@@ -330,8 +325,8 @@ def parse_messages(body: dict, request_id: str, limits: RequestLimits = DEFAULT_
         raise invalid("'max_tokens' is required.", "max_tokens")
     max_tokens = _max_tokens(body, ("max_tokens",), 1, limits)
     metadata = body.get("metadata")
-    if metadata is not None and _dict(metadata, "metadata").get("user_id") is not None:
-        _str(metadata["user_id"], "metadata.user_id")
+    if metadata is not None and dict_value(metadata, "metadata").get("user_id") is not None:
+        str_value(metadata["user_id"], "metadata.user_id")
     stops = _stop_sequences(body, limits)
     request = pb.GenerateRequest(
         request_id=request_id,
@@ -342,7 +337,7 @@ def parse_messages(body: dict, request_id: str, limits: RequestLimits = DEFAULT_
     )
     if parts.constraint is not None:
         request.constraint.CopyFrom(parts.constraint)
-    return MessagesPlan(parts.model, request, bool(_bool(body, "stream")), stops)
+    return MessagesPlan(parts.model, request, bool(bool_field(body, "stream")), stops)
 
 
 def parse_count_tokens(body: dict, limits: RequestLimits = DEFAULT_LIMITS) -> tuple[str, pb.TokenizeRequest]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import APIError, invalid
+from ..fields import dict_value, list_value, str_value
 from ..openai_to_proto import GenerationPlan, RequestLimits, parse_chat
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -51,25 +52,7 @@ class ResponsesRequest:
     truncation: str
 
 
-# ------------------------------------------------------------------ small readers
-
-
-def _dict(value: Any, param: str) -> dict:
-    if not isinstance(value, dict):
-        raise invalid(f"'{param}' must be an object.", param)
-    return value
-
-
-def _str(value: Any, param: str) -> str:
-    if not isinstance(value, str):
-        raise invalid(f"'{param}' must be a string.", param)
-    return value
-
-
-def _list(value: Any, param: str) -> list:
-    if not isinstance(value, list):
-        raise invalid(f"'{param}' must be an array.", param)
-    return value
+# ------------------------------------------------------------------ refusals
 
 
 def unsupported(what: str, kind: Any, param: str) -> APIError:
@@ -83,11 +66,11 @@ def normalize_items(value: Any) -> list[dict[str, Any]]:
     """`input` as stored and listed: a list of typed items with ids, message content as parts."""
     if isinstance(value, str):
         value = [{"role": "user", "content": value}]
-    items = _list(value, "input")
+    items = list_value(value, "input", allow_empty=True)
     out = []
     for i, item in enumerate(items):
         param = f"input[{i}]"
-        item = dict(_dict(item, param))
+        item = dict(dict_value(item, param))
         kind = item.setdefault("type", "message")
         if kind == "message":
             role = item.get("role")
@@ -108,19 +91,19 @@ def normalize_items(value: Any) -> list[dict[str, Any]]:
 
 
 def _part_text(part: Any, param: str) -> str:
-    part = _dict(part, param)
+    part = dict_value(part, param)
     kind = part.get("type")
     if kind in _TEXT_PARTS:
-        return _str(part.get("text"), f"{param}.text")
+        return str_value(part.get("text"), f"{param}.text")
     if kind == "refusal":
-        return _str(part.get("refusal"), f"{param}.refusal")
+        return str_value(part.get("refusal"), f"{param}.refusal")
     raise unsupported("Content parts", kind, f"{param}.type")
 
 
 def _content(value: Any, param: str) -> str:
     if isinstance(value, str):
         return value
-    parts = _list(value, param)
+    parts = list_value(value, param, allow_empty=True)
     return "\n".join(_part_text(p, f"{param}[{j}]") for j, p in enumerate(parts))
 
 
@@ -135,16 +118,16 @@ def chat_messages(items: list[dict[str, Any]], first_index: int) -> list[dict[st
         if kind == "message":
             messages.append({"role": item["role"], "content": _content(item.get("content"), f"{param}.content")})
         elif kind == "function_call":
-            call = {"id": _str(item.get("call_id"), f"{param}.call_id"), "type": "function",
-                    "function": {"name": _str(item.get("name"), f"{param}.name"),
-                                 "arguments": _str(item.get("arguments", "{}"), f"{param}.arguments")}}
+            call = {"id": str_value(item.get("call_id"), f"{param}.call_id"), "type": "function",
+                    "function": {"name": str_value(item.get("name"), f"{param}.name"),
+                                 "arguments": str_value(item.get("arguments", "{}"), f"{param}.arguments")}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
-            messages.append({"role": "tool", "tool_call_id": _str(item.get("call_id"), f"{param}.call_id"),
+            messages.append({"role": "tool", "tool_call_id": str_value(item.get("call_id"), f"{param}.call_id"),
                              "content": _content(item.get("output"), f"{param}.output")})
         else:
             raise unsupported("Input items", kind, f"{param}.type")
@@ -157,8 +140,8 @@ def chat_messages(items: list[dict[str, Any]], first_index: int) -> list[dict[st
 def chat_tools(value: Any) -> list[dict[str, Any]]:
     """Flat function tools -> chat tools; any other tool type is refused, named."""
     tools = []
-    for k, tool in enumerate(_list(value, "tools")):
-        tool = _dict(tool, f"tools[{k}]")
+    for k, tool in enumerate(list_value(value, "tools", allow_empty=True)):
+        tool = dict_value(tool, f"tools[{k}]")
         if tool.get("type") != "function":
             raise unsupported("Tools", tool.get("type"), f"tools[{k}].type")
         if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
@@ -172,20 +155,20 @@ def chat_tool_choice(value: Any, tools: list[dict[str, Any]]) -> tuple[Any, list
     """(the chat tool_choice, the tools offered to the model): `allowed_tools` narrows the tools."""
     if value is None or isinstance(value, str):
         return value, tools
-    choice = _dict(value, "tool_choice")
+    choice = dict_value(value, "tool_choice")
     kind = choice.get("type")
     if kind == "function":
-        return {"type": "function", "function": {"name": _str(choice.get("name"), "tool_choice.name")}}, tools
+        return {"type": "function", "function": {"name": str_value(choice.get("name"), "tool_choice.name")}}, tools
     if kind == "allowed_tools":
         mode = choice.get("mode", "auto")
         if mode not in ("auto", "required"):
             raise invalid(f"'tool_choice.mode' must be 'auto' or 'required', got {json.dumps(mode)}.", "tool_choice.mode")
         names = set()
-        for j, allowed in enumerate(_list(choice.get("tools"), "tool_choice.tools")):
-            allowed = _dict(allowed, f"tool_choice.tools[{j}]")
+        for j, allowed in enumerate(list_value(choice.get("tools"), "tool_choice.tools", allow_empty=True)):
+            allowed = dict_value(allowed, f"tool_choice.tools[{j}]")
             if allowed.get("type") != "function":
                 raise unsupported("Tools", allowed.get("type"), f"tool_choice.tools[{j}].type")
-            names.add(_str(allowed.get("name"), f"tool_choice.tools[{j}].name"))
+            names.add(str_value(allowed.get("name"), f"tool_choice.tools[{j}].name"))
         known = {t["function"].get("name") for t in tools}
         if names - known:
             raise invalid(f"'tool_choice.tools' names tools not in 'tools': {', '.join(sorted(names - known))}.",
@@ -198,10 +181,10 @@ def response_format(text: Any) -> dict[str, Any] | None:
     """`text.format` -> the chat `response_format` (flat json_schema -> nested)."""
     if text is None:
         return None
-    fmt = _dict(text, "text").get("format")
+    fmt = dict_value(text, "text").get("format")
     if fmt is None:
         return None
-    fmt = _dict(fmt, "text.format")
+    fmt = dict_value(fmt, "text.format")
     if fmt.get("type") == "json_schema":
         spec = {key: fmt[key] for key in ("name", "schema", "strict", "description") if key in fmt}
         return {"type": "json_schema", "json_schema": spec}
@@ -211,7 +194,7 @@ def response_format(text: Any) -> dict[str, Any] | None:
 def _metadata(value: Any) -> dict[str, str] | None:
     if value is None:
         return None
-    metadata = _dict(value, "metadata")
+    metadata = dict_value(value, "metadata")
     if len(metadata) > METADATA_MAX_KEYS:
         raise invalid(f"'metadata' may hold at most {METADATA_MAX_KEYS} keys, got {len(metadata)}.", "metadata")
     for key, item in metadata.items():
@@ -224,9 +207,9 @@ def _metadata(value: Any) -> dict[str, str] | None:
 
 
 def _include(value: Any) -> list[str]:
-    include = _list(value, "include") if value is not None else []
+    include = list_value(value, "include", allow_empty=True) if value is not None else []
     for j, entry in enumerate(include):
-        _str(entry, f"include[{j}]")
+        str_value(entry, f"include[{j}]")
     return include
 
 
@@ -272,7 +255,7 @@ def parse_responses(body: dict, request_id: str, limits: RequestLimits,
     new_items = normalize_items(body["input"])
     context = list(inherited or []) + new_items
     instructions = body.get("instructions")
-    messages = [] if instructions is None else [{"role": "system", "content": _str(instructions, "instructions")}]
+    messages = [] if instructions is None else [{"role": "system", "content": str_value(instructions, "instructions")}]
     messages += chat_messages(context, -len(inherited or []))
     include = _include(body.get("include"))
     logprobs = LOGPROBS_INCLUDE in include
@@ -286,7 +269,7 @@ def parse_responses(body: dict, request_id: str, limits: RequestLimits,
         raise invalid("'store' must be a boolean.", "store")
     metadata = _metadata(body.get("metadata"))
     if body.get("user") is not None:
-        _str(body["user"], "user")
+        str_value(body["user"], "user")
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages, "stream": body.get("stream")}
     for key in ("temperature", "top_p", "parallel_tool_calls", *_VENDOR_FIELDS):
         if body.get(key) is not None:

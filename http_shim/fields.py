@@ -1,0 +1,86 @@
+"""Readers of a JSON request body's fields: each returns the value, or raises the 400 that names
+the field (the `param` a client sees) and says what was wrong. Shared by every API the shim speaks."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from conduit.v1.contract import Range
+
+from .errors import invalid
+
+UINT32_MAX = 2**32 - 1
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def int_field(body: dict, key: str, lo: int, hi: int, param: str | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    param = param or key
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not is_int(value):
+        raise invalid(f"'{param}' must be an integer, got {json.dumps(value)}.", param)
+    if not lo <= value <= hi:
+        raise invalid(f"'{param}' must be between {lo} and {hi}, got {value}.", param)
+    return value
+
+
+def number_field(body: dict, key: str, allowed: Range) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not is_number(value):
+        raise invalid(f"'{key}' must be a number, got {json.dumps(value)}.", key)
+    if value not in allowed:
+        low = f"greater than {allowed.lo}" if allowed.lo_open else f"at least {allowed.lo}"
+        raise invalid(f"'{key}' must be {low} and at most {allowed.hi}, got {value}.", key)
+    return float(value)
+
+
+def bool_field(body: dict, key: str, param: str | None = None) -> bool | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    param = param or key
+    if not isinstance(value, bool):
+        raise invalid(f"'{param}' must be a boolean, got {json.dumps(value)}.", param)
+    return value
+
+
+def str_value(value: Any, param: str, allow_empty: bool = True) -> str:
+    if not isinstance(value, str):
+        raise invalid(f"'{param}' must be a string.", param)
+    if not allow_empty and not value:
+        raise invalid(f"'{param}' must not be empty.", param)
+    return value
+
+
+def dict_value(value: Any, param: str) -> dict:
+    if not isinstance(value, dict):
+        raise invalid(f"'{param}' must be an object.", param)
+    return value
+
+
+def list_value(value: Any, param: str, allow_empty: bool = False) -> list:
+    if not isinstance(value, list):
+        raise invalid(f"'{param}' must be an array.", param)
+    if not allow_empty and not value:
+        raise invalid(f"'{param}' must not be empty.", param)
+    return value
+
+
+def token_id(value: Any, param: str) -> int:
+    if not is_int(value) or not 0 <= value <= UINT32_MAX:
+        raise invalid(f"'{param}' must be a non-negative integer token id, got {json.dumps(value)}.", param)
+    return value
