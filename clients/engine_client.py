@@ -21,8 +21,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from clients.errors import from_rpc_error
 from clients.call_attempts import AttemptedCall
+from clients.errors import from_rpc_error
 from clients.many_calls import ManyCallsChannel
 from clients.replicas import channel_target, replica_options, spans_replicas
 from clients.request_builder import Message, ToolSpec, build_request, tokenize_request

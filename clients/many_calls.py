@@ -191,8 +191,10 @@ class _SameEngine:
         if error.code == grpc.StatusCode.UNIMPLEMENTED:  # the engine predates GenerateMany
             self._channel.supported = False
             return True
-        if failed.stream_failed or error.code not in _RETRYABLE:
-            return False  # a stream that never opened was retried by grpc's own policy
+        if failed.stream_failed:
+            return False  # a stream that never opened: grpc's own policy has retried it
+        if error.code not in _RETRYABLE:
+            return False
         backoff = next(self._backoffs, None)
         if backoff is None:
             return False

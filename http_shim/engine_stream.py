@@ -21,9 +21,9 @@ from __future__ import annotations
 import gevent
 from gevent.queue import Empty, Queue
 
+from clients.call_attempts import AttemptedCall
 from clients.engine_client import EngineClient, GenerateStream, Metadata
 from clients.errors import ConduitError
-from clients.call_attempts import AttemptedCall
 from conduit.v1 import engine_pb2 as pb
 
 from .errors import APIError, from_engine_error
