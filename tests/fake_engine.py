@@ -16,7 +16,8 @@ The script is chosen by the input's last text (the last chat message, or the pro
   anything else         "Hello from choice {i}." in five tokens, honouring max_tokens
 It records every request, the call metadata each came with (by request id), and which ones were
 cancelled (written on the server's thread, read on the tests': appends and single assignments), and
-its health status can be flipped; GetLoad reports its open calls (and `queued`, set by a test).
+its health status can be flipped and it can be made to refuse every call (`refuse`, a status code,
+as a full or going engine does); GetLoad reports its open calls (and `queued`, set by a test).
 `start_shim` runs the real shim as a process against any engine
 address; `start_fake_engine_process` runs this fake as a process of its own (`python
 tests/fake_engine.py --port N`), for tests that kill the engine.
@@ -93,6 +94,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.serving = True  # as its health says (set_serving); GetLoad reports draining when not
         self.running = 0  # Generate calls open now: the load GetLoad reports
         self.queued = 0  # waiting requests GetLoad adds (as if other shims kept this replica busy)
+        self.refuse: grpc.StatusCode | None = None  # every call fails with it before any response
 
     # -------------------------------------------------------------- observation
 
@@ -156,6 +158,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         script = _script_text(request)
         if request.model and request.model != self.model_id:  # as the real engine answers
             await context.abort(grpc.StatusCode.NOT_FOUND, f"model {request.model!r} is not served here")
+        if self.refuse is not None:
+            await context.abort(self.refuse, "refused by the test")
         if script.startswith("error:"):
             _, code, message = script.split(":", 2)
             await context.abort(grpc.StatusCode[code], message)
