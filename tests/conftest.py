@@ -39,13 +39,30 @@ os.environ.setdefault("CONDUIT_THREADS", str(TEST_ENGINE_THREADS))
 # The Responses API's store of every shim the tests start (in-process or not), out of the home folder.
 os.environ.setdefault("CONDUIT_RESPONSES_STORE_DIR", tempfile.mkdtemp(prefix="conduit-responses-"))
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+# The session stacks, each started once by whichever test first asks for it. Under pytest-xdist
+# (the suite runs on 2 workers, pyproject.toml) a session fixture is per worker: every module that
+# uses one of these is sent to one worker, so each stack is started once (memory: an engine each).
+SESSION_STACKS = ("stack", "single_slot_stack")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects, and before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The fast tier is `-m "not model"`: it leaves out the slow tests (marked `slow`, or driving a
-    browser) too, which `make test` runs with the rest."""
+    browser) too, which `make test` runs with the rest.
+
+    xdist's `loadgroup` sends each `xdist_group` to one worker whole: a module is a group (its
+    module-scoped fixtures, a private engine or shim, start once), and the modules that share a
+    session stack are one group, sent first (the longest unit of work)."""
+    stacks_by_module: dict[str, set[str]] = {}
     for item in items:
         if item.get_closest_marker("slow") or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.model)
+        used = set(getattr(item, "fixturenames", ())) & set(SESSION_STACKS)
+        stacks_by_module.setdefault(item.nodeid.split("::")[0], set()).update(used)
+    for item in items:
+        stacks = stacks_by_module[item.nodeid.split("::")[0]]
+        item.add_marker(pytest.mark.xdist_group("session-stacks" if stacks else item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: not stacks_by_module[item.nodeid.split("::")[0]])  # stable: order kept within
 
 
 @pytest.fixture(scope="module")

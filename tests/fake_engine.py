@@ -37,12 +37,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO
 from collections.abc import AsyncIterator, Iterator
 
 import grpc
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2
 
+import forked_shim
 from conduit.common.lifetime import child_env
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
@@ -309,30 +311,14 @@ def start_shim(
     engine_address: str,
     *extra_args: str,
     timeout_s: float = 60.0,
-    stderr: int | None = None,
+    stderr: int | IO | None = None,
     env: dict[str, str] | None = None,
-) -> tuple[subprocess.Popen, str]:
-    """Starts `python -m http_shim` on a free loopback port; returns the process and its base URL.
-    `stderr=subprocess.PIPE` captures its logs (read them after it exits); `env` adds variables."""
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "http_shim",
-            "--engine",
-            engine_address,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            *extra_args,
-        ],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-        env=child_env({**os.environ, **(env or {})}),  # the shim dies with this process, even a SIGKILLed test run
-    )
+) -> tuple[forked_shim.ForkedShim, str]:
+    """Starts a shim (`python -m http_shim`, forked from one that has imported it: forked_shim.py)
+    on a free loopback port; returns the process and its base URL. `stderr=subprocess.PIPE`
+    captures its logs (read them after it exits); `env` adds variables."""
+    argv = ["--engine", engine_address, "--host", "127.0.0.1", "--port", "0", *extra_args]
+    process = forked_shim.start(argv, {**os.environ, **(env or {})}, REPO_ROOT, stderr)
     line = _first_line(process, timeout_s)
     match = re.search(r"http://[\d.]+:(\d+)", line)
     if not match:
