@@ -60,6 +60,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The fast tier is `-m "not model"`: it leaves out the slow tests (marked `slow`, or driving a
     browser) too, which `make test` runs with the rest. On an xdist worker, also writes each
     module's group (see ModuleGroups)."""
+    _give_each_item_its_own_id(items)
     stacks_by_module: dict[str, set[str]] = {}
     for item in items:
         if item.get_closest_marker("slow") or "browser" in getattr(item, "fixturenames", ()):
@@ -73,6 +74,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         Path(partial).write_text(json.dumps(groups))
         os.replace(partial, groups_file)  # both workers write the same: whole, either one
     return (yield)
+
+
+def _give_each_item_its_own_id(items: list[pytest.Item]) -> None:
+    """schemathesis's items (one per API operation, tests/test_*_fuzz.py) carry the operation in their
+    name but not in their id under pytest 9, so all of a test's operations shared one id, and xdist,
+    which schedules by id, ran one of them. Each gets its name's parameters in its id too."""
+    for item in items:
+        if item.name.endswith("]") and "[" in item.name and item._id.params is None:
+            item._id = item._id.with_params(item.name[item.name.index("[") + 1:-1])
 
 
 def pytest_configure(config: pytest.Config) -> None:
