@@ -120,8 +120,6 @@ class Engine:
                  ", deterministic" if config.deterministic else "")
         log.info("decode attention: %s", "native, in place in the paged cache" if self.runner.decode_attention
                  else "gathered, then SDPA")
-        if self.runner.native_decode_layers:
-            log.info("decode steps: every layer in one native call (up to %d rows)", self.runner.full_weights.max_rows)
         log.info("streaming: %s", self.pacing.describe())
 
     def _num_blocks(self) -> int:

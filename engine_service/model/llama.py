@@ -13,16 +13,12 @@ transformers' own forward. Figures: benchmarks/RESULTS.md, "A lean Llama forward
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from engine_service.model import attention
-from engine_service.model.kv_cache import KVCache
-from engine_service.model.linear import FullWeightsSwitch, Int8Linear, Int8Panels
-from engine_service.model.native import DecodeLayers, DecodeShape, LayerWeights
 
 if TYPE_CHECKING:
     from engine_service.model.native import AddRmsNorm
@@ -112,32 +108,6 @@ class LeanLlama:
         # Each residual add comes with the norm after it: the next layer's input norm, or the final one.
         self.next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
         self.lm_head = model.lm_head.forward
-        self.decode_layers: Callable[..., None] | None = None  # see bind_decode_layers
-        self.switch: FullWeightsSwitch | None = None
-
-    def bind_decode_layers(self, kernel: DecodeLayers, cache: KVCache, switch: FullWeightsSwitch) -> bool:
-        """Run the layers of decode-only steps as one native call (native.py's decode_layers.c) while
-        `switch` is off, where the model fits it: every projection on the native int8 kernel without
-        bias, native norms of one eps, SiLU, one attention scaling, no sliding window. Returns whether
-        it does. Not for --deterministic (no switch): the native SiLU may round a bf16 activation
-        apart from torch's, and a decode row in a step with a prompt chunk takes the torch path."""
-        config = self.model.config
-        attn0 = self.model.model.layers[0].self_attn
-        fits = (getattr(config, "hidden_act", None) == "silu" and all(
-            layer.fits_native_decode(attn0.scaling, self.norm.eps) for layer in self.layers)
-            and self.norm.native is not None and self.norm.eps == self.layers[0].input_norm.eps)
-        if not fits:
-            return False
-        weights = [LayerWeights(*[(m.weight, m.float_scales, m.full.packed if isinstance(m.full, Int8Panels) else None)
-                                  for m in layer.projections],
-                                layer.post_attention_norm.weight, next_norm.weight,
-                                cache.keys[layer.index], cache.values[layer.index])
-                   for layer, next_norm in zip(self.layers, self.next_norms)]
-        shape = DecodeShape(config.hidden_size, self.q_heads, self.qk_heads - self.q_heads, self.head_dim,
-                            config.intermediate_size, cache.shape.block_size, self.norm.eps, attn0.scaling)
-        self.decode_layers = kernel.bind(weights, self.layers[0].input_norm.weight, shape, cache.keys[0].dtype)
-        self.switch = switch
-        return True
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, logits_to_keep: torch.Tensor,
                  layout: attention.StepLayout) -> torch.Tensor:
@@ -145,11 +115,6 @@ class LeanLlama:
         tokens, head_dim, q_heads, qk_heads = input_ids.shape[1], self.head_dim, self.q_heads, self.qk_heads
         h = F.embedding(input_ids[0], base.embed_tokens.weight)  # [T, hidden] all the way: no reshapes
         cos, sin = base.rotary_emb(h, position_ids)
-        if self.decode_layers is not None and layout.num_decode == tokens and not self.switch.on:
-            normed = torch.empty_like(h)
-            self.decode_layers(h, normed, cos[0].contiguous(), _signed_sin(sin[0]).contiguous(), layout.slot_mapping,
-                               layout.decode_block_ids, layout.decode_lens)
-            return self.lm_head(normed[logits_to_keep]).unsqueeze(0)
         cos, sin = cos[0].unsqueeze(1), _signed_sin(sin[0]).unsqueeze(1)  # [T, 1, D]: broadcast over heads
         normed = self.layers[0].input_norm(h)
         for layer, next_norm in zip(self.layers, self.next_norms):
@@ -175,11 +140,3 @@ class _Layer:
         self.qkv_proj, self.o_proj = attn.qkv_proj.forward, attn.o_proj.forward
         self.gate_up_proj, self.down_proj = mlp.gate_up_proj.forward, mlp.down_proj.forward
         self.act_fn = mlp.act_fn.forward
-        self.projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        self.sliding_window = getattr(attn, "sliding_window", None)
-
-    def fits_native_decode(self, scaling: float, eps: float) -> bool:
-        """Whether decode_layers.c computes this layer as the lean forward does."""
-        return (all(type(m) is Int8Linear and m.native is not None and m.bias is None for m in self.projections)
-                and all(norm.native is not None and norm.eps == eps for norm in (self.input_norm, self.post_attention_norm))
-                and self.scaling == scaling and self.sliding_window is None)

@@ -6,8 +6,6 @@
   gathers each sequence's blocks and then runs SDPA.
 - rms_norm.c: the residual add and the RMSNorm after it in one call, where the lean Llama forward
   ran ~10 small torch ops.
-- decode_layers.c: every decoder layer of a Llama decode step in one call, on the three above
-  (which it includes), where the lean forward runs ~25 torch ops and native calls a layer.
 
 They need x86-64 with AVX-512 or AVX2 (simd.h holds the vector code for both; each kernel is built
 for the one this CPU has), and a C compiler with OpenMP (`cc`, or $CC) to build them: each shared
@@ -30,7 +28,6 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,11 +39,8 @@ log = logging.getLogger(__name__)
 INT8_SOURCE = Path(__file__).with_name("int8_matmul.c")
 ATTENTION_SOURCE = Path(__file__).with_name("decode_attention.c")
 NORM_SOURCE = Path(__file__).with_name("rms_norm.c")
-LAYERS_SOURCE = Path(__file__).with_name("decode_layers.c")
-SOURCES = (INT8_SOURCE, ATTENTION_SOURCE, NORM_SOURCE, LAYERS_SOURCE)
+SOURCES = (INT8_SOURCE, ATTENTION_SOURCE, NORM_SOURCE)
 SIMD_HEADER = Path(__file__).with_name("simd.h")
-# The sources a source #includes besides simd.h: a change to them rebuilds it too.
-INCLUDED = {LAYERS_SOURCE: (INT8_SOURCE, ATTENTION_SOURCE, NORM_SOURCE)}
 # -fopenmp links libgomp, which resolves to the copy torch has loaded: one thread pool for both.
 CFLAGS = ("-O3", "-std=gnu11", "-fopenmp", "-shared", "-fPIC")
 # Per instruction set, by torch's name for the CPU's capability. -mavx512bf16 only lets
@@ -188,114 +182,6 @@ class AddRmsNorm:
         return h, out
 
 
-class _Int8Weights(ctypes.Structure):
-    _fields_ = [("weight", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("panels", ctypes.c_void_p)]
-
-
-class _DecodeLayer(ctypes.Structure):
-    _fields_ = [("qkv", _Int8Weights), ("o", _Int8Weights), ("gate_up", _Int8Weights), ("down", _Int8Weights),
-                ("post_attention_norm", ctypes.c_void_p), ("next_norm", ctypes.c_void_p),
-                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
-
-
-class _DecodeModel(ctypes.Structure):
-    _fields_ = [("num_layers", ctypes.c_int64), ("hidden", ctypes.c_int64), ("q_heads", ctypes.c_int64),
-                ("kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64), ("intermediate", ctypes.c_int64),
-                ("block_size", ctypes.c_int64), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
-                ("bf16", ctypes.c_int), ("layers", ctypes.POINTER(_DecodeLayer))]
-
-
-@dataclass
-class LayerWeights:
-    """One Llama decoder layer's tensors as decode_layers.c reads them: int8 weights [out, in] with
-    float32 scales [out] and the same weights packed for the GEMM (`Int8Matmul.pack`; None: the dot
-    kernel for every step) for the fused q/k/v, o, fused gate/up and down projections; the norm after
-    attention and the one after the MLP (the next layer's input norm, or the final norm); its KV cache."""
-
-    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-    o: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-    gate_up: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-    down: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-    post_attention_norm: torch.Tensor
-    next_norm: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-
-
-@dataclass
-class DecodeShape:
-    hidden: int
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    block_size: int
-    eps: float
-    scale: float
-
-
-class DecodeLayers:
-    """A Llama decode step's decoder layers in one call (decode_layers.c): `bind` takes the model's
-    tensors once and returns step(h, normed, cos, signed_sin, slots, block_ids, lens), which runs
-    every layer over the embeddings h [rows, hidden] (the residual stream, updated in place) and
-    writes the final norm of h into normed."""
-
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self._fn = library.conduit_decode_layers
-        self._fn.argtypes = [ctypes.POINTER(_DecodeModel), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                             ctypes.c_int64, ctypes.c_void_p]
-        self._fn.restype = ctypes.c_int
-        self.panel = panel_channels(library)  # it includes int8_matmul.c
-
-    def bind(self, layers: list[LayerWeights], first_norm: torch.Tensor, shape: DecodeShape,
-             dtype: torch.dtype) -> Callable[..., None]:
-        tensors = [first_norm]
-        for layer in layers:
-            tensors += [t for t in (*layer.qkv, *layer.o, *layer.gate_up, *layer.down) if t is not None]
-            tensors += [layer.post_attention_norm, layer.next_norm, layer.k_cache, layer.v_cache]
-        if dtype not in DTYPES or any(t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
-            raise ValueError("decode layers: contiguous CPU tensors in bf16 or float32 expected")
-        q_dim, kv_dim = shape.q_heads * shape.head_dim, shape.kv_heads * shape.head_dim
-        expected = {"qkv": (q_dim + 2 * kv_dim, shape.hidden), "o": (shape.hidden, q_dim),
-                    "gate_up": (2 * shape.intermediate, shape.hidden), "down": (shape.hidden, shape.intermediate)}
-        for layer in layers:  # the C code trusts these shapes
-            for name, (n, k) in expected.items():
-                weight, scales, panels = getattr(layer, name)
-                if (weight.shape != (n, k) or k % LANES or weight.dtype != torch.int8 or scales.shape != (n,)
-                        or (panels is not None and panels.numel() != -(-n // self.panel) * self.panel * k)):
-                    raise ValueError(f"decode layers: {name} weights {tuple(weight.shape)}, expected ({n}, {k})")
-            for cache in (layer.k_cache, layer.v_cache):
-                if cache.shape[1:] != (shape.kv_heads, shape.head_dim) or cache.dtype != dtype:
-                    raise ValueError(f"decode layers: a KV cache of {tuple(cache.shape)} {cache.dtype}")
-        table = (_DecodeLayer * len(layers))(*[_DecodeLayer(
-            *[_Int8Weights(w.data_ptr(), s.data_ptr(), None if p is None else p.data_ptr())
-              for w, s, p in (layer.qkv, layer.o, layer.gate_up, layer.down)],
-            layer.post_attention_norm.data_ptr(), layer.next_norm.data_ptr(), layer.k_cache.data_ptr(),
-            layer.v_cache.data_ptr()) for layer in layers])
-        model = _DecodeModel(len(layers), shape.hidden, shape.q_heads, shape.kv_heads, shape.head_dim,
-                             shape.intermediate, shape.block_size, shape.eps, shape.scale, dtype == torch.bfloat16,
-                             table)
-        fn, model_ref, norm = self._fn, ctypes.byref(model), first_norm.data_ptr()
-
-        def step(h: torch.Tensor, normed: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
-                 slots: torch.Tensor, block_ids: torch.Tensor, lens: torch.Tensor) -> None:
-            rows = h.shape[0]
-            if fn(model_ref, norm, rows, h.data_ptr(), normed.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(),
-                  slots.data_ptr(), block_ids.data_ptr(), block_ids.numel() // rows, lens.data_ptr()):
-                raise MemoryError("decode layers: no memory for their scratch buffers")
-
-        step.keep_alive = (table, model, tensors)  # the struct and the tensors it points into
-        return step
-
-
-@functools.cache
-def decode_layers() -> DecodeLayers | None:
-    """The native decode step's layers, built on the first call; None where not available."""
-    library = _library(LAYERS_SOURCE)
-    return None if library is None else DecodeLayers(library)
-
-
 @functools.cache
 def int8_matmul() -> Int8Matmul | None:
     """The native int8 matmul, built on the first call; None where it is not available."""
@@ -344,7 +230,7 @@ def build(source: Path, isa: str) -> Path:
     name holds a hash of the sources and the flags, so an image can ship them prebuilt and need no
     compiler)."""
     flags = (*CFLAGS, *ISA_FLAGS[isa])
-    texts = [path.read_text() for path in (source, SIMD_HEADER, *INCLUDED.get(source, ()))]
+    texts = [path.read_text() for path in (source, SIMD_HEADER)]
     key = hashlib.sha256("\0".join([*texts, *flags]).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"{source.stem}-{isa.lower()}-{key}.so"
     if target.exists():

@@ -67,14 +67,12 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
                  block_size: int, num_blocks: int, max_positions: int,
                  quantization: str | None = None, deterministic: bool = False, lean_forward: bool = True,
-                 native_kernels: bool = True, native_decode_step: bool = True) -> None:
+                 native_kernels: bool = True) -> None:
         """quantization: see linear.QUANTIZATIONS (None: the default for the device and dtype);
         deterministic: a sequence's results never depend on the batch it runs in;
         lean_forward: Llama models run model/llama.py's forward (False: transformers', for comparison);
         native_kernels: int8 linears, decode attention and the lean forward's add + RMSNorm run
-        model/native.py's kernels where they build (False: torch's);
-        native_decode_step: a Llama decode-only step runs all its layers in one native call where the
-        model fits it (False: the lean forward's torch ops, for comparison)."""
+        model/native.py's kernels where they build (False: torch's)."""
         self.model = model
         install_rotary_table(model, max_positions, device)
         lean = lean_forward and llama.supports(model)
@@ -102,11 +100,6 @@ class ModelRunner:
         # Decided once for the model; a softcapped layer still takes torch's path (attention.py).
         fits = native.DecodeAttention.supports(config.num_attention_heads, config.num_key_value_heads, head_dim, dtype)
         self.decode_attention = native.decode_attention() if native_on_cpu and fits else None
-        # Decode-only steps run all the layers in one native call, where the model fits it (llama.py).
-        wanted = native_decode_step and self.lean and self.full_weights and self.decode_attention
-        layers_kernel = native.decode_layers() if wanted else None
-        self.native_decode_layers = layers_kernel is not None and self.lean.bind_decode_layers(
-            layers_kernel, self.cache, self.full_weights)
         self.block_size = block_size
         # The last block is never handed out: padding tokens write there.
         self.scratch_block = num_blocks - 1
