@@ -118,8 +118,8 @@ class Engine:
         log.info("weights: %s%s on %s (%s)%s", self.runner.quantization, kernel, loaded.device,
                  str(loaded.dtype).removeprefix("torch."),
                  ", deterministic" if config.deterministic else "")
-        log.info("decode attention: %s", "native, in place in the paged cache" if self.runner.decode_attention
-                 else "gathered, then SDPA")
+        log.info("decode attention: %s", "native, in place in the paged cache"
+                 if self.runner.decode_attention is not None else "gathered, then SDPA")
         log.info("streaming: %s", self.pacing.describe())
 
     def _num_blocks(self) -> int:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from engine_service.model import attention
 
 if TYPE_CHECKING:
-    from engine_service.model.native import AddRmsNorm
+    from engine_service.model.native import Kernels
 
 ARCHITECTURE = "LlamaForCausalLM"
 
@@ -49,18 +49,19 @@ class _Norm:
     `native` (model/native.py's rms_norm.c) one call adds the residual and normalizes; it sums the
     squares in another order, so the lean forward then matches transformers closely, not bit for bit."""
 
-    def __init__(self, norm: torch.nn.Module, native: AddRmsNorm | None = None) -> None:
-        self.weight, self.eps, self.native = norm.weight, norm.variance_epsilon, native
+    def __init__(self, norm: torch.nn.Module, native: Kernels | None = None) -> None:
+        self.weight, self.eps = norm.weight, norm.variance_epsilon
+        self.native = None if native is None else native.add_rms_norm
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
-            return self.native(x, None, self.weight, self.eps)[1]
+            return self.native(x, None, self.weight, self.eps)
         return self.weight * F.rms_norm(x.to(torch.float32), x.shape[-1:], eps=self.eps).to(x.dtype)
 
     def after_adding(self, h: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(h + delta, this norm of it); the native kernel writes the sum into h."""
         if self.native is not None:
-            return self.native(h, delta, self.weight, self.eps)
+            return h, self.native(h, delta, self.weight, self.eps)
         h = h + delta
         return h, self(h)
 
@@ -97,7 +98,7 @@ class LeanLlama:
     (no hooks are used on them). With `native_norm`, each residual add and the norm after it are one
     native call (see _Norm)."""
 
-    def __init__(self, model: torch.nn.Module, native_norm: AddRmsNorm | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, native_norm: Kernels | None = None) -> None:
         config = model.config
         self.model = model
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -132,7 +133,7 @@ class LeanLlama:
 class _Layer:
     """One decoder layer's parts, the modules' forward methods taken out."""
 
-    def __init__(self, layer: torch.nn.Module, native_norm: AddRmsNorm | None) -> None:
+    def __init__(self, layer: torch.nn.Module, native_norm: Kernels | None) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.index, self.scaling = attn.layer_idx, attn.scaling
         self.input_norm = _Norm(layer.input_layernorm, native_norm)

@@ -80,14 +80,14 @@ class ModelRunner:
             llama.fuse_projections(model)  # before quantizing: fused linears are quantized like the rest
         self.quantization = resolve_quantization(quantization, device, dtype, deterministic)
         native_on_cpu = native_kernels and device.type == "cpu"
-        native_int8 = native.int8_matmul() if native_on_cpu and self.quantization == "int8" else None
+        kernels = native.kernels() if native_on_cpu else None
+        native_int8 = kernels if self.quantization == "int8" else None
         # Low-bit linears run bf16 copies for prompt chunks and big steps, unless deterministic.
         self.full_weights = None if deterministic else FullWeightsSwitch(low_bit_max_rows(dtype, native_int8))
         if device.type == "cpu":
             quantize_linears(model, self.quantization, self.full_weights, native_int8)
         self.int8_kernel = "native" if native_int8 is not None else "torch"
-        native_norm = native.add_rms_norm() if native_on_cpu and dtype in native.DTYPES else None
-        self.lean = llama.LeanLlama(model, native_norm) if lean else None
+        self.lean = llama.LeanLlama(model, kernels if dtype in native.DTYPES else None) if lean else None
         self.pads_single_rows = one_row_rounds_differently(model)
         self.device = device
         config = model.config
@@ -98,8 +98,9 @@ class ModelRunner:
             dtype=dtype, device=device,
         )
         # Decided once for the model; a softcapped layer still takes torch's path (attention.py).
-        fits = native.DecodeAttention.supports(config.num_attention_heads, config.num_key_value_heads, head_dim, dtype)
-        self.decode_attention = native.decode_attention() if native_on_cpu and fits else None
+        fits = native.Kernels.supports_attention(config.num_attention_heads, config.num_key_value_heads, head_dim,
+                                                 dtype)
+        self.decode_attention = kernels.decode_attention if kernels is not None and fits else None
         self.block_size = block_size
         # The last block is never handed out: padding tokens write there.
         self.scratch_block = num_blocks - 1
