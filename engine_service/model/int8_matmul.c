@@ -130,7 +130,11 @@ static inline __attribute__((always_inline)) void dot_block_bf16(const uint16_t 
 int conduit_int8_matmul(const void *x, int x_bf16, int64_t m_len, int64_t k, const int8_t *w,
                         const float *scales, void *y, int64_t n) {
     const int y_bf16 = x_bf16;
-    const int pairs = HAVE_DPBF16 && x_bf16 && k % PAIR_LANES == 0;
+    /* The AVX512_BF16 build runs only on CPUs with it (native.py), so the CPU check always passes
+     * there; it stays because without it GCC compiled this function's weight stream ~1.5x slower at
+     * one row over a 28 MB matrix (the lm_head: 2.37 against 1.51 ms on one thread, same bits;
+     * benchmarks/RESULTS.md). */
+    const int pairs = HAVE_DPBF16 && x_bf16 && k % PAIR_LANES == 0 && __builtin_cpu_supports("avx512bf16");
     const char *w_end = (const char *)w + n * k;
     float *xf = pairs ? NULL : malloc(sizeof(float) * m_len * k); /* x as float32 */
     if (!pairs && xf == NULL) return -1;

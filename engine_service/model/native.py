@@ -15,10 +15,10 @@ dtype and index the C code reads, so callers pass tensors (`kernels().int8_matmu
 scales)`, i.e. torch.ops.conduit_<build>.int8_matmul), torch.compile sees them (with the fake
 functions registered below), and no structure is mirrored by hand. A C++ op rather than a Python
 `torch.library.custom_op` over the C functions, because a decode step makes ~200 of these calls:
-a C++ op costs ~2 us a call from Python, a Python custom op ~20 us (more than the norm kernel
-saves), and ctypes with its checks in Python cost ~6 us (RESULTS.md). native_ops.cpp includes
-only <torch/library.h> and ATen's Tensor, not <torch/extension.h> (no pybind11: ~7 s of compiler
-time a build instead of ~45), and is built here with the compiler directly, with
+a C++ op costs ~3 us a call from Python, ctypes with its checks in Python cost ~7 us, and a Python
+custom op ~23 us: ~3.5 ms of a ~10 ms batch-1 step, half of what the kernels earn (RESULTS.md). native_ops.cpp includes
+only <torch/library.h> and ATen's Tensor, not <torch/extension.h> (no pybind11: ~13 s of compiler
+time instead of ~45), and is built here with the compiler directly, with
 torch.utils.cpp_extension's include and library paths, rather than by cpp_extension.load, which
 needs ninja and a compiler at every start even when the library is built: a container image
 ships the library built and no compiler.
@@ -29,8 +29,8 @@ against torch): AVX512_BF16 (AVX-512 with vdpbf16ps), AVX512, AVX2 (simd.h holds
 for AVX-512 and AVX2). The engine loads the first this CPU runs. Each op namespace is named by its
 build (conduit_avx512_bf16, conduit_avx512, conduit_avx2), so all of them load in one process.
 Each library is built once per sources, flags and torch version into the cache folder
-(CONDUIT_CACHE_DIR/kernels; ~10 s of compiler time, `cc` or $CC for the C, `c++` or $CXX for the
-C++, with OpenMP) and reused after; `python -m engine_service.model.native` builds this CPU's ahead
+(CONDUIT_CACHE_DIR/kernels; ~20 s of compiler time a build, `cc` or $CC for the C, `c++` or $CXX
+for the C++, with OpenMP) and reused after; `python -m engine_service.model.native` builds this CPU's ahead
 (the container image does, and `make test` before the tests, so that no test pays for a build).
 Where none can be built or loaded, `kernels()` returns None, the log says why once, and torch's
 kernels run instead: slower, never wrong.
