@@ -81,8 +81,12 @@ fuzz: $(STAMP)
 
 # Regenerates benchmarks/RESULTS.md (its Notes section is kept): 3 repeats of conc 1/8/32 (>= 20 s each)
 # against gRPC and llama-server, then the prefix-cache scenario; ~15 min. BENCH_ARGS='--skip-peer' etc.
+# Then the short-chat workload (no system message) at 32 streams, the shim against a direct gRPC
+# client (3 repeats, ~4 min), into benchmarks/out/short_chat.json: the relay's cost where it is highest.
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench --json benchmarks/out/results.json --write-results benchmarks/RESULTS.md $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.bench --workload short-chat --skip-peer --concurrency 32 --prefix-samples 0 \
+		--json benchmarks/out/short_chat.json
 
 # Routing policies side by side (benchmarks/routing.py): two replicas with small KV caches, 16 shared
 # ~1,000-token system prompts; cache_aware vs round_robin vs least_load in one run; ~15 min here.

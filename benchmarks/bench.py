@@ -35,7 +35,7 @@ from benchmarks.cpu import CpuMeter
 from benchmarks.prefix_cache import PrefixStats
 from benchmarks.prompts import PROMPTS
 from benchmarks.stats import LevelStats, summarize
-from benchmarks.targets import GrpcTarget, OpenAITarget
+from benchmarks.targets import WORKLOADS, GrpcTarget, OpenAITarget
 
 Target = OpenAITarget | GrpcTarget
 ALL_TARGETS = ("shim", "grpc", "peer")
@@ -165,16 +165,17 @@ def conduit_stack(
 def start_servers(args: argparse.Namespace, wanted: list[str], stack: contextlib.ExitStack) -> list[Server]:
     """Starts (or finds) every wanted server; all stay up, idle but for the one being measured."""
     servers: list[Server] = []
+    system = WORKLOADS[args.workload]
     if "shim" in wanted or "grpc" in wanted:
         base_url, engine, engine_pids, shim_pids = stack.enter_context(conduit_stack(args))
         for name, address in (("shim", base_url), ("grpc", engine)):
             if name in wanted and not address:
                 log(f"{name} skipped: give --{'base-url' if name == 'shim' else 'engine'} too")
         if "shim" in wanted and base_url:
-            servers.append(Server(OpenAITarget("shim", base_url, args.max_tokens, args.api_key),
+            servers.append(Server(OpenAITarget("shim", base_url, args.max_tokens, args.api_key, system),
                                   engine_pids + shim_pids, relay_pids=shim_pids))
         if "grpc" in wanted and engine:
-            servers.append(Server(GrpcTarget("grpc", engine, args.max_tokens), engine_pids))
+            servers.append(Server(GrpcTarget("grpc", engine, args.max_tokens, system), engine_pids))
     if "peer" in wanted:
         if not args.peer_binary.exists():
             log(f"peer skipped: {args.peer_binary} missing (run benchmarks/build_llama_server.sh)")
@@ -182,7 +183,7 @@ def start_servers(args: argparse.Namespace, wanted: list[str], stack: contextlib
             log("starting llama-server...")
             url, pid = stack.enter_context(
                 peer.llama_server(args.peer_binary, parallel=max(args.concurrency)))
-            servers.append(Server(OpenAITarget("peer", url, args.max_tokens), [pid]))
+            servers.append(Server(OpenAITarget("peer", url, args.max_tokens, system=system), [pid]))
     return servers
 
 
@@ -221,6 +222,7 @@ def run_context(
         "software": versions,
         "conduit": f"{engine_info}; engine flags: {args.engine_args or 'defaults'}",
         "peer": peer.describe(args.peer_binary, max(args.concurrency)),
+        "workload": args.workload,
         "prompts": len(PROMPTS),
         "max_tokens": args.max_tokens,
         "concurrency": args.concurrency,
@@ -246,6 +248,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    type=lambda s: [int(x) for x in s.split(",") if x],
                    help="comma-separated concurrency levels (default 1,8,32)")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="chat",
+                   help="chat: each request has a short system message; short-chat: none (the user's turn alone)")
     p.add_argument("--requests-per-level-multiplier", dest="multiplier", type=int, default=4,
                    help="each level sends at least this x concurrency requests (default 4)")
     p.add_argument("--min-seconds", type=float, default=20.0,

@@ -1,7 +1,7 @@
 """The two ways a request reaches a server: the OpenAI protocol (shim or peer) and Conduit's gRPC.
 
 Each target streams one chat completion per `send` and records when text arrived; they share
-one system message so every server renders the same prompt.
+one system message (or none: the short-chat workload) so every server renders the same prompt.
 """
 
 from __future__ import annotations
@@ -17,16 +17,24 @@ from conduit.v1 import engine_pb2, engine_pb2_grpc
 from benchmarks.stats import RequestResult
 
 SYSTEM_PROMPT = "You are a helpful assistant."
+# Workloads by name: the system message each request carries ("" for none).
+WORKLOADS = {"chat": SYSTEM_PROMPT, "short-chat": ""}
+
+
+def chat_messages(system: str, prompt: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system}] * bool(system) + [{"role": "user", "content": prompt}]
 
 
 class OpenAITarget:
     """Streams chat completions through an OpenAI-compatible server, usage chunk included."""
 
-    def __init__(self, name: str, base_url: str, max_tokens: int, api_key: str = "bench") -> None:
+    def __init__(self, name: str, base_url: str, max_tokens: int, api_key: str = "bench",
+                 system: str = SYSTEM_PROMPT) -> None:
         self.name = name
         self.base_url = base_url
         self.api_key = api_key
         self.max_tokens = max_tokens
+        self.system = system
         self.client: AsyncOpenAI | None = None
         self.model = ""
 
@@ -44,7 +52,8 @@ class OpenAITarget:
             await self.client.close()
             self.client = None
 
-    async def send(self, prompt: str, max_tokens: int | None = None, system: str = SYSTEM_PROMPT) -> RequestResult:
+    async def send(self, prompt: str, max_tokens: int | None = None, system: str | None = None) -> RequestResult:
+        """`system`: this request's system message instead of the target's ("" for none)."""
         assert self.client is not None, "open() first"
         start = time.perf_counter()
         result = RequestResult(ok=False)
@@ -53,10 +62,7 @@ class OpenAITarget:
         try:
             stream = await self.client.chat.completions.create(
                 model=self.model,
-                messages=[
-                    {"role": "system", "content": system},
-                    {"role": "user", "content": prompt},
-                ],
+                messages=chat_messages(self.system if system is None else system, prompt),
                 max_tokens=max_tokens or self.max_tokens,
                 temperature=0,
                 stream=True,
@@ -96,10 +102,11 @@ def _cached_tokens(chunk: ChatCompletionChunk) -> int | None:
 class GrpcTarget:
     """Calls conduit.v1.Engine/Generate directly, so the shim's own cost can be seen."""
 
-    def __init__(self, name: str, address: str, max_tokens: int) -> None:
+    def __init__(self, name: str, address: str, max_tokens: int, system: str = SYSTEM_PROMPT) -> None:
         self.name = name
         self.address = address
         self.max_tokens = max_tokens
+        self.system = system
         self.channel: grpc.aio.Channel | None = None
         self.stub: engine_pb2_grpc.EngineStub | None = None
 
@@ -124,10 +131,7 @@ class GrpcTarget:
         assert self.stub is not None, "open() first"
         request = engine_pb2.GenerateRequest(
             chat=engine_pb2.ChatInput(
-                messages=[
-                    engine_pb2.ChatMessage(role="system", content=SYSTEM_PROMPT),
-                    engine_pb2.ChatMessage(role="user", content=prompt),
-                ]
+                messages=[engine_pb2.ChatMessage(**m) for m in chat_messages(self.system, prompt)]
             ),
             sampling=engine_pb2.SamplingParams(temperature=0.0),
             stopping=engine_pb2.StoppingParams(max_tokens=max_tokens or self.max_tokens),

@@ -21,8 +21,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from clients.call_attempts import AttemptedCall
 from clients.errors import from_rpc_error
-from clients.many_calls import ManyCall, ManyCallsChannel
+from clients.many_calls import ManyCallsChannel
 from clients.replicas import channel_target, replica_options, spans_replicas
 from clients.request_builder import Message, ToolSpec, build_request, tokenize_request
 from conduit.common.results import Completion, CompletionBuilder
@@ -150,7 +151,7 @@ class EngineClient:
         return GenerateStream(call)
 
     def generate_shared(self, request: pb.GenerateRequest, /, *, timeout: float | None = None,
-                        metadata: Metadata | None = None) -> ManyCall | GenerateStream:
+                        metadata: Metadata | None = None) -> AttemptedCall | GenerateStream:
         """As `generate`, but the call travels with this client's other shared calls on one
         GenerateMany stream: for relays, which then receive one message per engine step rather
         than one per call (clients/many_calls.py). On a channel over several replicas it is a

@@ -7,13 +7,15 @@ about 40% less CPU (benchmarks/RESULTS.md).
 
 `ManyCallsChannel.generate` behaves like `EngineClient.generate`: an iterator of one call's
 GenerateResponse messages that raises ConduitError subclasses, whose `close()` cancels the call.
-What grpc does for a Generate call is done here for each call on the stream:
-- the deadline: the engine ends the call DEADLINE_EXCEEDED, and the caller stops waiting then too;
+What grpc does for a Generate call, each call on the stream gets from clients/call_attempts.py
+(one deadline, cancellation, no retry after an answer or a close) and, for where its attempts go,
+from `_SameEngine` here:
 - retries: a call that the engine refused UNAVAILABLE before any response (it is draining), or
-  that was open without an answer on a stream that broke, is sent again, up to RETRY_POLICY's
-  attempts and backoff (a stream that never opened was already retried by grpc's own policy);
+  that was open without an answer on a stream that broke, is sent again, with RETRY_POLICY's
+  codes, attempts and backoff (a stream that never opened was already retried by grpc's own policy);
 - an engine that predates GenerateMany (UNIMPLEMENTED): the call, and every later one, goes out as
-  a plain Generate call instead.
+  a plain Generate call instead;
+- the deadline: the engine ends the call DEADLINE_EXCEEDED, and the caller stops waiting then too.
 The stream is opened on the first call and again after it ends; a call open on a stream that ends
 fails with the stream's status (UNAVAILABLE when the engine went away).
 """
@@ -29,6 +31,7 @@ from typing import Any
 
 import grpc
 
+from clients.call_attempts import Attempt, AttemptedCall, Deadline
 from clients.errors import ConduitError, from_rpc_error, from_status
 from clients.replicas import RETRY_POLICY
 from conduit.v1 import engine_pb2 as pb
@@ -38,6 +41,8 @@ Metadata = tuple[tuple[str, str], ...]
 _HALF_CLOSE = None  # ends a stream's request iterator
 _OK = grpc.StatusCode.OK.value[0]
 _STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+# What grpc's retry policy for a Generate call says, applied to each call on the stream.
+_RETRYABLE = {grpc.StatusCode[name] for name in RETRY_POLICY["retryableStatusCodes"]}
 _BACKOFF_S = [float(RETRY_POLICY["initialBackoff"].rstrip("s")) * RETRY_POLICY["backoffMultiplier"] ** i
               for i in range(RETRY_POLICY["maxAttempts"] - 1)]
 
@@ -115,96 +120,86 @@ class _Stream:
             _STATUS_BY_NUMBER.get(end.code, grpc.StatusCode.UNKNOWN), end.message, dict(end.trailing_metadata)))
 
 
-class ManyCall:
-    """One call's responses, in order; `close()` cancels it."""
+class _OnStream:
+    """One attempt of a call on the channel's current GenerateMany stream: its messages, in order,
+    as the stream's reader hands them over; `close()` cancels it there."""
 
-    def __init__(self, channel: ManyCallsChannel, request: pb.GenerateRequest, timeout_s: float | None,
-                 log_request_id: str, fallback: Callable[[], Any]) -> None:
-        self._channel = channel
-        self._request = request
-        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        self._log_request_id = log_request_id
-        self._fallback = fallback  # a plain Generate call, for an engine without GenerateMany
-        self._plain: Any = None
+    def __init__(self, channel: ManyCallsChannel, request: pb.GenerateRequest, log_request_id: str,
+                 timeout_s: float | None) -> None:
+        self._deadline = Deadline(timeout_s)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._answered = False
         self._ended = False
         self._cancelled = False
-        self._retries = iter(_BACKOFF_S)
-        self._send()
-
-    def _send(self) -> None:
-        if not self._channel.supported:
-            self._plain = self._fallback()
-            return
-        remaining = None if self._deadline is None else max(self._deadline - time.monotonic(), 1e-3)
-        self._stream, self._call_id = self._channel.start(self._inbox, self._request, self._log_request_id,
-                                                          remaining)
-
-    def __iter__(self) -> ManyCall:
-        return self
+        self.stream_failed = False  # its stream failed before any message: grpc retried that stream
+        self._stream, self._call_id = channel.start(self._inbox, request, log_request_id, timeout_s)
 
     def __next__(self) -> pb.GenerateResponse:
-        while True:
-            if self._plain is not None:
-                return next(self._plain)
-            if self._ended:
-                raise StopIteration
-            item = self._get()
-            if isinstance(item, pb.GenerateResponse):
-                self._answered = True
-                return item
-            if item is None:
-                self._ended = True
-                raise StopIteration
-            if isinstance(item, _StreamFailed):
-                item = item.error
-                if item.code == grpc.StatusCode.UNIMPLEMENTED and self._resend_after(item):
-                    continue
-            elif not self._answered and self._resend_after(item):
-                continue
-            self._ended = True
-            raise item
+        if self._ended:
+            raise StopIteration
+        item = self._get()
+        if isinstance(item, pb.GenerateResponse):
+            return item
+        self._ended = True
+        if item is None:
+            raise StopIteration
+        if isinstance(item, _StreamFailed):
+            self.stream_failed = True
+            item = item.error
+        raise item
 
     def _get(self) -> pb.GenerateResponse | ConduitError | _StreamFailed | None:
-        if self._deadline is None:
+        """The next item, waiting no longer than the deadline: on a stream the deadline is only a
+        field of the call, so this stands in for grpc's own wait on a Generate call's deadline."""
+        remaining = self._deadline.remaining()
+        if remaining is None:
             return self._inbox.get()
         try:
             # A little past the engine's own deadline: its DEADLINE_EXCEEDED normally comes first.
-            return self._inbox.get(timeout=max(self._deadline - time.monotonic(), 0.0) + 1.0)
+            return self._inbox.get(timeout=remaining + 1.0)
         except queue.Empty:
             self.close()
             return from_status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
-    def _resend_after(self, error: ConduitError) -> bool:
-        """Sends the call again where grpc would retry a Generate call; False when it would not."""
-        if error.code == grpc.StatusCode.UNIMPLEMENTED:
-            self._channel.supported = False
-        elif error.code != grpc.StatusCode.UNAVAILABLE:
-            return False
-        else:
-            backoff = next(self._retries, None)
-            if backoff is None:
-                return False
-            time.sleep(backoff)
-        self._send()
-        return True
-
     def close(self) -> None:
-        """Cancel the call if it is still running (a no-op once it has ended). A `next` waiting
-        meanwhile raises Cancelled, as it would on a cancelled Generate call."""
-        if self._plain is not None:
-            self._plain.close()
-        elif not self._ended and not self._cancelled:
+        """Cancels it on the stream (a no-op once it has ended); a `next` waiting meanwhile raises
+        Cancelled, as it would on a cancelled Generate call."""
+        if not self._ended and not self._cancelled:
             self._cancelled = True
             self._stream.cancel(self._call_id)
             self._inbox.put(from_status(grpc.StatusCode.CANCELLED, "Locally cancelled by application!"))
 
-    def __enter__(self) -> ManyCall:
-        return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+class _SameEngine:
+    """Where one call's attempts go: the channel's GenerateMany stream, sent again after a backoff
+    where grpc would retry a Generate call; plain Generate calls for an engine without GenerateMany."""
+
+    def __init__(self, channel: ManyCallsChannel, request: pb.GenerateRequest, metadata: Metadata) -> None:
+        self._channel = channel
+        self._request = request
+        self._metadata = metadata
+        self._log_request_id = dict(metadata).get(REQUEST_ID_METADATA_KEY, "")
+        self._backoffs = iter(_BACKOFF_S)
+
+    def start(self, timeout_s: float | None) -> Attempt:
+        if not self._channel.supported:
+            return self._channel.plain_generate(self._request, timeout=timeout_s, metadata=self._metadata)
+        return _OnStream(self._channel, self._request, self._log_request_id, timeout_s)
+
+    def retry(self, failed: Attempt, error: ConduitError) -> bool:
+        if not isinstance(failed, _OnStream):
+            return False  # a plain Generate call: grpc's own policy has retried it
+        if error.code == grpc.StatusCode.UNIMPLEMENTED:  # the engine predates GenerateMany
+            self._channel.supported = False
+            return True
+        if failed.stream_failed:
+            return False  # a stream that never opened: grpc's own policy has retried it
+        if error.code not in _RETRYABLE:
+            return False
+        backoff = next(self._backoffs, None)
+        if backoff is None:
+            return False
+        time.sleep(backoff)
+        return True
 
 
 class ManyCallsChannel:
@@ -214,17 +209,15 @@ class ManyCallsChannel:
         """`plain_generate(request, timeout=, metadata=)` makes a plain Generate call (the fallback)."""
         self._stub = stub
         self._metadata = tuple(metadata)
-        self._plain_generate = plain_generate
+        self.plain_generate = plain_generate
         self._ids: Iterator[int] = itertools.count(1)
         self._lock = threading.Lock()
         self._stream: _Stream | None = None
         self.supported = True  # False once an engine answered UNIMPLEMENTED
 
     def generate(self, request: pb.GenerateRequest, timeout: float | None = None,
-                 metadata: Metadata = ()) -> ManyCall:
-        log_request_id = dict(metadata).get(REQUEST_ID_METADATA_KEY, "")
-        return ManyCall(self, request, timeout, log_request_id,
-                        lambda: self._plain_generate(request, timeout=timeout, metadata=metadata))
+                 metadata: Metadata = ()) -> AttemptedCall:
+        return AttemptedCall(_SameEngine(self, request, tuple(metadata)), timeout)
 
     def start(self, inbox: queue.SimpleQueue, request: pb.GenerateRequest, log_request_id: str,
               timeout_s: float | None) -> tuple[_Stream, int]:

@@ -21,9 +21,9 @@ from __future__ import annotations
 import gevent
 from gevent.queue import Empty, Queue
 
+from clients.call_attempts import AttemptedCall
 from clients.engine_client import EngineClient, GenerateStream, Metadata
 from clients.errors import ConduitError
-from clients.many_calls import ManyCall
 from conduit.v1 import engine_pb2 as pb
 
 from .errors import APIError, from_engine_error
@@ -59,7 +59,7 @@ class EngineStream:
         for i, stream in enumerate(self._streams):
             gevent.spawn(self._drain, i, stream)
 
-    def _drain(self, prompt_index: int, stream: ManyCall | GenerateStream) -> None:
+    def _drain(self, prompt_index: int, stream: AttemptedCall | GenerateStream) -> None:
         try:
             for response in stream:
                 self._queue.put((prompt_index, response))

@@ -3,6 +3,9 @@ answer, and helpers to ask them through the openai SDK and read streamed answers
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+import types
 from typing import Any
 
 import openai
@@ -74,3 +77,18 @@ def assert_same_greedy_until_near_tie(reference: list[Any], other: list[Any]) ->
         assert abs(got.logprob - ref.logprob) <= RECOMPUTE_LOGPROB_TOLERANCE, f"token {compared}'s logprob moved"
         compared += 1
     return compared
+
+
+def lazy_module(name: str) -> types.ModuleType:
+    """`name`, imported at its first attribute access: an SDK only some tests of a module use costs
+    its import (~1 s for anthropic or the Agents SDK) to those tests, not to every test run's
+    collection (each xdist worker collects every module)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module

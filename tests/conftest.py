@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import tempfile
@@ -39,13 +40,63 @@ os.environ.setdefault("CONDUIT_THREADS", str(TEST_ENGINE_THREADS))
 # The Responses API's store of every shim the tests start (in-process or not), out of the home folder.
 os.environ.setdefault("CONDUIT_RESPONSES_STORE_DIR", tempfile.mkdtemp(prefix="conduit-responses-"))
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# The session stacks, each started once by whichever test first asks for it. Under pytest-xdist
+# (the suite runs on 2 workers, pyproject.toml) a session fixture is per worker, so the modules that
+# use one of these all go to one worker (ModuleGroups below): each stack starts once (an engine's
+# memory each), and every other module goes whole to one worker (its own engine or shim starts once).
+SESSION_STACKS = ("stack", "single_slot_stack")
+SESSION_STACKS_GROUP = "the modules on the session stacks"
+# Where the workers, which collect the tests, leave each module's group for the controller, which
+# schedules them but sees only test ids (set by the controller before it starts the workers).
+GROUPS_FILE_ENV = "CONDUIT_TEST_GROUPS_FILE"
+
+
+def _module(item_or_id: pytest.Item | str) -> str:
+    return (item_or_id if isinstance(item_or_id, str) else item_or_id.nodeid).split("::")[0]
+
+
+@pytest.hookimpl(wrapper=True)  # around every other plugin's: before `-m` deselects
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
     """The fast tier is `-m "not model"`: it leaves out the slow tests (marked `slow`, or driving a
-    browser) too, which `make test` runs with the rest."""
+    browser) too, which `make test` runs with the rest. On an xdist worker, also writes each
+    module's group (see ModuleGroups)."""
+    stacks_by_module: dict[str, set[str]] = {}
     for item in items:
         if item.get_closest_marker("slow") or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.model)
+        used = set(getattr(item, "fixturenames", ())) & set(SESSION_STACKS)
+        stacks_by_module.setdefault(_module(item), set()).update(used)
+    groups_file = os.environ.get(GROUPS_FILE_ENV)
+    if groups_file and hasattr(config, "workerinput"):
+        groups = {module: SESSION_STACKS_GROUP if stacks else module for module, stacks in stacks_by_module.items()}
+        partial = f"{groups_file}.{config.workerinput['workerid']}"
+        Path(partial).write_text(json.dumps(groups))
+        os.replace(partial, groups_file)  # both workers write the same: whole, either one
+    return (yield)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and config.pluginmanager.hasplugin("xdist") \
+            and config.getoption("numprocesses", None):
+        os.environ[GROUPS_FILE_ENV] = os.path.join(tempfile.mkdtemp(prefix="conduit-test-groups-"), "groups.json")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's module-scope scheduling, with the modules on the session stacks as one unit (the
+    largest, so sent first). Its own `loadgroup` would do this with markers, but it marks test ids
+    in a way pytest 9 no longer reads."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # the workers have collected (and so written it) before any scheduling
+                self.groups = json.loads(Path(os.environ[GROUPS_FILE_ENV]).read_text())
+            return self.groups.get(_module(nodeid), _module(nodeid))
+
+    return ModuleGroups(config, log)
 
 
 @pytest.fixture(scope="module")

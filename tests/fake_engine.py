@@ -16,7 +16,8 @@ The script is chosen by the input's last text (the last chat message, or the pro
   anything else         "Hello from choice {i}." in five tokens, honouring max_tokens
 It records every request, the call metadata each came with (by request id), and which ones were
 cancelled (written on the server's thread, read on the tests': appends and single assignments), and
-its health status can be flipped; GetLoad reports its open calls (and `queued`, set by a test).
+its health status can be flipped and it can be made to refuse every call (`refuse`, a status code,
+as a full or going engine does); GetLoad reports its open calls (and `queued`, set by a test).
 `start_shim` runs the real shim as a process against any engine
 address; `start_fake_engine_process` runs this fake as a process of its own (`python
 tests/fake_engine.py --port N`), for tests that kill the engine.
@@ -36,12 +37,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO
 from collections.abc import AsyncIterator, Iterator
 
 import grpc
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2
 
+import forked_shim
 from conduit.common.lifetime import child_env
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
@@ -93,6 +96,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.serving = True  # as its health says (set_serving); GetLoad reports draining when not
         self.running = 0  # Generate calls open now: the load GetLoad reports
         self.queued = 0  # waiting requests GetLoad adds (as if other shims kept this replica busy)
+        self.refuse: grpc.StatusCode | None = None  # every call fails with it before any response
 
     # -------------------------------------------------------------- observation
 
@@ -156,6 +160,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         script = _script_text(request)
         if request.model and request.model != self.model_id:  # as the real engine answers
             await context.abort(grpc.StatusCode.NOT_FOUND, f"model {request.model!r} is not served here")
+        if self.refuse is not None:
+            await context.abort(self.refuse, "refused by the test")
         if script.startswith("error:"):
             _, code, message = script.split(":", 2)
             await context.abort(grpc.StatusCode[code], message)
@@ -305,30 +311,14 @@ def start_shim(
     engine_address: str,
     *extra_args: str,
     timeout_s: float = 60.0,
-    stderr: int | None = None,
+    stderr: int | IO | None = None,
     env: dict[str, str] | None = None,
-) -> tuple[subprocess.Popen, str]:
-    """Starts `python -m http_shim` on a free loopback port; returns the process and its base URL.
-    `stderr=subprocess.PIPE` captures its logs (read them after it exits); `env` adds variables."""
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "http_shim",
-            "--engine",
-            engine_address,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            *extra_args,
-        ],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-        env=child_env({**os.environ, **(env or {})}),  # the shim dies with this process, even a SIGKILLed test run
-    )
+) -> tuple[forked_shim.ForkedShim, str]:
+    """Starts a shim (`python -m http_shim`, forked from one that has imported it: forked_shim.py)
+    on a free loopback port; returns the process and its base URL. `stderr=subprocess.PIPE`
+    captures its logs (read them after it exits); `env` adds variables."""
+    argv = ["--engine", engine_address, "--host", "127.0.0.1", "--port", "0", *extra_args]
+    process = forked_shim.start(argv, {**os.environ, **(env or {})}, REPO_ROOT, stderr)
     line = _first_line(process, timeout_s)
     match = re.search(r"http://[\d.]+:(\d+)", line)
     if not match:

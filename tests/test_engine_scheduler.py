@@ -2,14 +2,20 @@
 
 Covers continuous batching (decodes first, then prompt chunks within the step budget),
 chunked prefill, the batch-size cap, preemption when blocks run out, n>1 forking with shared
-prompt blocks, and that every block comes back once sequences are released."""
+prompt blocks, and that every block comes back once sequences are released; and the KV cache's
+size in blocks, from the engine's settings."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
 
 from engine_service.core.block_manager import BlockManager
 from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
 from engine_service.core.scheduler import Scheduler
 from engine_service.core.sequence import Request, Sequence
+from engine_service.model.kv_cache import kv_cache_blocks
 
 BLOCK = 4
 
@@ -154,3 +160,17 @@ def test_n_choices_count_against_the_batch_size_before_they_fork() -> None:
     scheduler.waiting.extend([first, second])
     run_step(scheduler)
     assert scheduler.running == [first] and list(scheduler.waiting) == [second], "2 + 2 choices exceed 3 slots"
+
+
+def test_the_cache_is_sized_in_blocks_from_gigabytes_or_tokens_with_room_for_one_full_sequence() -> None:
+    # 2 layers x K and V x 2 kv heads x 16 dims x 4 bytes: 512 bytes a token.
+    model = SimpleNamespace(num_hidden_layers=2, num_key_value_heads=2, hidden_size=64, num_attention_heads=4)
+    # 1 MiB holds 2048 tokens: 128 blocks of 16, plus the runner's padding block.
+    assert kv_cache_blocks(model, torch.float32, 16, max_model_len=256, gb=1 / 1024) == 129
+    assert kv_cache_blocks(model, torch.bfloat16, 16, max_model_len=256, gb=1 / 1024) == 257
+    model.head_dim = 32  # the config's own head_dim wins over hidden_size / heads
+    assert kv_cache_blocks(model, torch.float32, 16, max_model_len=256, gb=1 / 1024) == 65
+    # A token budget overrides the gigabytes: 100 tokens in 7 blocks (plus the padding block)...
+    assert kv_cache_blocks(model, torch.float32, 16, max_model_len=32, tokens=100, gb=1.0) == 7 + 1
+    # ...but a full-length sequence and a block more always fit: 256 + 16 tokens.
+    assert kv_cache_blocks(model, torch.float32, 16, max_model_len=256, tokens=100) == 17 + 1

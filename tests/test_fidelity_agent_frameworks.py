@@ -21,17 +21,22 @@ import jsonschema
 import openai
 import pydantic
 import pytest
-from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool,
-                    set_tracing_disabled)
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from clients.launch import Stack
-from common import MODEL
+from common import MODEL, lazy_module
+
+agents = lazy_module("agents")
 
 pytestmark = pytest.mark.model
-set_tracing_disabled(True)  # no platform key: the Agents SDK must not try to export traces
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_tracing() -> None:
+    agents.set_tracing_disabled(True)  # no platform key: the Agents SDK must not try to export traces
+
 
 BASKET_REQUEST = "Put three red apples in the basket."
 
@@ -145,36 +150,37 @@ def test_openai_sdk_forced_call_with_a_nested_model(openai_client: openai.OpenAI
         assert isinstance(call.function.parsed_arguments, Basket)
 
 
-def agents_model(stack: Stack) -> OpenAIChatCompletionsModel:
+def agents_model(stack: Stack) -> agents.OpenAIChatCompletionsModel:
     """The Agents SDK on chat completions (one per test, as its async client is bound to a loop)."""
-    return OpenAIChatCompletionsModel(model=MODEL, openai_client=openai.AsyncOpenAI(base_url=stack.base_url,
-                                                                                    api_key="unused"))
+    client = openai.AsyncOpenAI(base_url=stack.base_url, api_key="unused")
+    return agents.OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
 
 
-def weather_agent(model: OpenAIChatCompletionsModel, calls: list[str], tool_choice: str | None) -> Agent:
-    @function_tool
+def weather_agent(model: agents.OpenAIChatCompletionsModel, calls: list[str],
+                  tool_choice: str | None) -> agents.Agent:
+    @agents.function_tool
     def get_weather(city: str) -> str:
         """Get the weather in a city."""
         calls.append(city)
         return f"Sunny, 22 C in {city}"
 
-    return Agent(name="weather", instructions="You answer questions about the weather.", model=model,
-                 tools=[get_weather], output_type=Weather,
-                 model_settings=ModelSettings(tool_choice=tool_choice, temperature=0, max_tokens=120))
+    return agents.Agent(name="weather", instructions="You answer questions about the weather.", model=model,
+                        tools=[get_weather], output_type=Weather,
+                        model_settings=agents.ModelSettings(tool_choice=tool_choice, temperature=0, max_tokens=120))
 
 
 def test_agents_sdk_output_type_with_a_required_tool_calls_it_then_answers_typed(stack: Stack) -> None:
     """The request of the first turn carries the output schema with tool_choice "required" (a 400
     before); after the tool's result the SDK resets the choice to auto, and the answer is typed."""
     calls: list[str] = []
-    result = asyncio.run(Runner.run(weather_agent(agents_model(stack), calls, "required"),
+    result = asyncio.run(agents.Runner.run(weather_agent(agents_model(stack), calls, "required"),
                                     "What is the weather in Paris?", max_turns=4))
     assert calls == ["Paris"]
     assert isinstance(result.final_output, Weather)
 
 
 def test_agents_sdk_output_type_on_auto_is_typed(stack: Stack) -> None:
-    result = asyncio.run(Runner.run(weather_agent(agents_model(stack), [], None),
+    result = asyncio.run(agents.Runner.run(weather_agent(agents_model(stack), [], None),
                                     "What is the weather in Paris?", max_turns=4))
     assert isinstance(result.final_output, Weather)
 
@@ -182,15 +188,16 @@ def test_agents_sdk_output_type_on_auto_is_typed(stack: Stack) -> None:
 def test_agents_sdk_tool_taking_a_nested_model(stack: Stack) -> None:
     baskets: list[Basket] = []
 
-    @function_tool
+    @agents.function_tool
     def add_to_basket(basket: Basket) -> str:
         """Put fruit in the basket."""
         baskets.append(basket)
         return "done"
 
-    agent = Agent(name="grocer", model=agents_model(stack), tools=[add_to_basket], tool_use_behavior="stop_on_first_tool",
-                  model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=100))
-    result = asyncio.run(Runner.run(agent, BASKET_REQUEST, max_turns=2))
+    agent = agents.Agent(name="grocer", model=agents_model(stack), tools=[add_to_basket],
+                         tool_use_behavior="stop_on_first_tool",
+                         model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=100))
+    result = asyncio.run(agents.Runner.run(agent, BASKET_REQUEST, max_turns=2))
     assert len(baskets) == 1 and isinstance(baskets[0].fruit.color, Color)
     assert result.final_output == "done"
 

@@ -184,6 +184,24 @@ def test_a_call_that_already_answered_is_not_sent_again(served) -> None:
     assert engine.generate_calls == 1  # its text so far was relayed: a retry would repeat it
 
 
+def test_a_closed_call_is_not_sent_again(served) -> None:
+    engine, client = served
+    engine.refuse_first = 1
+    refused = client.generate_shared(build_request(prompt="count:1"))
+    deadline = time.monotonic() + 5
+    while engine.generate_calls < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # This call's messages follow the refusal on the stream: once it is done, the refusal is here.
+    list(client.generate_shared(build_request(prompt="count:1")))
+    refused.close()
+    with pytest.raises(Unavailable):  # the refusal, not taken as a reason to send it again
+        list(refused)
+    # A resent call would have reached the engine before this one (one stream, in order).
+    list(client.generate_shared(build_request(prompt="count:1")))
+    assert engine.generate_calls == 3
+
+
 def test_an_engine_without_generate_many_gets_plain_generate_calls() -> None:
     engine = OlderEngine()
     server = BackgroundServer(engine, "127.0.0.1", 0).start()

@@ -8,7 +8,7 @@ forks, the switch off, and the metrics counters."""
 from __future__ import annotations
 
 from engine_service.core.block_manager import BlockManager
-from engine_service.core.metrics import EngineMetrics, StepRecorder
+from engine_service.core.metrics import EngineMetrics, Load, StepRecorder
 from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
 from engine_service.core.scheduler import Scheduler
 from engine_service.core.sequence import Request, Sequence
@@ -191,8 +191,8 @@ def test_with_caching_off_nothing_is_matched() -> None:
 def test_prefix_cache_counters_are_published_in_tokens() -> None:
     metrics = EngineMetrics("m")
     recorder = StepRecorder(metrics)
-    recorder.publish(None, 0, 0, 0.0, 0, prefix_queries=30, prefix_hits=16)
-    recorder.publish(None, 0, 0, 0.0, 0, prefix_queries=40, prefix_hits=24)
+    recorder.publish(None, Load(0, 0, 0.0), 0, prefix_queries=30, prefix_hits=16)
+    recorder.publish(None, Load(0, 0, 0.0), 0, prefix_queries=40, prefix_hits=24)
 
     def value(name: str) -> float | None:
         return metrics.registry.get_sample_value(name, {"model_name": "m"})

@@ -13,14 +13,19 @@ from pathlib import Path
 import openai
 import pydantic
 import pytest
-from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
 from clients.launch import Stack
-from common import ANSWER, ASK_MAX_TOKENS, MODEL, QUESTION
+from common import ANSWER, ASK_MAX_TOKENS, MODEL, QUESTION, lazy_module
 from fake_engine import start_shim, stop_process
 
+agents = lazy_module("agents")
 pytestmark = pytest.mark.model
-set_tracing_disabled(True)  # no platform key: the Agents SDK must not try to export traces
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_tracing() -> None:
+    agents.set_tracing_disabled(True)  # no platform key: the Agents SDK must not try to export traces
+
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
         "additionalProperties": False}
@@ -144,21 +149,23 @@ def test_tool_choice_none_answers_in_text(openai_client: openai.OpenAI) -> None:
 # ------------------------------------------------------------------ the Agents SDK
 
 
-def agents_model(stack: Stack) -> OpenAIResponsesModel:
+def agents_model(stack: Stack) -> agents.OpenAIResponsesModel:
     client = openai.AsyncOpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120)
-    return OpenAIResponsesModel(model=MODEL, openai_client=client)
+    return agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
 
 
-def weather_agent(stack: Stack, calls: list[str], output_type: type | None = None, max_tokens: int = 60) -> Agent:
-    @function_tool
+def weather_agent(stack: Stack, calls: list[str], output_type: type | None = None,
+                  max_tokens: int = 60) -> agents.Agent:
+    @agents.function_tool
     def get_weather(city: str) -> str:
         """Get the weather in a city."""
         calls.append(city)
         return f"Sunny, 22 C in {city}" if output_type else f"Sunny in {city}."
 
-    return Agent(name="weather", instructions="You answer questions about the weather.", model=agents_model(stack),
-                 tools=[get_weather], output_type=output_type,
-                 model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=max_tokens))
+    return agents.Agent(name="weather", instructions="You answer questions about the weather.",
+                        model=agents_model(stack), tools=[get_weather], output_type=output_type,
+                        model_settings=agents.ModelSettings(tool_choice="required", temperature=0,
+                                                            max_tokens=max_tokens))
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
@@ -169,8 +176,8 @@ def test_agents_sdk_calls_a_tool_then_answers(stack: Stack, streamed: bool) -> N
 
     async def run() -> str:
         if not streamed:
-            return (await Runner.run(agent, WEATHER_QUESTION, max_turns=3)).final_output
-        result = Runner.run_streamed(agent, WEATHER_QUESTION, max_turns=3)
+            return (await agents.Runner.run(agent, WEATHER_QUESTION, max_turns=3)).final_output
+        result = agents.Runner.run_streamed(agent, WEATHER_QUESTION, max_turns=3)
         kinds = [event.type async for event in result.stream_events()]
         assert "raw_response_event" in kinds
         return result.final_output
@@ -183,8 +190,8 @@ def test_agents_sdk_output_type_is_a_pydantic_model(stack: Stack) -> None:
     """The first turn carries the output schema with the forced call; after the tool's result the
     SDK resets the choice to auto, and the answer (json_schema "final_output") is typed."""
     calls: list[str] = []
-    result = asyncio.run(Runner.run(weather_agent(stack, calls, Weather, max_tokens=120), WEATHER_QUESTION,
-                                    max_turns=4))
+    result = asyncio.run(agents.Runner.run(weather_agent(stack, calls, Weather, max_tokens=120), WEATHER_QUESTION,
+                                           max_turns=4))
     assert calls == ["Paris"] and isinstance(result.final_output, Weather)
 
 

@@ -11,6 +11,9 @@ fake engines (tests/fake_engine.py), plus the policies' rules on stand-in replic
   gets work again.
 - A replica back under another name serves the first request for that name.
 - The shim's router metrics: requests by replica and decision, replica health.
+- A routed call (in this process) refused before its first answer goes to another replica (and
+  is counted), a refusal with nowhere left stands, one that answered is never sent elsewhere, and
+  with no healthy replica the others are tried anyway.
 Which replica served a request is read from the fakes' own records.
 """
 
@@ -19,15 +22,20 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from clients import EngineClient, ResourceExhausted, Unavailable
 from clients.launch import free_port
 from conduit.v1 import engine_pb2 as pb
 from fake_engine import MODEL_ID, FakeEngineServer, start_fake_engine_process, start_shim, stop_process
+from http_shim.metrics import ShimMetrics
+from http_shim.routing import Router, RoutingConfig
 from http_shim.routing.policies import CacheAware, Choice, LeastLoad, RoundRobin
 from http_shim.routing.pool import address_list, dns_name
 from http_shim.routing.prefix import BLOCK_CHARS, PrefixIndex, prefix_blocks
+from http_shim.routing.replica import SERVING
 from test_replicas import OTHER_MODEL, counts, wait_until
 from test_shim_http import open_raw_stream, post, read_until, request, say
 
@@ -190,6 +198,56 @@ def test_a_stopped_replica_loses_no_request_and_gets_work_again_when_restarted(p
         stop_process(shim)
         if restarted is not None:
             restarted.stop()
+
+
+# --- routed calls in this process, over real gRPC ---------------------------------------------------
+
+@pytest.fixture
+def routed(pair) -> Iterator[tuple[Router, ShimMetrics]]:
+    metrics = ShimMetrics()
+    router = Router([server.address for server in pair], EngineClient, RoutingConfig(policy="round_robin"), metrics)
+    yield router, metrics
+    router.pool.close()
+
+
+def retries(metrics: ShimMetrics, server: FakeEngineServer) -> float:
+    return metrics.registry.get_sample_value("conduit:router_retries_total", {"replica": server.address}) or 0.0
+
+
+def test_a_routed_call_goes_elsewhere_only_before_its_first_answer(pair, routed) -> None:
+    router, metrics = routed
+    refusing, serving = pair
+    refusing.engine.refuse = grpc.StatusCode.RESOURCE_EXHAUSTED  # its queue is full
+    engine = router.engine(MODEL_ID)
+    for k in range(2):  # dealt in turn: one of them is sent to the refusing replica first
+        assert list(engine.generate_shared(pb.GenerateRequest(text="hi", request_id=f"r{k}")))[-1].HasField("final")
+    assert counts(refusing, serving) == [1, 2]
+    assert (retries(metrics, refusing), retries(metrics, serving)) == (1, 0)
+
+    serving.engine.refuse = grpc.StatusCode.RESOURCE_EXHAUSTED  # nowhere left: the refusal stands (a 429)
+    with pytest.raises(ResourceExhausted):
+        list(engine.generate_shared(pb.GenerateRequest(text="hi")))
+
+    refusing.engine.refuse = serving.engine.refuse = None
+    call = engine.generate_shared(pb.GenerateRequest(text="hang", request_id="answered"))
+    assert next(call).HasField("prompt")
+    owner, other = pair if any(r.request_id == "answered" for r in pair[0].engine.requests) else pair[::-1]
+    owner.stop()  # UNAVAILABLE, which a call with no answer yet would take elsewhere
+    with pytest.raises(Unavailable):
+        list(call)
+    assert not any(r.request_id == "answered" for r in other.engine.requests)  # its output was seen: not replayed
+
+
+def test_with_no_healthy_replica_a_routed_call_tries_the_others_anyway(pair, routed) -> None:
+    router, metrics = routed
+    for server in pair:
+        server.set_serving(False)
+    wait_until(lambda: all(replica.state != SERVING for replica in router.pool.replicas()), SETTLE_S)
+    assert list(router.engine(MODEL_ID).generate_shared(pb.GenerateRequest(text="hi")))[-1].HasField("final")
+    decisions = [metrics.registry.get_sample_value("conduit:router_requests_total",
+                                                   {"replica": server.address, "decision": "unhealthy"})
+                 for server in pair]
+    assert decisions == [1.0, None]  # the first listed, as none is better
 
 
 # --- the rules, on stand-in replicas ---------------------------------------------------------------

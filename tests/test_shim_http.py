@@ -313,13 +313,13 @@ def test_stream_headers_and_framing(shim):
 
 def test_heartbeats_while_the_engine_is_silent(shim, client):
     status, _, raw = post(
-        shim, "/v1/chat/completions", {"model": MODEL_ID, "messages": say("slow:1.5"), "stream": True}
+        shim, "/v1/chat/completions", {"model": MODEL_ID, "messages": say("slow:0.8"), "stream": True}
     )
     events = sse_events(raw)
     assert status == 200 and ": keep-alive" in events
     assert events.index(": keep-alive") < next(i for i, e in enumerate(events) if '"content":"Hello"' in e)
     # The SDK ignores the comments.
-    chunks = list(client.chat.completions.create(model=MODEL_ID, messages=say("slow:1.0"), stream=True))
+    chunks = list(client.chat.completions.create(model=MODEL_ID, messages=say("slow:0.5"), stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Hello from choice 0."
 
 

@@ -12,13 +12,14 @@ import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-import anthropic
 import pytest
 
+from common import lazy_module
 from fake_engine import MODEL_ID, start_shim, stop_process
 from test_shim_drain import EXIT_TIMEOUT_S, wait_for_engine_request
 from test_shim_http import post, request
 
+anthropic = lazy_module("anthropic")
 KEY = "messages-key"
 BODY_LIMIT = 100_000
 HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}

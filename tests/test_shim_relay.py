@@ -22,7 +22,8 @@ MANY = 24
 
 @pytest.fixture(scope="module")
 def shim(fake):
-    process, url = start_shim(fake.address)
+    # A silent stream whose client left is noticed at its next heartbeat: 0.3 s here, not 5.
+    process, url = start_shim(fake.address, "--heartbeat-interval", "0.3")
     yield url
     stop_process(process)
 

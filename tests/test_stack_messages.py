@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-import anthropic
 import jsonschema
 import pydantic
 import pytest
 
 from clients.launch import Stack
-from common import ANSWER, ASK_MAX_TOKENS, MODEL, QUESTION
+from common import ANSWER, ASK_MAX_TOKENS, MODEL, QUESTION, lazy_module
+
+anthropic = lazy_module("anthropic")
 
 pytestmark = pytest.mark.model
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import anthropic
 import openai
 import pytest
 
 from clients.launch import Stack
-from common import MODEL, QUESTION, STORY
+from common import MODEL, QUESTION, STORY, lazy_module
+
+anthropic = lazy_module("anthropic")
 from test_stack_disconnect import endless_params
 
 pytestmark = pytest.mark.model

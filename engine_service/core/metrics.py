@@ -6,7 +6,8 @@ counters move by the step's totals, and the latency histograms take a step's obs
 (every sequence decoded in a step waited the same time since the previous step). So the histograms
 here are a small collector of their own: prometheus_client's Histogram observes one value per call.
 
-Served by `serve()` on `--metrics-port` (off by default), from its own registry.
+Served by `serve()` on `--metrics-port` (off by default), from its own registry. Beside them, the
+`Load` snapshot each publish takes, which routers read over gRPC (GetLoad) with or without metrics.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import collections
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -23,6 +25,7 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from engine_service.core.scheduler import Scheduler
     from engine_service.core.sequence import Sequence as EngineSequence
 
 # vLLM's buckets for the same metrics.
@@ -128,6 +131,23 @@ class EngineMetrics:
         start_http_server(port, addr=host, registry=self.registry)
 
 
+@dataclass(frozen=True)
+class Load:
+    """What a router weighs: requests running and waiting, and the KV cache's used fraction."""
+
+    running: int
+    waiting: int
+    kv_usage: float
+
+    @classmethod
+    def of(cls, scheduler: Scheduler, queued: int) -> Load:
+        """The scheduler's load now, with `queued` requests not yet taken from the inbox."""
+        running = {seq.request.request_id for seq in scheduler.running}
+        waiting = {seq.request.request_id for seq in scheduler.waiting} - running
+        blocks = scheduler.blocks
+        return cls(len(running), len(waiting) + queued, 1.0 - blocks.num_free / blocks.num_blocks)
+
+
 class StepRecorder:
     """What the engine loop saw since the last publish(). Without metrics it keeps nothing."""
 
@@ -168,8 +188,8 @@ class StepRecorder:
             self._finished_reasons[reason] += count
             self._finished_arrivals[arrival] += count
 
-    def publish(self, step_seconds: float | None, running: int, waiting: int, kv_usage: float,
-                preemptions: int, prefix_queries: int = 0, prefix_hits: int = 0) -> None:
+    def publish(self, step_seconds: float | None, load: Load, preemptions: int, prefix_queries: int = 0,
+                prefix_hits: int = 0) -> None:
         """Once per step (or idle wake): gauges set, counters moved by what was recorded since
         (preemptions and prefix-cache tokens come as totals since the start)."""
         metrics = self.metrics
@@ -177,9 +197,9 @@ class StepRecorder:
             return
         if step_seconds is not None:
             metrics.step.observe(step_seconds)
-        metrics.running.set(running)
-        metrics.waiting.set(waiting)
-        metrics.kv_usage.set(kv_usage)
+        metrics.running.set(load.running)
+        metrics.waiting.set(load.waiting)
+        metrics.kv_usage.set(load.kv_usage)
         if preemptions != self._preemptions_seen:
             metrics.preemptions.inc(preemptions - self._preemptions_seen)
             self._preemptions_seen = preemptions

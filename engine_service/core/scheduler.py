@@ -10,7 +10,7 @@ Admission shares the prefix-cached blocks that start a sequence's tokens (block_
 so only the rest is prefilled; after a preemption this finds the sequence's own blocks again
 unless they were evicted meanwhile. Requests that want their prompt's logprobs compute it all.
 
-After a step fails, the engine names the requests it suspects (`suspects`, by request id):
+After a step fails, recovery.py names the requests it suspects (`suspects`, by request id):
 a step then holds the sequences of at most one suspect, beside any others, so the next
 failure points at one request.
 """

@@ -1,14 +1,19 @@
 """Paged KV cache: per layer, K and V in preallocated tensors cut into fixed-size blocks.
 
-The budget is explicit (a number of blocks). Which sequence holds which block is the
-BlockManager's business; this module only holds the tensors.
+The budget is explicit: a number of blocks, which `kv_cache_blocks` works out from the engine's
+settings. Which sequence holds which block is the BlockManager's business; this module only
+holds the tensors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 @dataclass
@@ -39,3 +44,17 @@ class KVCache:
         for k, v in zip(self.keys, self.values):
             k[dst * bs:(dst + 1) * bs] = k[src * bs:(src + 1) * bs]
             v[dst * bs:(dst + 1) * bs] = v[src * bs:(src + 1) * bs]
+
+
+def kv_cache_blocks(model_config: PretrainedConfig, dtype: torch.dtype, block_size: int, max_model_len: int,
+                     tokens: int = 0, gb: float = 0.0) -> int:
+    """Blocks for a cache of `tokens` tokens, or (tokens 0) of as many as `gb` GiB hold, always
+    room for one full-length sequence; plus one, the block the runner keeps for padding."""
+    if not tokens:
+        head_dim = (getattr(model_config, "head_dim", None)
+                    or model_config.hidden_size // model_config.num_attention_heads)
+        per_token = KVCache.bytes_per_token(model_config.num_hidden_layers, model_config.num_key_value_heads,
+                                            head_dim, dtype)
+        tokens = int(gb * (1 << 30)) // per_token
+    tokens = max(tokens, max_model_len + block_size)
+    return -(-tokens // block_size) + 1

@@ -4,24 +4,24 @@
 whose `generate_shared` picks a replica among the healthy ones serving the model (policies.py),
 remembers the request's prefix there (prefix.py), and starts the call on that replica's own
 GenerateMany stream. A call refused before any answer (UNAVAILABLE: the replica died or drains;
-RESOURCE_EXHAUSTED: its queue is full) goes to another replica serving the model; one that has
-answered is never sent again (its client has seen output). With no healthy replica the call is
-tried on the others anyway, so the client gets the engine's own refusal (503) rather than a guess.
+RESOURCE_EXHAUSTED: its queue is full) goes to another replica serving the model: `_Routed` says
+so, and clients/call_attempts.py does it (one deadline over the attempts, none after an answer or
+a close), as for the replica client's own retries on its stream. With no healthy replica the call
+is tried on the others anyway, so the client gets the engine's own refusal (503) rather than a guess.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from clients.engine_client import EngineClient, GenerateStream, Metadata
+from clients.call_attempts import Attempt, AttemptedCall
+from clients.engine_client import EngineClient, Metadata
 from clients.errors import ConduitError, from_status
-from clients.many_calls import ManyCall
 from conduit.v1 import engine_pb2 as pb
 
 from .policies import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, Choice, make_policy
@@ -94,74 +94,58 @@ class Router:
             gauges[1].labels(replica.address).set_function(lambda: replica.load)
 
 
-class RoutedCall:
-    """One Generate call as the relay sees it (ManyCall's interface), placed by the router."""
+class _OnReplica:
+    """One attempt of a routed call: the replica counts it as running until it ends."""
 
-    def __init__(self, router: Router, model: str, request: pb.GenerateRequest, timeout: float | None,
-                 metadata: Metadata) -> None:
+    def __init__(self, replica: Replica, call: Attempt) -> None:
+        self.replica = replica
+        self._call = call
+        self._running = True  # counted by the replica (call_started) until it ends
+
+    def __next__(self) -> pb.GenerateResponse:
+        try:
+            return next(self._call)
+        except (StopIteration, ConduitError):
+            if self._running:
+                self._running = False
+                self.replica.call_ended()
+            raise
+
+    def close(self) -> None:
+        self._call.close()
+
+
+class _Routed:
+    """Where one call's attempts go: a replica the router picks, and after a refusal before any
+    answer (_RETRY_ELSEWHERE) another one serving the model, until none is left."""
+
+    def __init__(self, router: Router, model: str, request: pb.GenerateRequest, metadata: Metadata) -> None:
         self._router = router
         self._model = model
         self._request = request
-        self._deadline = None if timeout is None else time.monotonic() + timeout
         self._metadata = metadata
         self._tried: list[Replica] = []
-        self._answered = False
-        self._closed = False
-        self._call: ManyCall | GenerateStream | None = None
-        self._replica: Replica | None = None
-        if not self._start():
-            raise from_status(grpc.StatusCode.UNAVAILABLE, f"no engine replica serves {model!r}")
 
-    def _start(self) -> bool:
+    def start(self, timeout_s: float | None) -> _OnReplica | None:
         choice = self._router.choose(self._model, self._request, self._tried)
         if choice is None:
-            return False
-        self._replica = replica = choice.replica
+            if not self._tried:
+                raise from_status(grpc.StatusCode.UNAVAILABLE, f"no engine replica serves {self._model!r}")
+            return None
+        replica = choice.replica
         self._tried.append(replica)
         replica.call_started()
-        timeout = None if self._deadline is None else max(self._deadline - time.monotonic(), 1e-3)
-        self._call = replica.client.generate_shared(self._request, timeout=timeout, metadata=self._metadata)
+        # The replica client's shared call: on its GenerateMany stream, where it is retried first.
+        return _OnReplica(replica, replica.client.generate_shared(self._request, timeout=timeout_s,
+                                                                  metadata=self._metadata))
+
+    def retry(self, failed: _OnReplica, error: ConduitError) -> bool:
+        if error.code not in _RETRY_ELSEWHERE:
+            return False
+        if error.code == grpc.StatusCode.UNAVAILABLE:
+            failed.replica.suspect()
+        self._router.retried(failed.replica)
         return True
-
-    def __iter__(self) -> RoutedCall:
-        return self
-
-    def __next__(self) -> pb.GenerateResponse:
-        while True:
-            try:
-                response = next(self._call)
-            except StopIteration:
-                self._ended()
-                raise
-            except ConduitError as error:
-                replica = self._replica
-                self._ended()
-                if self._answered or self._closed or error.code not in _RETRY_ELSEWHERE:
-                    raise
-                if error.code == grpc.StatusCode.UNAVAILABLE:
-                    replica.suspect()
-                self._router.retried(replica)
-                if not self._start():
-                    raise
-                continue
-            self._answered = True
-            return response
-
-    def _ended(self) -> None:
-        if self._replica is not None:
-            self._replica.call_ended()
-            self._replica = None
-
-    def close(self) -> None:
-        self._closed = True
-        if self._call is not None:
-            self._call.close()
-
-    def __enter__(self) -> RoutedCall:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 class RoutedEngine:
@@ -173,8 +157,8 @@ class RoutedEngine:
         self.model = model
 
     def generate_shared(self, request: pb.GenerateRequest, /, *, timeout: float | None = None,
-                        metadata: Metadata | None = None) -> RoutedCall:
-        return RoutedCall(self._router, self.model, request, timeout, tuple(metadata or ()))
+                        metadata: Metadata | None = None) -> AttemptedCall:
+        return AttemptedCall(_Routed(self._router, self.model, request, tuple(metadata or ())), timeout)
 
     def health(self, *, timeout: float | None = None, metadata: Metadata | None = None) -> str:
         """SERVING when one of its replicas says so now (asked, not remembered: a readiness probe)."""
