@@ -45,6 +45,27 @@ def test_the_engine_gets_the_best_build_this_cpu_runs() -> None:
     assert native.kernels() is best
 
 
+def test_the_engine_falls_back_to_a_lesser_build_it_can_have(monkeypatch) -> None:
+    """An image built on an AVX2 machine ships only that build; an AVX-512 CPU without a compiler
+    loads it rather than torch's kernels."""
+    monkeypatch.setattr(native, "runnable_isas", lambda: ["AVX512_BF16", "AVX2"])
+
+    def load(isa: str) -> str:
+        if isa != "AVX2":
+            raise native.Unavailable("no compiler")
+        return "the AVX2 build"
+
+    monkeypatch.setattr(native, "load", load)
+    native.kernels.cache_clear()
+    try:
+        assert native.kernels() == "the AVX2 build"
+        monkeypatch.setattr(native, "runnable_isas", lambda: ["AVX512_BF16"])
+        native.kernels.cache_clear()
+        assert native.kernels() is None
+    finally:
+        native.kernels.cache_clear()  # the real one again, for the tests after
+
+
 @pytest.mark.parametrize("capability, bf16, builds", [
     ("AVX512", True, ["AVX512_BF16", "AVX512", "AVX2"]), ("AVX512", False, ["AVX512", "AVX2"]),
     ("AVX2", False, ["AVX2"]), ("DEFAULT", False, [])])

@@ -26,7 +26,7 @@ ships the library built and no compiler.
 Builds ("instruction sets"): one library per build this CPU can execute, and only those, so that
 every build that ships here is executed by the tests here (tests/test_native_kernels.py checks each
 against torch): AVX512_BF16 (AVX-512 with vdpbf16ps), AVX512, AVX2 (simd.h holds the vector code
-for AVX-512 and AVX2). The engine loads the first this CPU runs. Each op namespace is named by its
+for AVX-512 and AVX2). The engine loads the best it can have. Each op namespace is named by its
 build (conduit_avx512_bf16, conduit_avx512, conduit_avx2), so all of them load in one process.
 Each library is built once per sources, flags and torch version into the cache folder
 (CONDUIT_CACHE_DIR/kernels; ~20 s of compiler time a build, `cc` or $CC for the C, `c++` or $CXX
@@ -132,18 +132,22 @@ def runnable_isas() -> list[str]:
 
 @functools.cache
 def kernels() -> Kernels | None:
-    """This CPU's best build, built on the first call; None where it is not available."""
+    """The best build this CPU runs that can be had (built on the first call, or prebuilt: an image
+    built on an AVX2 machine ships only the AVX2 build, which an AVX-512 CPU without a compiler
+    then loads); None where none is available."""
     isas = runnable_isas()
     if not isas:
         log.info("native kernels unavailable, torch's kernels run instead: they need an x86-64 CPU with AVX-512 "
                  "or AVX2 (this is %s, %s)", platform.machine(), torch.backends.cpu.get_cpu_capability())
         return None
-    try:
-        return load(isas[0])
-    except Unavailable as exc:
-        log.info("native kernels unavailable, torch's kernels run instead: %s", exc)
-    except OSError as exc:  # dlopen
-        log.warning("native kernels failed to load, torch's kernels run instead: %s", exc)
+    for isa in isas:
+        try:
+            return load(isa)
+        except Unavailable as exc:
+            log.info("native %s build unavailable: %s", isa, exc)
+        except OSError as exc:  # dlopen
+            log.warning("native %s build failed to load: %s", isa, exc)
+    log.info("native kernels unavailable, torch's kernels run instead")
     return None
 
 
