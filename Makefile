@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
 protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
 
-.PHONY: install browser protos check-protos run-stack test test-fast deploy-check fuzz bench bench-routing soak gpu-check goldens clean
+.PHONY: install browser protos check-protos kernels run-stack test test-fast deploy-check fuzz bench bench-routing soak gpu-check goldens clean
 
 install: $(STAMP)
 
@@ -54,11 +54,16 @@ check-protos: $(STAMP)
 run-stack: $(STAMP)
 	$(BIN)/conduit-stack
 
-test: $(STAMP) browser check-protos
+# The native kernels' builds for this CPU, into the cache (a no-op once built; ~1 min of compiler
+# time after a change to their sources): no test pays for a build.
+kernels: $(STAMP)
+	$(BIN)/python -m engine_service.model.native || echo "make: torch's kernels will run instead" >&2
+
+test: $(STAMP) browser check-protos kernels
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The tier that loads no model and starts no real engine (the shim runs against tests/fake_engine.py).
-test-fast: $(STAMP) browser check-protos
+test-fast: $(STAMP) browser check-protos kernels
 	$(BIN)/python -m pytest -m "not model" $(PYTEST_ARGS)
 
 # Lints deploy/'s Dockerfiles (hadolint) and validates its Kubernetes manifests (kubernetes-validate),

@@ -2,7 +2,7 @@
 for each weights choice, through the engine's own ModelRunner (no server, no sampling).
 
     python -m benchmarks.step_time [--weights none int8 int4] [--deterministic] [--transformers-forward]
-                                   [--torch-int8] [--op-by-op] [--threads 1]
+                                   [--torch-int8] [--threads 1]
 
 Each figure is the fastest of --repeats steps after warm-up (on a shared machine the least disturbed
 one), then the median; run it twice and compare. Decode rows attend to --context cached tokens each.
@@ -35,12 +35,11 @@ class FakeSequence:
 
 
 def build_runner(weights: str, deterministic: bool, num_blocks: int, lean_forward: bool = True,
-                 native_kernels: bool = True, dtype: str = "auto", native_decode_step: bool = True) -> ModelRunner:
+                 native_kernels: bool = True, dtype: str = "auto") -> ModelRunner:
     loaded = load_model(None, device="cpu", dtype=dtype)
     return ModelRunner(loaded.model, loaded.device, loaded.dtype, BLOCK, num_blocks,
                        loaded.max_context_length, quantization=weights, deterministic=deterministic,
-                       lean_forward=lean_forward, native_kernels=native_kernels,
-                       native_decode_step=native_decode_step)
+                       lean_forward=lean_forward, native_kernels=native_kernels)
 
 
 def decode_batch(batch: int, context: int) -> ScheduledBatch:
@@ -82,8 +81,6 @@ def main() -> None:
                         help="also time each weights choice through transformers' forward instead of the lean one")
     parser.add_argument("--torch-int8", action="store_true",
                         help="also time int8 on torch's kernel instead of the native one")
-    parser.add_argument("--op-by-op", action="store_true",
-                        help="also time int8 with decode steps' layers run op by op, not in one native call")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; default: all cores")
     parser.add_argument("--dtypes", nargs="+", default=["auto"], choices=["auto", "bfloat16", "float32"],
                         help="the model's dtype (auto: the engine's choice, bf16 where the CPU has native bf16 or AVX2)")
@@ -100,9 +97,6 @@ def main() -> None:
         if args.torch_int8:
             runners[f"{label}int8 (torch's kernel)"] = build_runner("int8", False, num_blocks, native_kernels=False,
                                                                   dtype=dtype)
-        if args.op_by_op:
-            runners[f"{label}int8 (layers op by op)"] = build_runner("int8", False, num_blocks, dtype=dtype,
-                                                                   native_decode_step=False)
         if args.transformers_forward:
             runners |= {f"{label}{weights} (transformers)": build_runner(weights, False, num_blocks,
                                                                           lean_forward=False, dtype=dtype)

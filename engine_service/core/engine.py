@@ -103,10 +103,8 @@ class Engine:
         log.info("weights: %s%s on %s (%s)%s", self.runner.quantization, kernel, loaded.device,
                  str(loaded.dtype).removeprefix("torch."),
                  ", deterministic" if config.deterministic else "")
-        log.info("decode attention: %s", "native, in place in the paged cache" if self.runner.decode_attention
-                 else "gathered, then SDPA")
-        if self.runner.native_decode_layers:
-            log.info("decode steps: every layer in one native call (up to %d rows)", self.runner.full_weights.max_rows)
+        log.info("decode attention: %s", "native, in place in the paged cache"
+                 if self.runner.decode_attention is not None else "gathered, then SDPA")
         log.info("streaming: %s", self.pacing.describe())
 
     # ------------------------------------------------------------ threads

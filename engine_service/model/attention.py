@@ -12,8 +12,8 @@ config tells (check_supported), never with different output.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +22,6 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from engine_service.model.kv_cache import KVCache
 
-if TYPE_CHECKING:
-    from engine_service.model.native import DecodeAttention
 
 ATTENTION_NAME = "conduit_paged"
 LAYER_TYPES = ("full_attention", "sliding_attention")  # config.layer_types this attention serves
@@ -63,9 +61,9 @@ class StepLayout:
     max_decode_context: int  # whole blocks
     prefills: list[PrefillChunk]
     masks: dict[tuple, torch.Tensor] = field(default_factory=dict)  # built once per step, shared by layers
-    # Attends the decode rows in place in the cache (model/native.py), for a model it supports (the
-    # runner checks); None: gather, then SDPA.
-    decode_kernel: DecodeAttention | None = None
+    # Attends the decode rows in place in the cache (model/native.py's decode_attention op), for a
+    # model it supports (the runner checks); None: gather, then SDPA.
+    decode_kernel: Callable[..., torch.Tensor] | None = None
 
     def decode_mask(self, window: int | None) -> torch.Tensor:
         """[num_decode, 1, 1, max_decode_context]: each row's own context (its last `window` tokens)."""
@@ -187,7 +185,7 @@ def _attend_decode_rows(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     kernel = layout.decode_kernel
     if kernel is not None and softcap is None:
         return kernel(query, k_cache, v_cache, layout.decode_block_ids, layout.decode_lens, block_size,
-                      sliding_window, head_dim ** -0.5 if scaling is None else scaling)
+                      sliding_window or 0, head_dim ** -0.5 if scaling is None else scaling)
     # Gathered, then SDPA. The query heads that share a kv head are folded into the "length" axis,
     # so grouped-query attention needs no repeated k/v.
     kv_heads = k_cache.shape[1]

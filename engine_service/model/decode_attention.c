@@ -1,5 +1,6 @@
 /* Decode attention read in place from the paged KV cache, for x86-64 CPUs with AVX-512 or AVX2
- * (simd.h; built and loaded by native.py): one query token per sequence, attending to its own cached context.
+ * (simd.h; bound as a torch op by native_ops.cpp, built by native.py): one query token per sequence,
+ * attending to its own cached context.
  *
  * q: the step's decode rows, [batch, q_heads, head_dim] with the given row and head strides
  * (elements); k_cache, v_cache: one layer's cache, [slots, kv_heads, head_dim] contiguous, slot =
@@ -18,9 +19,10 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "kernels.h"
 #include "simd.h"
 
-#define LANES 16                 /* head_dim must be a multiple of this (checked by the caller) */
+#define LANES 16                 /* head_dim must be a multiple of this (checked by native_ops.cpp) */
 #define MAX_CHUNKS (256 / VL)    /* and at most 256 */
 /* Cached rows are scattered in blocks, and each is a few cache lines, so the hardware prefetcher
  * does not keep up: each key row is asked for AHEAD rows before its turn, and each value row when

@@ -1,4 +1,5 @@
-/* int8 weight-only matmul for x86-64 CPUs with AVX-512 or AVX2 (simd.h; built and loaded by native.py):
+/* int8 weight-only matmul for x86-64 CPUs with AVX-512 or AVX2 (simd.h; bound as torch ops by
+ * native_ops.cpp, built by native.py):
  *
  *     y[m, n] = (sum over k of x[m, k] * w[n, k]) * scales[n]
  *
@@ -10,10 +11,11 @@
  *   stops at each 4 KB page, so every block of weight rows first asks for the bytes PREFETCH_AHEAD
  *   further on: a batch-1 layer's matmuls went from ~26 to ~39 GB/s here (benchmarks/RESULTS.md).
  * - Each weight vector is widened once and used for every row of x (PASS_ROWS at a time).
- * - With a few rows the multiply-adds bound the work, so bf16 activations on a CPU with
- *   AVX512_BF16 take `vdpbf16ps`: an int8 weight is exact in bf16, a bf16 x bf16 product exact in
- *   float32, and one instruction adds 32 of them in pairs (half the instructions of float32 FMAs;
- *   8 rows ~1.8x faster). Otherwise x is widened to float32 and float32 FMAs run.
+ * - With a few rows the multiply-adds bound the work, so bf16 activations on the AVX512_BF16 build
+ *   (native.py builds it only for a CPU that has it) take `vdpbf16ps`: an int8 weight is exact in
+ *   bf16, a bf16 x bf16 product exact in float32, and one instruction adds 32 of them in pairs
+ *   (half the instructions of float32 FMAs; 8 rows ~1.8x faster). Otherwise x is widened to
+ *   float32 and float32 FMAs run.
  *
  * Batch invariance: which path runs depends on the dtype, K and the build only, and every output
  * element is one accumulation over k in order, then one horizontal sum, whatever M, the block
@@ -24,6 +26,7 @@
  */
 #include <stdlib.h>
 
+#include "kernels.h"
 #include "simd.h"
 
 #define PREFETCH_AHEAD 4096 /* bytes; 2-8 KB measured alike, 1 KB and 16 KB slower */
@@ -39,7 +42,7 @@
  * and its weights (24 x K bytes) stay in cache for the passes after the first, which so read them
  * once from memory instead of once per pass (the step's matrices at 32 rows ~15% faster here, same bits). */
 #define BLOCK_OUTS 24
-#define LANES 16            /* K must be a multiple of this (checked by the caller) */
+#define LANES 16            /* K must be a multiple of this (checked by native_ops.cpp) */
 #define PAIR_LANES 32       /* the bf16 path's step: K must be a multiple of it too */
 
 /* Ask for the weight bytes PREFETCH_AHEAD past a block's start, as many as the block holds. */
@@ -127,6 +130,10 @@ static inline __attribute__((always_inline)) void dot_block_bf16(const uint16_t 
 int conduit_int8_matmul(const void *x, int x_bf16, int64_t m_len, int64_t k, const int8_t *w,
                         const float *scales, void *y, int64_t n) {
     const int y_bf16 = x_bf16;
+    /* The AVX512_BF16 build runs only on CPUs with it (native.py), so the CPU check always passes
+     * there; it stays because without it GCC compiled this function's weight stream ~1.5x slower at
+     * one row over a 28 MB matrix (the lm_head: 2.37 against 1.51 ms on one thread, same bits;
+     * benchmarks/RESULTS.md). */
     const int pairs = HAVE_DPBF16 && x_bf16 && k % PAIR_LANES == 0 && __builtin_cpu_supports("avx512bf16");
     const char *w_end = (const char *)w + n * k;
     float *xf = pairs ? NULL : malloc(sizeof(float) * m_len * k); /* x as float32 */

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_service.model.native import Int8Matmul
+from engine_service.model.native import Kernels
 
 QUANTIZATIONS = ("none", "int8", "int4")
 # The default for bf16 on the CPU. int8 makes a decode step at batch <= 8 about 1.4x faster and
@@ -40,7 +40,7 @@ LOW_BIT_MAX_ROWS = 8
 NATIVE_INT8_MAX_ROWS_WITHOUT_BF16_GEMM = 64
 
 
-def low_bit_max_rows(dtype: torch.dtype, native_int8: Int8Matmul | None) -> int:
+def low_bit_max_rows(dtype: torch.dtype, native_int8: Kernels | None) -> int:
     """Decode rows up to which the low-bit kernel beats the full copy's GEMM for this dtype."""
     return NATIVE_INT8_MAX_ROWS_WITHOUT_BF16_GEMM if native_int8 is not None and not packable(dtype) else LOW_BIT_MAX_ROWS
 
@@ -115,13 +115,14 @@ class Int8Panels(torch.nn.Module):
     26.8, benchmarks/RESULTS.md) in a quarter of the memory. Each row's result is independent of the
     others, as the dot kernel's, but rounded apart from it."""
 
-    def __init__(self, native: Int8Matmul, weight: torch.Tensor, scales: torch.Tensor,
+    def __init__(self, native: Kernels, weight: torch.Tensor, scales: torch.Tensor,
                  bias: torch.Tensor | None) -> None:
         super().__init__()
-        n, k = weight.shape
+        n = weight.shape[0]
         self.out_features, self.bias = n, bias
-        self.register_buffer("packed", native.pack(weight))
-        self._matmul = native.bind_gemm(self.packed, n, k, scales)
+        self.register_buffer("packed", native.int8_pack(weight))
+        gemm, packed = native.int8_gemm, self.packed
+        self._matmul = lambda rows: gemm(rows, packed, scales, n)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._matmul(_flat(x)).view(*x.shape[:-1], self.out_features)
@@ -165,18 +166,21 @@ class Int8Linear(LowBitLinear):
     model/native.py) where it supports the layer, else by torch's."""
 
     def __init__(self, linear: torch.nn.Linear, switch: FullWeightsSwitch | None,
-                 native: Int8Matmul | None = None) -> None:
+                 native: Kernels | None = None) -> None:
         super().__init__(linear, switch)
         w = linear.weight.detach().float()
         scales = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
         self.register_buffer("weight", torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scales", scales.to(linear.weight.dtype))
-        self.native = native if native is not None and native.supports(self.weight, linear.weight.dtype) else None
+        self.native = native if native is not None and native.supports_int8(self.weight, linear.weight.dtype) else None
         # The native kernel takes float32 scales: the same values as `scales`, which the bf16 copy uses too.
         self.register_buffer("float_scales", self.scales.float() if self.native is not None else None)
         # Bound to this layer's weights once (no per-call buffer lookups); torch's kernel otherwise.
-        self._matmul = (self.native.bind(self.weight, self.float_scales) if self.native is not None else
-                        lambda rows: torch._weight_int8pack_mm(rows, self.weight, self.scales))
+        if self.native is not None:
+            matmul, weight, float_scales = self.native.int8_matmul, self.weight, self.float_scales
+            self._matmul = lambda rows: matmul(rows, weight, float_scales)
+        else:
+            self._matmul = lambda rows: torch._weight_int8pack_mm(rows, self.weight, self.scales)
         if self.native is not None and switch is not None and not packable(linear.weight.dtype):
             # No bf16 GEMM in oneDNN here: its copy would compute in float32 from 4x the bytes, slower
             # at every row count than the native GEMM on the int8 weights packed in panels.
@@ -221,7 +225,7 @@ class Int4Linear(LowBitLinear):
 
 
 def _replacement(linear: torch.nn.Linear, quantization: str, switch: FullWeightsSwitch | None,
-                 native_int8: Int8Matmul | None) -> torch.nn.Module:
+                 native_int8: Kernels | None) -> torch.nn.Module:
     if quantization == "int8":
         return Int8Linear(linear, switch, native_int8)
     if quantization == "int4" and linear.in_features % INT4_GROUP == 0 and linear.out_features % 16 == 0:
@@ -230,7 +234,7 @@ def _replacement(linear: torch.nn.Linear, quantization: str, switch: FullWeights
 
 
 def quantize_linears(model: torch.nn.Module, quantization: str, switch: FullWeightsSwitch | None = None,
-                     native_int8: Int8Matmul | None = None) -> int:
+                     native_int8: Kernels | None = None) -> int:
     """Swap every CPU nn.Linear (the tied lm_head too: the embedding keeps its own weights) for the
     chosen kind; returns how many. int4 needs in_features % 32 == 0 and out_features % 16 == 0; other
     layers keep full weights. Low-bit linears keep bf16 copies for `switch` (None: deterministic, the

@@ -13,19 +13,15 @@ transformers' own forward. Figures: benchmarks/RESULTS.md, "A lean Llama forward
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from engine_service.model import attention
-from engine_service.model.kv_cache import KVCache
-from engine_service.model.linear import FullWeightsSwitch, Int8Linear, Int8Panels
-from engine_service.model.native import DecodeLayers, DecodeShape, LayerWeights
 
 if TYPE_CHECKING:
-    from engine_service.model.native import AddRmsNorm
+    from engine_service.model.native import Kernels
 
 ARCHITECTURE = "LlamaForCausalLM"
 
@@ -53,18 +49,19 @@ class _Norm:
     `native` (model/native.py's rms_norm.c) one call adds the residual and normalizes; it sums the
     squares in another order, so the lean forward then matches transformers closely, not bit for bit."""
 
-    def __init__(self, norm: torch.nn.Module, native: AddRmsNorm | None = None) -> None:
-        self.weight, self.eps, self.native = norm.weight, norm.variance_epsilon, native
+    def __init__(self, norm: torch.nn.Module, native: Kernels | None = None) -> None:
+        self.weight, self.eps = norm.weight, norm.variance_epsilon
+        self.native = None if native is None else native.add_rms_norm
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
-            return self.native(x, None, self.weight, self.eps)[1]
+            return self.native(x, None, self.weight, self.eps)
         return self.weight * F.rms_norm(x.to(torch.float32), x.shape[-1:], eps=self.eps).to(x.dtype)
 
     def after_adding(self, h: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(h + delta, this norm of it); the native kernel writes the sum into h."""
         if self.native is not None:
-            return self.native(h, delta, self.weight, self.eps)
+            return h, self.native(h, delta, self.weight, self.eps)
         h = h + delta
         return h, self(h)
 
@@ -101,7 +98,7 @@ class LeanLlama:
     (no hooks are used on them). With `native_norm`, each residual add and the norm after it are one
     native call (see _Norm)."""
 
-    def __init__(self, model: torch.nn.Module, native_norm: AddRmsNorm | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, native_norm: Kernels | None = None) -> None:
         config = model.config
         self.model = model
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -112,32 +109,6 @@ class LeanLlama:
         # Each residual add comes with the norm after it: the next layer's input norm, or the final one.
         self.next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
         self.lm_head = model.lm_head.forward
-        self.decode_layers: Callable[..., None] | None = None  # see bind_decode_layers
-        self.switch: FullWeightsSwitch | None = None
-
-    def bind_decode_layers(self, kernel: DecodeLayers, cache: KVCache, switch: FullWeightsSwitch) -> bool:
-        """Run the layers of decode-only steps as one native call (native.py's decode_layers.c) while
-        `switch` is off, where the model fits it: every projection on the native int8 kernel without
-        bias, native norms of one eps, SiLU, one attention scaling, no sliding window. Returns whether
-        it does. Not for --deterministic (no switch): the native SiLU may round a bf16 activation
-        apart from torch's, and a decode row in a step with a prompt chunk takes the torch path."""
-        config = self.model.config
-        attn0 = self.model.model.layers[0].self_attn
-        fits = (getattr(config, "hidden_act", None) == "silu" and all(
-            layer.fits_native_decode(attn0.scaling, self.norm.eps) for layer in self.layers)
-            and self.norm.native is not None and self.norm.eps == self.layers[0].input_norm.eps)
-        if not fits:
-            return False
-        weights = [LayerWeights(*[(m.weight, m.float_scales, m.full.packed if isinstance(m.full, Int8Panels) else None)
-                                  for m in layer.projections],
-                                layer.post_attention_norm.weight, next_norm.weight,
-                                cache.keys[layer.index], cache.values[layer.index])
-                   for layer, next_norm in zip(self.layers, self.next_norms)]
-        shape = DecodeShape(config.hidden_size, self.q_heads, self.qk_heads - self.q_heads, self.head_dim,
-                            config.intermediate_size, cache.shape.block_size, self.norm.eps, attn0.scaling)
-        self.decode_layers = kernel.bind(weights, self.layers[0].input_norm.weight, shape, cache.keys[0].dtype)
-        self.switch = switch
-        return True
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, logits_to_keep: torch.Tensor,
                  layout: attention.StepLayout) -> torch.Tensor:
@@ -145,11 +116,6 @@ class LeanLlama:
         tokens, head_dim, q_heads, qk_heads = input_ids.shape[1], self.head_dim, self.q_heads, self.qk_heads
         h = F.embedding(input_ids[0], base.embed_tokens.weight)  # [T, hidden] all the way: no reshapes
         cos, sin = base.rotary_emb(h, position_ids)
-        if self.decode_layers is not None and layout.num_decode == tokens and not self.switch.on:
-            normed = torch.empty_like(h)
-            self.decode_layers(h, normed, cos[0].contiguous(), _signed_sin(sin[0]).contiguous(), layout.slot_mapping,
-                               layout.decode_block_ids, layout.decode_lens)
-            return self.lm_head(normed[logits_to_keep]).unsqueeze(0)
         cos, sin = cos[0].unsqueeze(1), _signed_sin(sin[0]).unsqueeze(1)  # [T, 1, D]: broadcast over heads
         normed = self.layers[0].input_norm(h)
         for layer, next_norm in zip(self.layers, self.next_norms):
@@ -167,7 +133,7 @@ class LeanLlama:
 class _Layer:
     """One decoder layer's parts, the modules' forward methods taken out."""
 
-    def __init__(self, layer: torch.nn.Module, native_norm: AddRmsNorm | None) -> None:
+    def __init__(self, layer: torch.nn.Module, native_norm: Kernels | None) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.index, self.scaling = attn.layer_idx, attn.scaling
         self.input_norm = _Norm(layer.input_layernorm, native_norm)
@@ -175,11 +141,3 @@ class _Layer:
         self.qkv_proj, self.o_proj = attn.qkv_proj.forward, attn.o_proj.forward
         self.gate_up_proj, self.down_proj = mlp.gate_up_proj.forward, mlp.down_proj.forward
         self.act_fn = mlp.act_fn.forward
-        self.projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        self.sliding_window = getattr(attn, "sliding_window", None)
-
-    def fits_native_decode(self, scaling: float, eps: float) -> bool:
-        """Whether decode_layers.c computes this layer as the lean forward does."""
-        return (all(type(m) is Int8Linear and m.native is not None and m.bias is None for m in self.projections)
-                and all(norm.native is not None and norm.eps == eps for norm in (self.input_norm, self.post_attention_norm))
-                and self.scaling == scaling and self.sliding_window is None)

@@ -1,26 +1,44 @@
-"""Native CPU kernels: C sources next to this file, compiled on first use and loaded with ctypes.
+"""Native CPU kernels, C sources next to this file, bound as torch ops (torch.library).
 
-- int8_matmul.c: an int8 weight-only matmul that streams the weights at ~1.5x the speed of
-  torch._weight_int8pack_mm on a batch-1 decode step.
+Each kernel stays because it earns its keep on the default model's decode steps (int8 weights;
+benchmarks/RESULTS.md, "Native kernels"):
+- int8_matmul.c: the int8 linears (weights streamed with prefetching; vdpbf16ps on the AVX512_BF16
+  build), and a GEMM over the same weights packed in panels for many rows where oneDNN has no bf16
+  GEMM; 1.3-1.8x a decode step at 1-8 rows against torch._weight_int8pack_mm.
 - decode_attention.c: decode attention read in place from the paged KV cache, where torch's path
-  gathers each sequence's blocks and then runs SDPA.
+  gathers each sequence's blocks and then runs SDPA; 1.2-1.25x a step at 1-32 rows.
 - rms_norm.c: the residual add and the RMSNorm after it in one call, where the lean Llama forward
-  ran ~10 small torch ops.
-- decode_layers.c: every decoder layer of a Llama decode step in one call, on the three above
-  (which it includes), where the lean forward runs ~25 torch ops and native calls a layer.
+  runs ~10 small torch ops; 1.04-1.1x.
 
-They need x86-64 with AVX-512 or AVX2 (simd.h holds the vector code for both; each kernel is built
-for the one this CPU has), and a C compiler with OpenMP (`cc`, or $CC) to build them: each shared
-library is built once per source, instruction set and flags into the cache folder
-(CONDUIT_CACHE_DIR/kernels, ~1 s) and reused after; `python -m engine_service.model.native` builds
-them all ahead (the container image does, then needs no compiler). Where one cannot be built or loaded, its getter returns None
-and the log says why once, and torch's kernels run instead: slower, never wrong.
+Binding: native_ops.cpp registers them with TORCH_LIBRARY as typed ops that check every shape,
+dtype and index the C code reads, so callers pass tensors (`kernels().int8_matmul(rows, weight,
+scales)`, i.e. torch.ops.conduit_<build>.int8_matmul), torch.compile sees them (with the fake
+functions registered below), and no structure is mirrored by hand. A C++ op rather than a Python
+`torch.library.custom_op` over the C functions, because a decode step makes ~200 of these calls:
+a C++ op costs ~3 us a call from Python, ctypes with its checks in Python cost ~7 us, and a Python
+custom op ~23 us: ~3.5 ms of a ~10 ms batch-1 step, half of what the kernels earn (RESULTS.md). native_ops.cpp includes
+only <torch/library.h> and ATen's Tensor, not <torch/extension.h> (no pybind11: ~13 s of compiler
+time instead of ~45), and is built here with the compiler directly, with
+torch.utils.cpp_extension's include and library paths, rather than by cpp_extension.load, which
+needs ninja and a compiler at every start even when the library is built: a container image
+ships the library built and no compiler.
+
+Builds ("instruction sets"): one library per build this CPU can execute, and only those, so that
+every build that ships here is executed by the tests here (tests/test_native_kernels.py checks each
+against torch): AVX512_BF16 (AVX-512 with vdpbf16ps), AVX512, AVX2 (simd.h holds the vector code
+for AVX-512 and AVX2). The engine loads the best it can have. Each op namespace is named by its
+build (conduit_avx512_bf16, conduit_avx512, conduit_avx2), so all of them load in one process.
+Each library is built once per sources, flags and torch version into the cache folder
+(CONDUIT_CACHE_DIR/kernels; ~20 s of compiler time a build, `cc` or $CC for the C, `c++` or $CXX
+for the C++, with OpenMP) and reused after; `python -m engine_service.model.native` builds this CPU's ahead
+(the container image does, and `make test` before the tests, so that no test pays for a build).
+Where none can be built or loaded, `kernels()` returns None, the log says why once, and torch's
+kernels run instead: slower, never wrong.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import functools
 import hashlib
 import logging
@@ -29,342 +47,185 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.utils import cpp_extension
 
 from engine_service.model.loader import cache_dir
 
 log = logging.getLogger(__name__)
 
-INT8_SOURCE = Path(__file__).with_name("int8_matmul.c")
-ATTENTION_SOURCE = Path(__file__).with_name("decode_attention.c")
-NORM_SOURCE = Path(__file__).with_name("rms_norm.c")
-LAYERS_SOURCE = Path(__file__).with_name("decode_layers.c")
-SOURCES = (INT8_SOURCE, ATTENTION_SOURCE, NORM_SOURCE, LAYERS_SOURCE)
-SIMD_HEADER = Path(__file__).with_name("simd.h")
-# The sources a source #includes besides simd.h: a change to them rebuilds it too.
-INCLUDED = {LAYERS_SOURCE: (INT8_SOURCE, ATTENTION_SOURCE, NORM_SOURCE)}
+HERE = Path(__file__).parent
+KERNEL_SOURCES = (HERE / "int8_matmul.c", HERE / "decode_attention.c", HERE / "rms_norm.c")
+OPS_SOURCE = HERE / "native_ops.cpp"
+HEADERS = (HERE / "simd.h", HERE / "kernels.h")
 # -fopenmp links libgomp, which resolves to the copy torch has loaded: one thread pool for both.
-CFLAGS = ("-O3", "-std=gnu11", "-fopenmp", "-shared", "-fPIC")
-# Per instruction set, by torch's name for the CPU's capability. -mavx512bf16 only lets
-# int8_matmul.c use vdpbf16ps, which it does after checking the CPU has it.
+CFLAGS = ("-O3", "-std=gnu11", "-fopenmp", "-fPIC")
+# native_ops.cpp holds only argument checks: no instruction-set flags (a library of a build this
+# CPU cannot run must still load without faulting, for a clear refusal).
+CXXFLAGS = ("-O2", "-std=c++20", "-fPIC", "-shared", "-fopenmp")
+# Per build, best first: the C flags. -mavx512bf16 lets int8_matmul.c use vdpbf16ps.
 ISA_FLAGS = {
-    "AVX512": ("-mavx512f", "-mfma", "-mavx512bf16"),
+    "AVX512_BF16": ("-mavx512f", "-mfma", "-mavx512bf16"),
+    "AVX512": ("-mavx512f", "-mfma"),
     "AVX2": ("-mavx2", "-mfma", "-mf16c"),
 }
-LANES = 16  # the kernels' granularity of K and of head_dim (LANES in the C sources), on either build
+LANES = 16  # the kernels' granularity of K and of head_dim, on every build
 MAX_HEAD_DIM = 256  # decode_attention.c's MAX_CHUNKS * LANES
 DTYPES = (torch.bfloat16, torch.float32)
-
-
-def panel_channels(library: ctypes.CDLL) -> int:
-    """Output channels per panel of int8_matmul.c's GEMM (PANEL: two vectors, so it follows the build)."""
-    library.conduit_int8_panel.restype = ctypes.c_int
-    return library.conduit_int8_panel()
-
-
-class Int8Matmul:
-    """rows [M, K] (bf16 or float32) x int8 weight [N, K] -> [M, N] in rows' dtype, scaled per output
-    channel by float32 `scales` [N]. Two kernels: dot products over the weights as they are (`bind`,
-    a few rows), and a GEMM over the weights packed in panels (`pack`, then `bind_gemm`: many rows)."""
-
-    def __init__(self, library: ctypes.CDLL) -> None:
-        signature = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-        self._fn, self._gemm = library.conduit_int8_matmul, library.conduit_int8_gemm
-        for fn in (self._fn, self._gemm):
-            fn.argtypes, fn.restype = signature, ctypes.c_int
-        self._pack = library.conduit_int8_pack
-        self._pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-        self._pack.restype = None
-        self.panel = panel_channels(library)
-
-    @staticmethod
-    def supports(weight: torch.Tensor, dtype: torch.dtype) -> bool:
-        """Whether this kernel can run a linear with these int8 weights on activations of `dtype`."""
-        return (weight.device.type == "cpu" and weight.dtype == torch.int8 and weight.dim() == 2
-                and weight.is_contiguous() and weight.shape[1] % LANES == 0 and dtype in DTYPES)
-
-    def __call__(self, rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        return self.bind(weight, scales)(rows)
-
-    def bind(self, weight: torch.Tensor, scales: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        """rows -> this call's result with these weights and scales, their pointers and sizes taken once
-        (the closure holds the tensors, so they live as long as it does)."""
-        n, k = weight.shape
-        return self._bound(self._fn, weight, n, k, scales)
-
-    def pack(self, weight: torch.Tensor) -> torch.Tensor:
-        """The weights [N, K] in the GEMM's panels (N rounded up to whole panels, zeros past N)."""
-        n, k = weight.shape
-        packed = torch.empty(-(-n // self.panel) * self.panel * k, dtype=torch.int8)
-        self._pack(weight.data_ptr(), n, k, packed.data_ptr())
-        return packed
-
-    def bind_gemm(self, packed: torch.Tensor, n: int, k: int, scales: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        """As `bind`, on weights from `pack`: rows -> [M, N]."""
-        return self._bound(self._gemm, packed, n, k, scales)
-
-    @staticmethod
-    def _bound(fn, weight: torch.Tensor, n: int, k: int, scales: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        w, s = weight.data_ptr(), scales.data_ptr()
-
-        def matmul(rows: torch.Tensor) -> torch.Tensor:
-            if rows.dtype not in DTYPES or rows.shape[-1] != k:
-                raise ValueError(f"int8 matmul: rows {tuple(rows.shape)} {rows.dtype} against weight [{n}, {k}]")
-            rows = rows.contiguous()
-            m = rows.shape[0]
-            out = torch.empty(m, n, dtype=rows.dtype)
-            if m and fn(rows.data_ptr(), rows.dtype == torch.bfloat16, m, k, w, s, out.data_ptr(), n):
-                raise MemoryError("int8 matmul: no memory for its scratch rows")
-            return out
-
-        matmul.keep_alive = (weight, scales)
-        return matmul
-
-
-class DecodeAttention:
-    """attend(query [rows, q_heads, head_dim], one layer's k/v cache [slots, kv_heads, head_dim],
-    block_ids [rows * width], lens [rows], ...) -> [rows, q_heads, head_dim]: decode_attention.c."""
-
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self._fn = library.conduit_decode_attention
-        self._fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                             ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                             ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float,
-                             ctypes.c_int, ctypes.c_void_p]
-        self._fn.restype = ctypes.c_int
-
-    @staticmethod
-    def supports(q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
-        """Whether the kernel can serve a model with these heads in this dtype (CPU tensors)."""
-        return dtype in DTYPES and head_dim % LANES == 0 and head_dim <= MAX_HEAD_DIM and q_heads % kv_heads == 0
-
-    def __call__(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids: torch.Tensor,
-                 lens: torch.Tensor, block_size: int, window: int | None, scale: float) -> torch.Tensor:
-        rows, q_heads, head_dim = query.shape
-        if query.dtype != k_cache.dtype or head_dim != k_cache.shape[2]:
-            raise ValueError(f"decode attention: query {tuple(query.shape)} {query.dtype} against cache "
-                             f"{tuple(k_cache.shape)} {k_cache.dtype}")
-        if block_ids.dtype != torch.int64 or lens.dtype != torch.int64 or lens.shape != (rows,):
-            raise ValueError("decode attention: block ids and lengths must be int64, one length per row")
-        if query.stride(-1) != 1:  # rows and heads may be strided; each head's values must be contiguous
-            query = query.contiguous()
-        out = torch.empty(rows, q_heads, head_dim, dtype=query.dtype)
-        if rows and self._fn(query.data_ptr(), query.stride(0), query.stride(1), k_cache.data_ptr(),
-                             v_cache.data_ptr(), block_ids.data_ptr(), block_ids.numel() // rows, lens.data_ptr(),
-                             rows, q_heads, k_cache.shape[1], head_dim, block_size, window or 0, scale,
-                             query.dtype == torch.bfloat16, out.data_ptr()):
-            raise MemoryError("decode attention: no memory for its scratch scores")
-        return out
-
-
-class AddRmsNorm:
-    """(h [rows, dim], delta [rows, dim] or None, weight [dim], eps) -> (h, out [rows, dim]): h + delta
-    written into h, and LlamaRMSNorm of it (rms_norm.c). bf16 or float32, all alike."""
-
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self._fn = library.conduit_add_rms_norm
-        self._fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                             ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
-        self._fn.restype = None
-
-    def __call__(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, dim = h.shape
-        operands = (h, weight) if delta is None else (h, delta, weight)
-        if (h.dtype not in DTYPES or any(t.dtype != h.dtype or t.device.type != "cpu" or not t.is_contiguous()
-                                         for t in operands)
-                or weight.shape != (dim,) or (delta is not None and delta.shape != h.shape)):
-            raise ValueError(f"add_rms_norm: h {tuple(h.shape)} {h.dtype}, delta "
-                             f"{None if delta is None else (tuple(delta.shape), delta.dtype)}, weight "
-                             f"{tuple(weight.shape)} {weight.dtype}: contiguous CPU tensors of one dtype expected")
-        out = torch.empty_like(h)
-        self._fn(h.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(), rows, dim, eps,
-                 h.dtype == torch.bfloat16, out.data_ptr())
-        return h, out
-
-
-class _Int8Weights(ctypes.Structure):
-    _fields_ = [("weight", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("panels", ctypes.c_void_p)]
-
-
-class _DecodeLayer(ctypes.Structure):
-    _fields_ = [("qkv", _Int8Weights), ("o", _Int8Weights), ("gate_up", _Int8Weights), ("down", _Int8Weights),
-                ("post_attention_norm", ctypes.c_void_p), ("next_norm", ctypes.c_void_p),
-                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
-
-
-class _DecodeModel(ctypes.Structure):
-    _fields_ = [("num_layers", ctypes.c_int64), ("hidden", ctypes.c_int64), ("q_heads", ctypes.c_int64),
-                ("kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64), ("intermediate", ctypes.c_int64),
-                ("block_size", ctypes.c_int64), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
-                ("bf16", ctypes.c_int), ("layers", ctypes.POINTER(_DecodeLayer))]
-
-
-@dataclass
-class LayerWeights:
-    """One Llama decoder layer's tensors as decode_layers.c reads them: int8 weights [out, in] with
-    float32 scales [out] and the same weights packed for the GEMM (`Int8Matmul.pack`; None: the dot
-    kernel for every step) for the fused q/k/v, o, fused gate/up and down projections; the norm after
-    attention and the one after the MLP (the next layer's input norm, or the final norm); its KV cache."""
-
-    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-    o: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-    gate_up: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-    down: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-    post_attention_norm: torch.Tensor
-    next_norm: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-
-
-@dataclass
-class DecodeShape:
-    hidden: int
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    block_size: int
-    eps: float
-    scale: float
-
-
-class DecodeLayers:
-    """A Llama decode step's decoder layers in one call (decode_layers.c): `bind` takes the model's
-    tensors once and returns step(h, normed, cos, signed_sin, slots, block_ids, lens), which runs
-    every layer over the embeddings h [rows, hidden] (the residual stream, updated in place) and
-    writes the final norm of h into normed."""
-
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self._fn = library.conduit_decode_layers
-        self._fn.argtypes = [ctypes.POINTER(_DecodeModel), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                             ctypes.c_int64, ctypes.c_void_p]
-        self._fn.restype = ctypes.c_int
-        self.panel = panel_channels(library)  # it includes int8_matmul.c
-
-    def bind(self, layers: list[LayerWeights], first_norm: torch.Tensor, shape: DecodeShape,
-             dtype: torch.dtype) -> Callable[..., None]:
-        tensors = [first_norm]
-        for layer in layers:
-            tensors += [t for t in (*layer.qkv, *layer.o, *layer.gate_up, *layer.down) if t is not None]
-            tensors += [layer.post_attention_norm, layer.next_norm, layer.k_cache, layer.v_cache]
-        if dtype not in DTYPES or any(t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
-            raise ValueError("decode layers: contiguous CPU tensors in bf16 or float32 expected")
-        q_dim, kv_dim = shape.q_heads * shape.head_dim, shape.kv_heads * shape.head_dim
-        expected = {"qkv": (q_dim + 2 * kv_dim, shape.hidden), "o": (shape.hidden, q_dim),
-                    "gate_up": (2 * shape.intermediate, shape.hidden), "down": (shape.hidden, shape.intermediate)}
-        for layer in layers:  # the C code trusts these shapes
-            for name, (n, k) in expected.items():
-                weight, scales, panels = getattr(layer, name)
-                if (weight.shape != (n, k) or k % LANES or weight.dtype != torch.int8 or scales.shape != (n,)
-                        or (panels is not None and panels.numel() != -(-n // self.panel) * self.panel * k)):
-                    raise ValueError(f"decode layers: {name} weights {tuple(weight.shape)}, expected ({n}, {k})")
-            for cache in (layer.k_cache, layer.v_cache):
-                if cache.shape[1:] != (shape.kv_heads, shape.head_dim) or cache.dtype != dtype:
-                    raise ValueError(f"decode layers: a KV cache of {tuple(cache.shape)} {cache.dtype}")
-        table = (_DecodeLayer * len(layers))(*[_DecodeLayer(
-            *[_Int8Weights(w.data_ptr(), s.data_ptr(), None if p is None else p.data_ptr())
-              for w, s, p in (layer.qkv, layer.o, layer.gate_up, layer.down)],
-            layer.post_attention_norm.data_ptr(), layer.next_norm.data_ptr(), layer.k_cache.data_ptr(),
-            layer.v_cache.data_ptr()) for layer in layers])
-        model = _DecodeModel(len(layers), shape.hidden, shape.q_heads, shape.kv_heads, shape.head_dim,
-                             shape.intermediate, shape.block_size, shape.eps, shape.scale, dtype == torch.bfloat16,
-                             table)
-        fn, model_ref, norm = self._fn, ctypes.byref(model), first_norm.data_ptr()
-
-        def step(h: torch.Tensor, normed: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
-                 slots: torch.Tensor, block_ids: torch.Tensor, lens: torch.Tensor) -> None:
-            rows = h.shape[0]
-            if fn(model_ref, norm, rows, h.data_ptr(), normed.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(),
-                  slots.data_ptr(), block_ids.data_ptr(), block_ids.numel() // rows, lens.data_ptr()):
-                raise MemoryError("decode layers: no memory for their scratch buffers")
-
-        step.keep_alive = (table, model, tensors)  # the struct and the tensors it points into
-        return step
-
-
-@functools.cache
-def decode_layers() -> DecodeLayers | None:
-    """The native decode step's layers, built on the first call; None where not available."""
-    library = _library(LAYERS_SOURCE)
-    return None if library is None else DecodeLayers(library)
-
-
-@functools.cache
-def int8_matmul() -> Int8Matmul | None:
-    """The native int8 matmul, built on the first call; None where it is not available."""
-    library = _library(INT8_SOURCE)
-    return None if library is None else Int8Matmul(library)
-
-
-@functools.cache
-def decode_attention() -> DecodeAttention | None:
-    """The native decode attention, built on the first call; None where it is not available."""
-    library = _library(ATTENTION_SOURCE)
-    return None if library is None else DecodeAttention(library)
-
-
-@functools.cache
-def add_rms_norm() -> AddRmsNorm | None:
-    """The native residual add + RMSNorm, built on the first call; None where it is not available."""
-    library = _library(NORM_SOURCE)
-    return None if library is None else AddRmsNorm(library)
-
-
-def _library(source: Path) -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(str(build(source, cpu_isa())))
-    except Unavailable as exc:
-        log.info("%s is unavailable, torch's kernels run instead: %s", source.name, exc)
-    except OSError as exc:  # dlopen
-        log.warning("%s failed to load, torch's kernels run instead: %s", source.name, exc)
-    return None
 
 
 class Unavailable(RuntimeError):
     """This machine cannot build or run the native kernels."""
 
 
-def cpu_isa() -> str:
-    """The instruction set (a key of ISA_FLAGS) to build for on this CPU; Unavailable if none fits."""
+class Kernels:
+    """One build's ops, as OpOverloads (the cheapest call from Python); see native_ops.cpp:
+
+    int8_matmul(rows [M, K], weight int8 [N, K], scales float32 [N]) -> [M, N] in rows' dtype
+    int8_pack(weight [N, K]) -> panels; int8_gemm(rows, panels, scales, N) -> as int8_matmul
+    decode_attention(query [rows, q_heads, D], k_cache, v_cache [slots, kv_heads, D], block_ids
+        [rows * width] int64, lens [rows] int64, block_size, window (0: none), scale) -> [rows, q_heads, D]
+    add_rms_norm(h [rows, dim], delta or None, weight [dim], eps) -> norm of h (+ delta, written into h)
+    """
+
+    def __init__(self, isa: str) -> None:
+        ops = getattr(torch.ops, namespace(isa))
+        self.isa = isa
+        self.int8_matmul = ops.int8_matmul.default
+        self.int8_pack = ops.int8_pack.default
+        self.int8_gemm = ops.int8_gemm.default
+        self.decode_attention = ops.decode_attention.default
+        self.add_rms_norm = ops.add_rms_norm.default
+
+    @staticmethod
+    def supports_int8(weight: torch.Tensor, dtype: torch.dtype) -> bool:
+        """Whether int8_matmul can run a linear with these int8 weights on activations of `dtype`."""
+        return (weight.device.type == "cpu" and weight.dtype == torch.int8 and weight.dim() == 2
+                and weight.is_contiguous() and weight.shape[1] % LANES == 0 and dtype in DTYPES)
+
+    @staticmethod
+    def supports_attention(q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
+        """Whether decode_attention can serve a model with these heads in this dtype (CPU tensors)."""
+        return dtype in DTYPES and head_dim % LANES == 0 and head_dim <= MAX_HEAD_DIM and q_heads % kv_heads == 0
+
+
+def namespace(isa: str) -> str:
+    return f"conduit_{isa.lower()}"
+
+
+def runnable_isas() -> list[str]:
+    """The builds this CPU executes, best first (an AVX-512 CPU runs the AVX2 build too)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return []
     capability = torch.backends.cpu.get_cpu_capability()
-    if platform.machine() not in ("x86_64", "AMD64") or capability not in ISA_FLAGS:
-        raise Unavailable(f"needs an x86-64 CPU with AVX-512 or AVX2 (this is {platform.machine()}, {capability})")
-    return capability
+    isas = []
+    if capability == "AVX512" and torch.cpu._is_avx512_bf16_supported():
+        isas.append("AVX512_BF16")
+    if capability == "AVX512":
+        isas.append("AVX512")
+    if capability in ("AVX512", "AVX2"):
+        isas.append("AVX2")
+    return isas
 
 
-def build(source: Path, isa: str) -> Path:
-    """The shared library of `source` for `isa`, compiled into the cache unless there already (the
-    name holds a hash of the sources and the flags, so an image can ship them prebuilt and need no
-    compiler)."""
-    flags = (*CFLAGS, *ISA_FLAGS[isa])
-    texts = [path.read_text() for path in (source, SIMD_HEADER, *INCLUDED.get(source, ()))]
-    key = hashlib.sha256("\0".join([*texts, *flags]).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"{source.stem}-{isa.lower()}-{key}.so"
+@functools.cache
+def kernels() -> Kernels | None:
+    """The best build this CPU runs that can be had (built on the first call, or prebuilt: an image
+    built on an AVX2 machine ships only the AVX2 build, which an AVX-512 CPU without a compiler
+    then loads); None where none is available."""
+    isas = runnable_isas()
+    if not isas:
+        log.info("native kernels unavailable, torch's kernels run instead: they need an x86-64 CPU with AVX-512 "
+                 "or AVX2 (this is %s, %s)", platform.machine(), torch.backends.cpu.get_cpu_capability())
+        return None
+    for isa in isas:
+        try:
+            return load(isa)
+        except Unavailable as exc:
+            log.info("native %s build unavailable: %s", isa, exc)
+        except OSError as exc:  # dlopen
+            log.warning("native %s build failed to load: %s", isa, exc)
+    log.info("native kernels unavailable, torch's kernels run instead")
+    return None
+
+
+@functools.cache
+def load(isa: str) -> Kernels:
+    """`isa`'s build, built unless in the cache, loaded, with its ops' fake functions registered."""
+    torch.ops.load_library(str(build(isa)))
+    _register_fakes(namespace(isa))
+    return Kernels(isa)
+
+
+def _register_fakes(ns: str) -> None:
+    """Output shapes for torch.compile's fake tensors (the ops' CPU kernels read data)."""
+    ops = getattr(torch.ops, ns)
+    panel = ops.int8_panel()
+
+    @torch.library.register_fake(f"{ns}::int8_matmul")
+    def _(rows, weight, scales):
+        return rows.new_empty(rows.shape[0], weight.shape[0])
+
+    @torch.library.register_fake(f"{ns}::int8_pack")
+    def _(weight):
+        return weight.new_empty(-(-weight.shape[0] // panel), weight.shape[1], panel)
+
+    @torch.library.register_fake(f"{ns}::int8_gemm")
+    def _(rows, packed, scales, n):
+        return rows.new_empty(rows.shape[0], n)
+
+    @torch.library.register_fake(f"{ns}::decode_attention")
+    def _(query, k_cache, v_cache, block_ids, lens, block_size, window, scale):
+        return query.new_empty(query.shape)
+
+    @torch.library.register_fake(f"{ns}::add_rms_norm")
+    def _(h, delta, weight, eps):
+        return torch.empty_like(h)
+
+
+def build(isa: str) -> Path:
+    """The ops library of `isa`'s build, compiled into the cache unless there already (the name
+    holds a hash of the sources, the flags and torch's version, so an image can ship it prebuilt
+    and need no compiler)."""
+    if isa not in ISA_FLAGS:
+        raise Unavailable(f"no build {isa!r}; builds: {', '.join(ISA_FLAGS)}")
+    texts = [path.read_text() for path in (*KERNEL_SOURCES, OPS_SOURCE, *HEADERS)]
+    key = hashlib.sha256("\0".join([*texts, *CFLAGS, *CXXFLAGS, *ISA_FLAGS[isa], torch.__version__]).encode())
+    target = cache_dir() / "kernels" / f"conduit_ops-{isa.lower()}-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise Unavailable("no C compiler (cc, gcc or $CC) on PATH")
+    cc = _compiler("CC", "cc", "gcc")
+    cxx = _compiler("CXX", "c++", "g++")
     target.parent.mkdir(parents=True, exist_ok=True)
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    includes = [f"-I{path}" for path in cpp_extension.include_paths()]
+    libraries = [arg for path in cpp_extension.library_paths() for arg in (f"-L{path}", f"-Wl,-rpath,{path}")]
     # Built beside the target, then renamed: engines starting together never load a half-written file.
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        objects = []
+        for source in KERNEL_SOURCES:
+            objects.append(str(Path(scratch) / f"{source.stem}.o"))
+            _run([cc, *CFLAGS, *ISA_FLAGS[isa], "-c", str(source), "-o", objects[-1]])
         built = Path(scratch) / target.name
-        _run([compiler, *flags, str(source), "-o", str(built)])
+        _run([cxx, *CXXFLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DCONDUIT_OPS={namespace(isa)}", *includes,
+              str(OPS_SOURCE), *objects, *libraries, "-lc10", "-ltorch_cpu", "-o", str(built)])
         os.replace(built, target)
-    log.info("built %s with %s", target, compiler)
+    log.info("built %s", target)
     return target
+
+
+def _compiler(variable: str, *names: str) -> str:
+    found = os.environ.get(variable) or next(filter(None, map(shutil.which, names)), None)
+    if not found:
+        raise Unavailable(f"no compiler ({', '.join(names)} or ${variable}) on PATH")
+    return found
 
 
 def _run(command: list[str]) -> None:
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise Unavailable(f"{command[0]} failed to run: {exc}") from exc
     if done.returncode:
@@ -372,13 +233,18 @@ def _run(command: list[str]) -> None:
 
 
 def main() -> None:
-    """Build every kernel for every instruction set into the cache (container images run this at
-    build time: the CPU that runs the image may differ from the one that built it), a compiler
-    per core at once."""
-    jobs = [(source, isa) for source in SOURCES for isa in ISA_FLAGS]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
-        for target in pool.map(lambda job: build(*job), jobs):
-            print(target)
+    """Build every build this CPU runs into the cache, at once (container images and `make test` run
+    this ahead: an engine on a CPU that runs none of these builds runs torch's kernels)."""
+    isas = runnable_isas()
+    if not isas:  # nothing to build: not an error (the engine runs torch's kernels)
+        print(f"no native build runs on this CPU ({platform.machine()}, {torch.backends.cpu.get_cpu_capability()})")
+        return
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(isas)) as pool:
+            for target in pool.map(build, isas):
+                print(target)
+    except Unavailable as exc:
+        raise SystemExit(f"native kernels not built: {exc}") from exc
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 /* The residual add and the RMSNorm after it, in one call, for x86-64 CPUs with AVX-512 or AVX2
- * (simd.h; built and loaded by native.py):
+ * (simd.h; bound as a torch op by native_ops.cpp, built by native.py):
  *
  *     h = h + delta                                    (in place, rounded to h's type; delta may be NULL)
  *     out = weight * to_type(h * 1 / sqrt(mean(h^2) + eps))
@@ -16,6 +16,7 @@
  */
 #include <math.h>
 
+#include "kernels.h"
 #include "simd.h"
 
 /* The value as the type rounds it (bf16: to nearest even, as torch converts). */

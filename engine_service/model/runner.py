@@ -67,14 +67,12 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
                  block_size: int, num_blocks: int, max_positions: int,
                  quantization: str | None = None, deterministic: bool = False, lean_forward: bool = True,
-                 native_kernels: bool = True, native_decode_step: bool = True) -> None:
+                 native_kernels: bool = True) -> None:
         """quantization: see linear.QUANTIZATIONS (None: the default for the device and dtype);
         deterministic: a sequence's results never depend on the batch it runs in;
         lean_forward: Llama models run model/llama.py's forward (False: transformers', for comparison);
         native_kernels: int8 linears, decode attention and the lean forward's add + RMSNorm run
-        model/native.py's kernels where they build (False: torch's);
-        native_decode_step: a Llama decode-only step runs all its layers in one native call where the
-        model fits it (False: the lean forward's torch ops, for comparison)."""
+        model/native.py's kernels where they build (False: torch's)."""
         self.model = model
         install_rotary_table(model, max_positions, device)
         lean = lean_forward and llama.supports(model)
@@ -82,14 +80,14 @@ class ModelRunner:
             llama.fuse_projections(model)  # before quantizing: fused linears are quantized like the rest
         self.quantization = resolve_quantization(quantization, device, dtype, deterministic)
         native_on_cpu = native_kernels and device.type == "cpu"
-        native_int8 = native.int8_matmul() if native_on_cpu and self.quantization == "int8" else None
+        kernels = native.kernels() if native_on_cpu else None
+        native_int8 = kernels if self.quantization == "int8" else None
         # Low-bit linears run bf16 copies for prompt chunks and big steps, unless deterministic.
         self.full_weights = None if deterministic else FullWeightsSwitch(low_bit_max_rows(dtype, native_int8))
         if device.type == "cpu":
             quantize_linears(model, self.quantization, self.full_weights, native_int8)
         self.int8_kernel = "native" if native_int8 is not None else "torch"
-        native_norm = native.add_rms_norm() if native_on_cpu and dtype in native.DTYPES else None
-        self.lean = llama.LeanLlama(model, native_norm) if lean else None
+        self.lean = llama.LeanLlama(model, kernels if dtype in native.DTYPES else None) if lean else None
         self.pads_single_rows = one_row_rounds_differently(model)
         self.device = device
         config = model.config
@@ -100,13 +98,9 @@ class ModelRunner:
             dtype=dtype, device=device,
         )
         # Decided once for the model; a softcapped layer still takes torch's path (attention.py).
-        fits = native.DecodeAttention.supports(config.num_attention_heads, config.num_key_value_heads, head_dim, dtype)
-        self.decode_attention = native.decode_attention() if native_on_cpu and fits else None
-        # Decode-only steps run all the layers in one native call, where the model fits it (llama.py).
-        wanted = native_decode_step and self.lean and self.full_weights and self.decode_attention
-        layers_kernel = native.decode_layers() if wanted else None
-        self.native_decode_layers = layers_kernel is not None and self.lean.bind_decode_layers(
-            layers_kernel, self.cache, self.full_weights)
+        fits = native.Kernels.supports_attention(config.num_attention_heads, config.num_key_value_heads, head_dim,
+                                                 dtype)
+        self.decode_attention = kernels.decode_attention if kernels is not None and fits else None
         self.block_size = block_size
         # The last block is never handed out: padding tokens write there.
         self.scratch_block = num_blocks - 1

@@ -1,6 +1,6 @@
 /* float32 vectors for the native kernels (int8_matmul.c, decode_attention.c, rms_norm.c): 16 lanes
  * on a build for AVX-512, else 8 lanes on AVX2 with FMA; and loads and stores of bf16 or float32
- * arrays. native.py builds each kernel once per instruction set and loads the one this CPU runs. A
+ * arrays. native.py builds the kernels once per instruction set this CPU runs and loads the best. A
  * kernel's results depend on the build (the lane count orders its sums), never on the batch or the
  * thread count.
  */
