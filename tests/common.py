@@ -3,8 +3,7 @@ answer, and helpers to ask them through the openai SDK and read streamed answers
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import importlib
 import types
 from typing import Any
 
@@ -79,16 +78,18 @@ def assert_same_greedy_until_near_tie(reference: list[Any], other: list[Any]) ->
     return compared
 
 
+class _LazyModule(types.ModuleType):
+    """A module imported at the first use of one of its public names: collectors probe every name
+    in a test module (pytest's `__test__`, plugins' private marks), and those probes must not import it."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(importlib.import_module(self.__name__), name)
+
+
 def lazy_module(name: str) -> types.ModuleType:
-    """`name`, imported at its first attribute access: an SDK only some tests of a module use costs
-    its import (~1 s for anthropic or the Agents SDK) to those tests, not to every test run's
+    """`name`, imported at its first use: an SDK only some tests of a module use costs its import
+    (~1 s for anthropic, the Agents SDK or pydantic-ai) to those tests, not to every test run's
     collection (each xdist worker collects every module)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    loader = importlib.util.LazyLoader(spec.loader)
-    spec.loader = loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    return module
+    return _LazyModule(name)

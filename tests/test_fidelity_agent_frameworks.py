@@ -21,14 +21,14 @@ import jsonschema
 import openai
 import pydantic
 import pytest
-from pydantic_ai import Agent as PydanticAgent
-from pydantic_ai.models.openai import OpenAIChatModel
-from pydantic_ai.providers.openai import OpenAIProvider
 
 from clients.launch import Stack
 from common import MODEL, lazy_module
 
 agents = lazy_module("agents")
+pydantic_ai = lazy_module("pydantic_ai")
+pydantic_ai_models = lazy_module("pydantic_ai.models.openai")
+pydantic_ai_providers = lazy_module("pydantic_ai.providers.openai")
 
 pytestmark = pytest.mark.model
 
@@ -117,11 +117,12 @@ def test_instructor_streams_a_nested_model(instructor_client: instructor.Instruc
     Basket.model_validate(partials[-1].model_dump())
 
 
-def pydantic_agent(stack: Stack) -> PydanticAgent:
+def pydantic_agent(stack: Stack) -> pydantic_ai.Agent:
     """pydantic-ai's default output mode: the output type is a tool the model must call. (One per
     test: its async client belongs to the event loop it first ran in.)"""
-    model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=stack.base_url, api_key="unused"))
-    return PydanticAgent(model, output_type=Basket, model_settings={"temperature": 0, "max_tokens": 100})
+    provider = pydantic_ai_providers.OpenAIProvider(base_url=stack.base_url, api_key="unused")
+    model = pydantic_ai_models.OpenAIChatModel(MODEL, provider=provider)
+    return pydantic_ai.Agent(model, output_type=Basket, model_settings={"temperature": 0, "max_tokens": 100})
 
 
 def test_pydantic_ai_output_type_is_a_nested_model(stack: Stack) -> None:
