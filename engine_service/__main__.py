@@ -137,6 +137,7 @@ def main() -> None:
     configure_logging(args.log_level, args.log_format)
     import torch  # after logging is set up; slow to import
 
+    from conduit.common.memory import release_freed_memory
     from engine_service.core.faults import FAULT_INJECT_ENV, FaultInjectingRunner
     from engine_service.core.metrics import EngineMetrics
     from engine_service.model.loader import load_model
@@ -156,6 +157,7 @@ def main() -> None:
                           native_kernels=args.native_kernels, stream_interval=args.stream_interval)
     metrics = EngineMetrics(loaded.model_id) if args.metrics_port else None
     engine = Engine(loaded, config, metrics)
+    release_freed_memory()  # what loading and quantizing freed (~350 MB for the default model)
     if marker := os.environ.get(FAULT_INJECT_ENV):  # tests of failure handling only
         logging.getLogger(__name__).warning("fault injection is ON (%s): steps holding a prompt with %r will fail",
                                             FAULT_INJECT_ENV, marker)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import pytest
 
 from clients import AsyncEngineClient, EngineClient
 from clients.launch import Stack, free_port
+from conduit.common.memory import release_freed_memory
 from fake_engine import FakeEngineServer
 
 # Headless chromium on a machine without a network: without the background-networking flags it
@@ -65,8 +67,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("slow") or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.model)
-        used = set(getattr(item, "fixturenames", ())) & set(SESSION_STACKS)
-        stacks_by_module.setdefault(_module(item), set()).update(used)
+        stacks_by_module.setdefault(_module(item), set()).update(_session_stacks_used(item))
     groups_file = os.environ.get(GROUPS_FILE_ENV)
     if groups_file and hasattr(config, "workerinput"):
         groups = {module: SESSION_STACKS_GROUP if stacks else module for module, stacks in stacks_by_module.items()}
@@ -76,6 +77,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     return (yield)
 
 
+def _session_stacks_used(item: pytest.Item) -> set[str]:
+    """The session stacks `item` uses (a module's own fixture of the same name is not one)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return set()
+    return {name for name in SESSION_STACKS
+            if name in info.name2fixturedefs and info.name2fixturedefs[name][-1].scope == "session"}
+
+
 def _give_each_item_its_own_id(items: list[pytest.Item]) -> None:
     """schemathesis's items (one per API operation, tests/test_*_fuzz.py) carry the operation in their
     name but not in their id under pytest 9, so all of a test's operations shared one id, and xdist,
@@ -83,6 +93,13 @@ def _give_each_item_its_own_id(items: list[pytest.Item]) -> None:
     for item in items:
         if item.name.endswith("]") and "[" in item.name and item._id.params is None:
             item._id = item._id.with_params(item.name[item.name.index("[") + 1:-1])
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After a module: hand back to the OS what its in-process models freed (a worker held ~2 GB)."""
+    if nextitem is None or _module(nextitem) != _module(item):
+        gc.collect()
+        release_freed_memory()
 
 
 def pytest_configure(config: pytest.Config) -> None:
