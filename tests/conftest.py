@@ -68,6 +68,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("slow") or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.model)
         stacks_by_module.setdefault(_module(item), set()).update(_session_stacks_used(item))
+    with_model = {_module(item) for item in items if item.get_closest_marker("model")}
+    # The order the workers take modules in: the session stacks' (the longest unit), then those that
+    # run a model (long ones), then the rest, short, which even out the two workers at the end.
+    items.sort(key=lambda item: (not stacks_by_module[_module(item)], _module(item) not in with_model))
     groups_file = os.environ.get(GROUPS_FILE_ENV)
     if groups_file and hasattr(config, "workerinput"):
         groups = {module: SESSION_STACKS_GROUP if stacks else module for module, stacks in stacks_by_module.items()}
@@ -110,10 +114,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """xdist's module-scope scheduling, with the modules on the session stacks as one unit (the
-    largest, so sent first). Its own `loadgroup` would do this with markers, but it marks test ids
-    in a way pytest 9 no longer reads."""
+    """xdist's module-scope scheduling, with the modules on the session stacks as one unit, and the
+    units in collection order (pytest_collection_modifyitems's), not by their number of tests. Its
+    own `loadgroup` would group with markers, but it marks test ids in a way pytest 9 no longer reads."""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class ModuleGroups(LoadScopeScheduling):
         groups: dict[str, str] | None = None

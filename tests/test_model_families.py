@@ -9,6 +9,7 @@ launcher serving the Gemma GGUF, and chat on a model without a chat template."""
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from clients.launch import Stack
+from conduit.common.memory import release_freed_memory
 from conduit.v1 import engine_pb2 as pb
 from engine_service.core.engine import Engine, EngineConfig
 from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReason
@@ -91,6 +93,16 @@ def engine_greedy(engine: Engine, prompts: list[list[int]]) -> list[Completion]:
     for sink in results:
         assert sink.done.wait(timeout=240), "the engine did not finish in time"
     return results
+
+
+
+@pytest.fixture(autouse=True)
+def hand_back_each_tests_models() -> Iterator[None]:
+    """A float32 model here is up to ~1 GB, held by a cycle once its test is done: free it and hand
+    the memory back before the next test (which may start an engine process beside this one)."""
+    yield
+    gc.collect()
+    release_freed_memory()
 
 
 @contextmanager
@@ -246,22 +258,12 @@ def gemma_expected(gemma_prompts: dict[str, list[int]]) -> list[Completion]:
     return golden_greedy("gemma3_greedy", list(gemma_prompts.values()))
 
 
-def test_gemma3_matches_transformers(gemma_gguf, gemma_prompts, gemma_expected, gemma_tokenizer):
-    # Prompt chunks of 128 tokens: the sliding layers of later chunks read only the blocks in their window.
-    with running_engine(str(gemma_gguf), max_batch_size=8, max_step_tokens=128, kv_cache_tokens=4096,
-                        max_model_len=1024) as engine:
-        check_matches_transformers(engine, list(gemma_prompts.values()), gemma_expected,
-                                   [gemma_tokenizer("Hello")["input_ids"]], golden=True)
-        # The GGUF carries no chat template: chat is refused, naming the flag that gives one.
-        chat = pb.ChatInput(messages=[pb.ChatMessage(role="user", content="Hi")])
-        with pytest.raises(InvalidRequest, match="no chat template.*--chat-template"):
-            render_chat(engine.tokenizer, chat)
-
-
 def test_gemma3_gguf_served_by_the_launcher(gemma_gguf, gemma_prompts, gemma_expected, gemma_tokenizer,
                                             tmp_path: Path):
     """`python -m clients.launch --model gemma-3-270m-q4_k_m.gguf -- --dtype float32 --chat-template F`:
-    completions equal transformers' greedy generate, and chat goes through the given template."""
+    completions equal transformers' greedy generate, and chat goes through the given template.
+    (Before the in-process test below: its float32 Gemma would still be in this process's heap
+    beside the launched engine's, ~6 GB with both.)"""
     model = "gemma-3-270m-q4_k_m"
     template = tmp_path / "turns.jinja"
     template.write_text("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
@@ -283,6 +285,18 @@ def test_gemma3_gguf_served_by_the_launcher(gemma_gguf, gemma_prompts, gemma_exp
         assert answer.choices[0].finish_reason in ("stop", "length")
         assert answer.usage.prompt_tokens == len(gemma_tokenizer(
             "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n")["input_ids"])
+
+
+def test_gemma3_matches_transformers(gemma_gguf, gemma_prompts, gemma_expected, gemma_tokenizer):
+    # Prompt chunks of 128 tokens: the sliding layers of later chunks read only the blocks in their window.
+    with running_engine(str(gemma_gguf), max_batch_size=8, max_step_tokens=128, kv_cache_tokens=4096,
+                        max_model_len=1024) as engine:
+        check_matches_transformers(engine, list(gemma_prompts.values()), gemma_expected,
+                                   [gemma_tokenizer("Hello")["input_ids"]], golden=True)
+        # The GGUF carries no chat template: chat is refused, naming the flag that gives one.
+        chat = pb.ChatInput(messages=[pb.ChatMessage(role="user", content="Hi")])
+        with pytest.raises(InvalidRequest, match="no chat template.*--chat-template"):
+            render_chat(engine.tokenizer, chat)
 
 
 def compute_goldens() -> dict[str, list[dict]]:
