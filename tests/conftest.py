@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,17 +69,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("slow") or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.model)
         stacks_by_module.setdefault(_module(item), set()).update(_session_stacks_used(item))
-    with_model = {_module(item) for item in items if item.get_closest_marker("model")}
-    # The order the workers take modules in: the session stacks' (the longest unit), then those that
-    # run a model (long ones), then the rest, short, which even out the two workers at the end.
-    items.sort(key=lambda item: (not stacks_by_module[_module(item)], _module(item) not in with_model))
     groups_file = os.environ.get(GROUPS_FILE_ENV)
     if groups_file and hasattr(config, "workerinput"):
         groups = {module: SESSION_STACKS_GROUP if stacks else module for module, stacks in stacks_by_module.items()}
         partial = f"{groups_file}.{config.workerinput['workerid']}"
         Path(partial).write_text(json.dumps(groups))
         os.replace(partial, groups_file)  # both workers write the same: whole, either one
-    return (yield)
+    yield
+    # The order the workers take the selected modules in: the session stacks' (the longest unit),
+    # then those that run a model (few tests can take long there), each kind by its number of tests,
+    # so the short ones even out the two workers at the end.
+    with_model = Counter(_module(item) for item in items if item.get_closest_marker("model"))
+    selected = Counter(_module(item) for item in items)
+    items.sort(key=lambda item: (not stacks_by_module[_module(item)], not with_model[_module(item)],
+                                 -selected[_module(item)]))
 
 
 def _session_stacks_used(item: pytest.Item) -> set[str]:
