@@ -77,12 +77,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         os.replace(partial, groups_file)  # both workers write the same: whole, either one
     yield
     # The order the workers take the selected modules in: the session stacks' (the longest unit),
-    # then those that run a model (few tests can take long there), each kind by its number of tests,
-    # so the short ones even out the two workers at the end.
+    # then the others that run a model (in file order: a few tests can take long there), then the
+    # rest by their number of tests, the short ones evening out the two workers at the end.
     with_model = Counter(_module(item) for item in items if item.get_closest_marker("model"))
     selected = Counter(_module(item) for item in items)
     items.sort(key=lambda item: (not stacks_by_module[_module(item)], not with_model[_module(item)],
-                                 -selected[_module(item)]))
+                                 0 if with_model[_module(item)] else -selected[_module(item)]))
 
 
 def _session_stacks_used(item: pytest.Item) -> set[str]:

@@ -258,19 +258,32 @@ def gemma_expected(gemma_prompts: dict[str, list[int]]) -> list[Completion]:
     return golden_greedy("gemma3_greedy", list(gemma_prompts.values()))
 
 
+def test_gemma3_matches_transformers(gemma_gguf, gemma_prompts, gemma_expected, gemma_tokenizer):
+    # Prompt chunks of 128 tokens: the sliding layers of later chunks read only the blocks in their window.
+    with running_engine(str(gemma_gguf), max_batch_size=8, max_step_tokens=128, kv_cache_tokens=4096,
+                        max_model_len=1024) as engine:
+        check_matches_transformers(engine, list(gemma_prompts.values()), gemma_expected,
+                                   [gemma_tokenizer("Hello")["input_ids"]], golden=True)
+        # The GGUF carries no chat template: chat is refused, naming the flag that gives one.
+        chat = pb.ChatInput(messages=[pb.ChatMessage(role="user", content="Hi")])
+        with pytest.raises(InvalidRequest, match="no chat template.*--chat-template"):
+            render_chat(engine.tokenizer, chat)
+
+
 def test_gemma3_gguf_served_by_the_launcher(gemma_gguf, gemma_prompts, gemma_expected, gemma_tokenizer,
                                             tmp_path: Path):
     """`python -m clients.launch --model gemma-3-270m-q4_k_m.gguf -- --dtype float32 --chat-template F`:
-    completions equal transformers' greedy generate, and chat goes through the given template.
-    (Before the in-process test below: its float32 Gemma would still be in this process's heap
-    beside the launched engine's, ~6 GB with both.)"""
+    completions equal transformers' greedy generate, and chat goes through the given template."""
     model = "gemma-3-270m-q4_k_m"
     template = tmp_path / "turns.jinja"
     template.write_text("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
                         "{{ m['content'] }}<end_of_turn>\n{% endfor %}"
                         "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
     # One torch thread: on a busy shared CPU, two OpenMP threads made each request several times slower here.
-    flags = ["--dtype", "float32", "--quantization", "none", "--threads", "1", "--chat-template", str(template)]
+    # A 1024-token context, as the in-process test above: the KV cache holds at least one full-length
+    # sequence, and Gemma's 32k tokens in float32 took ~1.2 GB.
+    flags = ["--dtype", "float32", "--quantization", "none", "--threads", "1", "--max-model-len", "1024",
+             "--chat-template", str(template)]
     with Stack(model=str(gemma_gguf), engine_args=flags, startup_timeout=180) as stack, \
             openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=180) as client:
         assert [m.id for m in client.models.list().data] == [model]
@@ -285,18 +298,6 @@ def test_gemma3_gguf_served_by_the_launcher(gemma_gguf, gemma_prompts, gemma_exp
         assert answer.choices[0].finish_reason in ("stop", "length")
         assert answer.usage.prompt_tokens == len(gemma_tokenizer(
             "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n")["input_ids"])
-
-
-def test_gemma3_matches_transformers(gemma_gguf, gemma_prompts, gemma_expected, gemma_tokenizer):
-    # Prompt chunks of 128 tokens: the sliding layers of later chunks read only the blocks in their window.
-    with running_engine(str(gemma_gguf), max_batch_size=8, max_step_tokens=128, kv_cache_tokens=4096,
-                        max_model_len=1024) as engine:
-        check_matches_transformers(engine, list(gemma_prompts.values()), gemma_expected,
-                                   [gemma_tokenizer("Hello")["input_ids"]], golden=True)
-        # The GGUF carries no chat template: chat is refused, naming the flag that gives one.
-        chat = pb.ChatInput(messages=[pb.ChatMessage(role="user", content="Hi")])
-        with pytest.raises(InvalidRequest, match="no chat template.*--chat-template"):
-            render_chat(engine.tokenizer, chat)
 
 
 def compute_goldens() -> dict[str, list[dict]]:
