@@ -131,3 +131,20 @@ def test_a_failed_step_with_one_suspect_fails_the_suspect_and_rewinds_the_rest(t
     assert list(told) == ["a"] and told["a"][0].finish_reason is FinishReason.ERROR
     assert "b" in parts.requests and parts.scheduler.suspects == set()
     assert parts.good_step() == ["b"]
+
+
+def test_a_failed_step_with_a_suspect_and_a_new_arrival_blames_neither(tokenizer) -> None:
+    """The new arrival may be the one at fault: both are rewound and suspected, and the next steps
+    hold one of them at a time."""
+    parts = Parts(tokenizer)
+    parts.submit("a")
+    parts.submit("b")
+    parts.good_step()
+    parts.scheduler.suspects = {"a"}
+    parts.submit("new")
+    parts.told()
+    parts.failed_step()
+    finals = [event for events in parts.told().values() for event in events if isinstance(event, FinalEvent)]
+    assert finals == []  # nobody failed
+    assert all(request_id in parts.requests for request_id in ("a", "b", "new"))
+    assert {"a", "new"} <= parts.scheduler.suspects

@@ -1,7 +1,8 @@
 """What a failed step does: fail only the request at fault, and let the others go on.
 
 When it can tell which request is at fault it fails that one: a step of one request fails that
-request, and so does a step that held one suspect. Otherwise the step's requests are rewound
+request, and so does a step that held one suspect beside requests that have all had tokens through
+steps (not a new arrival, which may be the one at fault). Otherwise the step's requests are rewound
 (their cache is recomputed, as after a preemption) and become suspects, which later steps hold
 at most one of at a time (the scheduler's rule), so the next failure names one request. A
 suspect that gets a token through is cleared. Requests failed so end with FinishReason.ERROR
@@ -35,9 +36,12 @@ class StepRecovery:
         requests and suspect them all."""
         requests = {seq.request.request_id: seq.request for seq in batch.sequences()}
         suspects = [r for r in requests.values() if r.request_id in self.scheduler.suspects]
+        # Who else may be at fault beside a suspect: a request with no token through a step yet (one
+        # that arrived after the suspects were named); the others have passed steps since.
+        untried = [r for r in requests.values() if r not in suspects and r.sequences[0].num_output == 0]
         if len(requests) == 1:
             culprits = list(requests.values())
-        elif len(suspects) == 1:  # the scheduler lets at most one suspect into a step
+        elif len(suspects) == 1 and not untried:  # the scheduler lets at most one suspect into a step
             culprits = suspects
         else:
             culprits = []
