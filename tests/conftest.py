@@ -2,23 +2,43 @@
 
 from __future__ import annotations
 
+import ast
+import atexit
 import asyncio
 import gc
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import openai
-import pytest
+from typing import TYPE_CHECKING
 
-from clients import AsyncEngineClient, EngineClient
-from clients.launch import Stack, free_port
+import pytest
+from _pytest.mark.expression import Expression  # `-m`'s own parser (pytest_ignore_collect)
+
 from conduit.common.memory import release_freed_memory
-from fake_engine import FakeEngineServer
+
+# The fixtures import what they start: the controller process, which runs no test, then starts the
+# workers ~1 s sooner (the openai SDK alone takes 0.8 s to import).
+if TYPE_CHECKING:
+    import openai
+
+    from clients import AsyncEngineClient, EngineClient
+    from clients.launch import Stack
+    from fake_engine import FakeEngineServer
+
+# Bytecode, even where the environment says not to write it (PYTHONDONTWRITEBYTECODE, common in
+# containers and set on our CI machines): this process, the xdist workers and the engines and shims the
+# tests start, which inherit the environment. Without it every process compiled the project from
+# source and pytest re-did its assertion rewriting of the plugins it loads (schemathesis, hypothesis,
+# anyio: ~300 modules, 3.8 s a process). The files land in __pycache__ folders, which git ignores;
+# this process wrote none for what it imported before this line, which later runs then read.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # Headless chromium on a machine without a network: without the background-networking flags it
 # keeps trying to reach Google's services.
@@ -85,6 +105,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                  0 if with_model[_module(item)] else -selected[_module(item)]))
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A module that `-m` would deselect whole (by its module-level `pytestmark`) is not imported:
+    the fast tier imported the model tests' SDKs and the fuzzer only to deselect them (~3 s a worker)."""
+    if not config.option.markexpr or not collection_path.name.startswith("test_") or collection_path.suffix != ".py":
+        return None
+    marks = _module_marks(collection_path)
+    if "slow" in marks:
+        marks.add("model")  # as pytest_collection_modifyitems does
+    if marks and not Expression.compile(config.option.markexpr).evaluate(lambda name, **_: name in marks):
+        return True
+    return None
+
+
+def _module_marks(path: Path) -> set[str]:
+    """The names of the marks in a module's top-level `pytestmark = pytest.mark.X` (or a list of them)."""
+    for node in ast.parse(path.read_bytes()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            return {n.attr for n in ast.walk(node.value) if isinstance(n, ast.Attribute)
+                    and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"}
+    return set()
+
+
 def _session_stacks_used(item: pytest.Item) -> set[str]:
     """The session stacks `item` uses (a module's own fixture of the same name is not one)."""
     info = getattr(item, "_fixtureinfo", None)
@@ -103,17 +145,38 @@ def _give_each_item_its_own_id(items: list[pytest.Item]) -> None:
             item._id = item._id.with_params(item.name[item.name.index("[") + 1:-1])
 
 
+# Whether a test of the module running now was marked `model` (pytest_runtest_teardown).
+_RAN_A_MODEL = pytest.StashKey[bool]()
+
+
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """After a module: hand back to the OS what its in-process models freed (a worker held ~2 GB)."""
-    if nextitem is None or _module(nextitem) != _module(item):
+    """After a module that ran a model: hand back to the OS what its in-process models freed (a
+    worker held ~2 GB). Only then: a full collection over a worker's heap (torch, transformers, the
+    SDKs) takes ~0.4 s, which after every module was a third of the fast tier's test time."""
+    if item.get_closest_marker("model"):
+        item.session.stash[_RAN_A_MODEL] = True
+    if (nextitem is None or _module(nextitem) != _module(item)) and item.session.stash.get(_RAN_A_MODEL, False):
         gc.collect()
         release_freed_memory()
+        item.session.stash[_RAN_A_MODEL] = False
+
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput") and config.pluginmanager.hasplugin("xdist") \
             and config.getoption("numprocesses", None):
         os.environ[GROUPS_FILE_ENV] = os.path.join(tempfile.mkdtemp(prefix="conduit-test-groups-"), "groups.json")
+    if hasattr(config, "workerinput"):
+        atexit.register(_exit_now)  # early, so it runs after the exit handlers of what the tests import
+
+
+def _exit_now() -> None:
+    """A worker's last exit handler: it has reported every result, and its tests stopped every process
+    they started; what is left is the interpreter's teardown of a heap holding torch, transformers and
+    the SDKs, which took ~3 s that the controller, and so the whole run, waited for."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -139,6 +202,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeEngineServer]:
     """A scripted fake engine (tests/fake_engine.py) on loopback, for shim tests that need no model."""
+    from fake_engine import FakeEngineServer
+
     server = FakeEngineServer().start()
     yield server
     server.stop()
@@ -148,6 +213,8 @@ def fake() -> Iterator[FakeEngineServer]:
 def stack() -> Iterator[Stack]:
     """The default stack; its `base_url` is for the openai SDK, `engine_address` for gRPC, and
     `metrics_url` shows what the engine is doing."""
+    from clients.launch import Stack, free_port
+
     with Stack(metrics_port=free_port(), startup_timeout=STARTUP_TIMEOUT_S) as running:
         yield running
 
@@ -158,6 +225,8 @@ def single_slot_stack() -> Iterator[Stack]:
     next request, and a fourth concurrent request finds the queue full. Its shim writes a heartbeat
     after a second of silence (not 5): a queued stream's response starts, and a departed client is
     noticed, a heartbeat after the request."""
+    from clients.launch import Stack
+
     with Stack(engine_args=["--max-batch-size", "1", "--max-queue", "2"], shim_args=["--heartbeat-interval", "1"],
                startup_timeout=STARTUP_TIMEOUT_S) as running:
         yield running
@@ -188,12 +257,16 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 @pytest.fixture(scope="session")
 def openai_client(stack: Stack) -> Iterator[openai.OpenAI]:
     # No retries: a 429 or 5xx must show up in the test, not be hidden by the SDK.
+    import openai
+
     with openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120) as client:
         yield client
 
 
 @pytest.fixture(scope="session")
 def async_openai_client(stack: Stack, loop: asyncio.AbstractEventLoop) -> Iterator[openai.AsyncOpenAI]:
+    import openai
+
     client = openai.AsyncOpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120)
     yield client
     loop.run_until_complete(client.close())
@@ -201,12 +274,16 @@ def async_openai_client(stack: Stack, loop: asyncio.AbstractEventLoop) -> Iterat
 
 @pytest.fixture(scope="session")
 def engine_client(stack: Stack) -> Iterator[EngineClient]:
+    from clients import EngineClient
+
     with EngineClient(stack.engine_address, timeout=120) as client:
         yield client
 
 
 @pytest.fixture(scope="session")
 def async_engine_client(stack: Stack, loop: asyncio.AbstractEventLoop) -> Iterator[AsyncEngineClient]:
+    from clients import AsyncEngineClient
+
     async def connect() -> AsyncEngineClient:  # grpc.aio binds a channel to the loop it is made in
         return AsyncEngineClient(stack.engine_address, timeout=120)
 
