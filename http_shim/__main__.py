@@ -29,22 +29,11 @@ import argparse  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 
 from clients.engine_client import EngineClient  # noqa: E402
-from clients.replicas import split_addresses  # noqa: E402
 
 from .app import ENGINE_CHANNEL_OPTIONS, ShimConfig, create_app  # noqa: E402
 from conduit.common.logs import configure_logging  # noqa: E402
-from .options import (DEFAULT_ENGINE, build_parser, hardening_config, responses_store_config,  # noqa: E402
-                      routing_config)
+from .options import parse_args  # noqa: E402
 from .server import serve  # noqa: E402
-
-
-def _parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = build_parser()  # every flag and its environment variable (options.py)
-    args = parser.parse_args(argv)
-    args.engine = split_addresses(args.engine or [DEFAULT_ENGINE])
-    args.hardening = {**hardening_config(parser, args), **responses_store_config(parser, args),
-                      **routing_config(parser, args)}
-    return args
 
 
 def _engine_connector(args: argparse.Namespace) -> Callable[[str | Sequence[str]], EngineClient]:
@@ -63,7 +52,7 @@ def _engine_connector(args: argparse.Namespace) -> Callable[[str | Sequence[str]
 
 
 def main() -> None:
-    args = _parse_args()
+    args = parse_args()  # every flag and its environment variable (options.py)
     configure_logging(args.log_level, args.log_format)
     config = ShimConfig(
         engine=args.engine[0] if len(args.engine) == 1 else args.engine,

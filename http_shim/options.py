@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Sequence
 from typing import Any
+
+from clients.replicas import split_addresses
 
 from conduit.common.cli import EnvArgumentParser, prog_name
 from conduit.common.logs import LOG_FORMATS
@@ -26,6 +29,17 @@ from .server import DEFAULT_DRAIN_S
 DEFAULT_ENGINE = "127.0.0.1:50051"
 # A browser's Origin header: scheme, host and an optional port, nothing after.
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+", re.IGNORECASE)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The flags and variables, checked: a bad value ends the program with a usage error (exit 2).
+    `engine` becomes the list of addresses; `hardening` the ShimConfig fields the other flags give."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.engine = split_addresses(args.engine or [DEFAULT_ENGINE])
+    args.hardening = {**hardening_config(parser, args), **responses_store_config(parser, args),
+                      **routing_config(parser, args)}
+    return args
 
 
 def build_parser() -> EnvArgumentParser:

@@ -6,17 +6,17 @@ max_tokens, n, stop, messages and prompt characters, each a 400 naming the param
 from __future__ import annotations
 
 import hmac
+import io
 import json
 import socket
-import subprocess
-import sys
+from contextlib import redirect_stderr
 from urllib.parse import urlparse
 
 import openai
 import pytest
 
-from fake_engine import MODEL_ID, REPO_ROOT, start_shim, stop_process
-from http_shim import auth
+from fake_engine import MODEL_ID, start_shim, stop_process
+from http_shim import auth, options
 from test_shim_http import error_of, post, request, say
 
 BODY_LIMIT = 4000
@@ -115,9 +115,8 @@ def test_key_sources_are_merged_and_a_key_file_without_keys_is_refused(tmp_path)
     empty = tmp_path / "empty"
     empty.write_text("# nothing here\n\n")
     # The shim refuses to start rather than run open because a key file was empty.
-    result = subprocess.run([sys.executable, "-m", "http_shim", "--api-key-file", str(empty), "--port", "0"],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "holds no key" in result.stderr
+    code, message = usage_error(["--api-key-file", str(empty), "--port", "0"])
+    assert code == 2 and "holds no key" in message
 
 
 # ------------------------------------------------------------------ request body limit
@@ -257,6 +256,12 @@ def test_the_schema_states_the_caps(shim):
 
 
 def test_limits_beyond_the_engine_are_refused_at_start():
-    result = subprocess.run([sys.executable, "-m", "http_shim", "--max-n", "17", "--port", "0"],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "max_n" in result.stderr
+    code, message = usage_error(["--max-n", "17", "--port", "0"])
+    assert code == 2 and "max_n" in message
+
+
+def usage_error(argv: list[str]) -> tuple[int, str]:
+    """(exit code, message) of the shim's own parsing of `argv`, in this process: a usage error."""
+    with pytest.raises(SystemExit) as exited, redirect_stderr(io.StringIO()) as stderr:
+        options.parse_args(argv)
+    return exited.value.code, stderr.getvalue()
