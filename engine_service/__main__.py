@@ -24,9 +24,8 @@ if __name__ == "__main__":
     die_with_parent()
 
 from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
-from engine_service.core.engine import Engine, EngineConfig  # noqa: E402
+from engine_service.core.config import QUANTIZATIONS, EngineConfig  # noqa: E402
 from engine_service.core.pacing import AUTO_MAX_STREAM_INTERVAL, AUTO_STREAMS_PER_STEP  # noqa: E402
-from engine_service.model.linear import QUANTIZATIONS  # noqa: E402
 from conduit.common.cli import EnvArgumentParser, prog_name  # noqa: E402
 from conduit.common.logs import LOG_FORMATS, configure_logging  # noqa: E402
 from engine_service.serving.security import ServerSecurity, collect_tokens  # noqa: E402
@@ -138,6 +137,7 @@ def main() -> None:
     import torch  # after logging is set up; slow to import
 
     from conduit.common.memory import release_freed_memory
+    from engine_service.core.engine import Engine
     from engine_service.core.faults import FAULT_INJECT_ENV, FaultInjectingRunner
     from engine_service.core.metrics import EngineMetrics
     from engine_service.model.loader import load_model

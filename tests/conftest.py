@@ -232,6 +232,20 @@ def single_slot_stack() -> Iterator[Stack]:
         yield running
 
 
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """For a test running a model in the test process: torch on one thread. Beside the other worker and
+    the engines the tests start, torch's thread pool waits on preempted threads (the default model's
+    comparison in test_lean_llama.py took 9 to 24 s on two threads, 8.5 s on one). Tests of thread
+    invariance set their own counts."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Headless Debian chromium under Playwright (which never downloads a browser here)."""

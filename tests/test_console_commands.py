@@ -123,6 +123,14 @@ def test_a_bad_value_is_a_usage_error_naming_the_variable(command, name, value, 
     assert f"error: environment variable {name}: {message}" in capsys.readouterr().err
 
 
+def test_the_engines_command_line_answers_before_torch_loads():
+    """--help and a bad flag answer at once: parsing imports neither torch nor transformers."""
+    code = ("import sys; from engine_service import __main__ as m; m.parse_args(['--max-batch-size', '4']); "
+            "print('torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
 # ------------------------------------------------------------------ after `pip install .`
 
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine_service.core.engine import Engine, EngineConfig
+from engine_service.core.config import EngineConfig
+from engine_service.core.engine import Engine
 from engine_service.core.events import PromptEvent
 from engine_service.model.loader import load_model, resolve_model
 from test_model_families import NEW_TOKENS, SHORT_TEXT, Completion, engine_greedy, long_text, random_prompts

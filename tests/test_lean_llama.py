@@ -96,16 +96,10 @@ def test_lean_forward_fuses_projections_and_leaves_other_architectures_alone() -
 
 @pytest.mark.model
 @pytest.mark.parametrize("quantization", ["none", "int4"])
+@pytest.mark.usefixtures("one_torch_thread")
 def test_lean_forward_matches_transformers_on_the_default_model(quantization: str) -> None:
     from engine_service.model.loader import load_model
 
-    # One thread (as test_quantization.py's model): beside the other test worker and its engines,
-    # torch's thread pool waited on preempted threads and this took 9 to 24 s.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        loaded = load_model(None, device="cpu", dtype="bfloat16")
-        lean, plain = runners(loaded.model, loaded.dtype, quantization=quantization, native_kernels=False)
-        check_same_steps(lean, plain, loaded.model.config.vocab_size)
-    finally:
-        torch.set_num_threads(threads)
+    loaded = load_model(None, device="cpu", dtype="bfloat16")
+    lean, plain = runners(loaded.model, loaded.dtype, quantization=quantization, native_kernels=False)
+    check_same_steps(lean, plain, loaded.model.config.vocab_size)

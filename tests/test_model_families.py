@@ -24,7 +24,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from clients.launch import Stack
 from conduit.common.memory import release_freed_memory
 from conduit.v1 import engine_pb2 as pb
-from engine_service.core.engine import Engine, EngineConfig
+from engine_service.core.config import EngineConfig
+from engine_service.core.engine import Engine
 from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReason
 from engine_service.core.params import InvalidRequest, RequestParams, SamplingParams, StoppingParams
 from engine_service.core.sequence import Request
@@ -34,7 +35,7 @@ from engine_service.text.prompts import render_chat
 import goldens
 from model_configs import LONGROPE_PHI3, LONGROPE_SWITCH, SLIDING_WINDOW, TINY_CONFIGS, build_tiny_model
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("one_torch_thread")]
 
 NEW_TOKENS = 12
 # float32 on both sides; the engine's attention (paged, packed, SDPA per sequence) rounds differently

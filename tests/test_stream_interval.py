@@ -13,7 +13,8 @@ import pytest
 from clients.launch import Stack
 from conftest import STARTUP_TIMEOUT_S, TEST_KV_CACHE_GB
 from engine_service.__main__ import parse_args
-from engine_service.core.engine import Engine, EngineConfig
+from engine_service.core.config import EngineConfig
+from engine_service.core.engine import Engine
 from engine_service.core.pacing import auto_stream_interval
 from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReason
 from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
@@ -21,6 +22,8 @@ from engine_service.core.sequence import Request
 from engine_service.model.loader import load_model
 
 MAX_TOKENS = 13
+# The module's engine runs in this process (conftest.py's one_torch_thread says why).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class Recorder:
@@ -40,6 +43,7 @@ class Recorder:
 
     def chunks(self, index: int = 0) -> list[ChunkEvent]:
         return [e for call in self.calls for e in call if isinstance(e, ChunkEvent) and e.index == index]
+
 
 
 @pytest.fixture(scope="module")

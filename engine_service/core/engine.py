@@ -19,7 +19,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -28,6 +27,7 @@ from engine_service.core import prompt_logprobs
 from engine_service.core.admission import Admission
 from engine_service.core.block_manager import BlockManager
 from engine_service.core.choices import Choices
+from engine_service.core.config import EngineConfig
 from engine_service.core.events import FinishReason
 from engine_service.core.inbox import Inbox
 from engine_service.core.metrics import EngineMetrics, Load, StepRecorder
@@ -45,22 +45,6 @@ from engine_service.text.detokenizer import TokenTable
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class EngineConfig:
-    max_batch_size: int = 32
-    max_waiting: int = 256
-    max_step_tokens: int = 512  # decode tokens + prompt-chunk tokens per step
-    block_size: int = 16
-    kv_cache_tokens: int = 0  # 0: sized from kv_cache_gb
-    kv_cache_gb: float = 2.0
-    max_model_len: int = 0  # 0: the model's context length
-    enable_prefix_caching: bool = True  # share cached full prompt blocks across requests (block_manager.py)
-    quantization: str | None = None  # linear weights: none, int8, int4; None: the default (model/linear.py)
-    deterministic: bool = False  # a sequence's results never depend on the batch it runs in
-    native_kernels: bool = True  # int8 linears and decode attention on model/native.py's kernels where they build
-    # Steps whose tokens a request gathers before they are sent; 0: auto (core/pacing.py).
-    stream_interval: int = 0
 
 
 class Engine:

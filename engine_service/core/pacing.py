@@ -6,7 +6,10 @@ token at once costs the least latency. A request's first token and its end alway
 
 from __future__ import annotations
 
-from engine_service.core.sequence import Request
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the command line reads the constants below without loading torch
+    from engine_service.core.sequence import Request
 
 # Auto stream interval: about this many requests' messages per step however big the batch (the
 # relay's CPU per step stays bounded, and on a shared CPU that is the engine's), with text still
