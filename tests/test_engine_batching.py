@@ -250,16 +250,6 @@ def test_a_long_prompt_does_not_stall_running_streams(stub):
     assert during >= 3
 
 
-def test_kv_cache_exhaustion_preempts_and_every_request_still_finishes():
-    with Stack(engine_args=["--kv-cache-tokens", "320", "--max-batch-size", "8"]) as small:
-        with grpc.insecure_channel(small.engine_address) as channel:
-            stub = pb_grpc.EngineStub(channel)
-            requests = [chat(p, stopping=pb.StoppingParams(max_tokens=120, ignore_eos=True)) for p in PROMPTS[:5]]
-            results = run_concurrently(stub, requests)
-            assert [r["final"][0].completion_tokens for r in results] == [120] * 5
-            assert collect(stub, chat(PROMPTS[0], max_tokens=8))["final"][0].completion_tokens > 0
-
-
 def test_echo_with_zero_max_tokens_only_scores_the_prompt(stub):
     request = pb.GenerateRequest(text="Paris is the capital of France", echo=True, logprobs=True,
                                  stopping=pb.StoppingParams(max_tokens=0))
