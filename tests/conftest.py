@@ -199,6 +199,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return ModuleGroups(config, log)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def forked_stack_processes() -> Iterator[None]:
+    """The stacks the tests start (clients.launch.Stack) fork their engines and shims from processes
+    that imported them already (forked.py): an engine's start took ~7 s, ~4 s of it importing torch
+    and transformers, and the suite starts ~20."""
+    import clients.launch
+    import forked
+
+    clients.launch.spawn = forked.spawn
+    yield
+    clients.launch.spawn = forked.launch_spawn
+
+
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeEngineServer]:
     """A scripted fake engine (tests/fake_engine.py) on loopback, for shim tests that need no model."""

@@ -44,7 +44,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2
 
-import forked_shim
+import forked
 from conduit.common.lifetime import child_env
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
@@ -313,12 +313,12 @@ def start_shim(
     timeout_s: float = 60.0,
     stderr: int | IO | None = None,
     env: dict[str, str] | None = None,
-) -> tuple[forked_shim.ForkedShim, str]:
-    """Starts a shim (`python -m http_shim`, forked from one that has imported it: forked_shim.py)
+) -> tuple[forked.ForkedProcess, str]:
+    """Starts a shim (`python -m http_shim`, forked from one that has imported it: forked.py)
     on a free loopback port; returns the process and its base URL. `stderr=subprocess.PIPE`
     captures its logs (read them after it exits); `env` adds variables."""
     argv = ["--engine", engine_address, "--host", "127.0.0.1", "--port", "0", *extra_args]
-    process = forked_shim.start(argv, {**os.environ, **(env or {})}, REPO_ROOT, stderr)
+    process = forked.start("http_shim", argv, {**os.environ, **(env or {})}, REPO_ROOT, stderr)
     line = _first_line(process, timeout_s)
     match = re.search(r"http://[\d.]+:(\d+)", line)
     if not match:

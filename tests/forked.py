@@ -1,6 +1,6 @@
-"""The test side of shim_forkserver.py: `start(argv, env, stderr)` -> a process object that the
-tests use as they used subprocess.Popen's (pid, stdout, poll, wait, send_signal, terminate, kill,
-returncode)."""
+"""The test side of forkserver.py: `start(program, argv, env, cwd)` -> a process object that the tests
+use as they used subprocess.Popen's (pid, stdout, poll, wait, send_signal, terminate, kill,
+returncode); `spawn` is clients.launch.spawn's double, which forks the stacks' engines and shims."""
 
 from __future__ import annotations
 
@@ -16,33 +16,36 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from collections.abc import Mapping
 from typing import IO
 
+from clients.launch import REPO_ROOT
+from clients.launch import spawn as launch_spawn
 from conduit.common.lifetime import child_env
 
-SERVER = Path(__file__).with_name("shim_forkserver.py")
+SERVER = Path(__file__).with_name("forkserver.py")
+PROGRAMS = ("http_shim", "engine_service")
 _lock = threading.Lock()
-_server: tuple[subprocess.Popen, str] | None = None
+_servers: dict[str, tuple[subprocess.Popen, str]] = {}
 
 
-def _server_path() -> str:
-    """The fork server's socket, started on first use (one per test process, xdist worker)."""
-    global _server
+def _server_path(program: str) -> str:
+    """The program's fork server's socket, started on first use (one per test process, xdist worker)."""
     with _lock:
-        if _server is None or _server[0].poll() is not None:
-            path = os.path.join(tempfile.mkdtemp(prefix="conduit-shims-"), "fork.sock")
-            process = subprocess.Popen([sys.executable, str(SERVER), path], stdout=subprocess.PIPE, text=True,
-                                       env=child_env(), cwd=SERVER.parent.parent)
+        if program not in _servers or _servers[program][0].poll() is not None:
+            path = os.path.join(tempfile.mkdtemp(prefix=f"conduit-{program}-"), "fork.sock")
+            process = subprocess.Popen([sys.executable, str(SERVER), program, path], stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.PIPE, text=True, env=child_env(), cwd=REPO_ROOT)
             if process.stdout.readline().strip() != "ready":
                 process.kill()
-                raise RuntimeError(f"the shim fork server did not start (exit {process.wait()})")
+                raise RuntimeError(f"the {program} fork server did not start (exit {process.wait()})")
             atexit.register(process.kill)
-            _server = (process, path)
-        return _server[1]
+            _servers[program] = (process, path)
+        return _servers[program][1]
 
 
-class ForkedShim:
-    """A shim forked by the server. Its exit code comes over `conn` ("exit N"); a shim killed by a
+class ForkedProcess:
+    """A process forked by a server. Its exit code comes over `conn` ("exit N"); one killed by a
     signal closes it without one, and its code is then minus the last signal sent to it."""
 
     def __init__(self, conn: socket.socket, stdout: IO[str], stderr: IO[str] | None, args: list[str]) -> None:
@@ -56,7 +59,7 @@ class ForkedShim:
         self.pid = 0
         while not self.pid:
             if not self._read(None):
-                raise RuntimeError("the shim fork server closed the connection before the shim started")
+                raise RuntimeError(f"the fork server closed the connection before {args[0]} started")
 
     def _read(self, timeout: float | None) -> bool:
         """Takes what the connection has within `timeout`; False at its end."""
@@ -106,10 +109,15 @@ class ForkedShim:
         self.send_signal(signal.SIGKILL)
 
 
-def start(argv: list[str], env: dict[str, str], cwd: Path, stderr: int | IO | None = None) -> ForkedShim:
-    """`python -m http_shim ARGV` with `env` in `cwd`, forked from the server; stdout is a pipe (`.stdout`),
-    stderr this process's, a file's, or a pipe (`subprocess.PIPE`: `.stderr`)."""
-    out_read, out_write = os.pipe()
+def start(program: str, argv: list[str], env: dict[str, str], cwd: Path, stderr: int | IO | None = None,
+          stdout: IO | None = None) -> ForkedProcess:
+    """`python -m PROGRAM ARGV` with `env` in `cwd`, forked from the program's server; stdout a file's or
+    a pipe (`.stdout`), stderr this process's, a file's, or a pipe (`subprocess.PIPE`: `.stderr`)."""
+    out_read = None
+    if stdout is None:
+        out_read, out_write = os.pipe()
+    else:
+        out_write = os.dup(stdout.fileno())
     err_read = None
     if stderr == subprocess.PIPE:
         err_read, err_write = os.pipe()
@@ -117,11 +125,24 @@ def start(argv: list[str], env: dict[str, str], cwd: Path, stderr: int | IO | No
         err_write = os.dup(2 if stderr is None else stderr.fileno())
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.connect(_server_path())
+        conn.connect(_server_path(program))
         request = {"argv": argv, "env": env, "cwd": str(cwd)}
         socket.send_fds(conn, [json.dumps(request).encode()], [out_write, err_write])
     finally:
         os.close(out_write)
         os.close(err_write)
-    return ForkedShim(conn, os.fdopen(out_read, "r"), None if err_read is None else os.fdopen(err_read, "r"),
-                      ["http_shim", *argv])
+    return ForkedProcess(conn, None if out_read is None else os.fdopen(out_read, "r"),
+                         None if err_read is None else os.fdopen(err_read, "r"), [program, *argv])
+
+
+def spawn(cmd: list[str], log_path: Path, env: Mapping[str, str] | None = None,
+          append: bool = False) -> ForkedProcess | subprocess.Popen[bytes]:
+    """clients.launch.spawn for the tests' stacks: `python -m engine_service` and `python -m http_shim`
+    forked from their servers, with what spawn gives them (the log for both outputs, the environment,
+    the repository as the working folder, a session of its own); any other command as spawn runs it."""
+    if cmd[:2] != [sys.executable, "-m"] or cmd[2] not in PROGRAMS:
+        return launch_spawn(cmd, log_path, env, append)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab" if append else "wb") as log:
+        child = child_env({**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"})
+        return start(cmd[2], cmd[3:], child, REPO_ROOT, stderr=log, stdout=log)
