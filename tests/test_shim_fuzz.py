@@ -24,6 +24,9 @@ from fake_engine import MODEL_ID, FakeEngineServer, start_shim, stop_process
 from http_shim.openai_to_proto import DEFAULT_LIMITS
 from http_shim.openapi import openapi_document
 
+# schemathesis's pytest plugin, which turns a schema's `parametrize()` into tests: loaded here, for
+# these modules, rather than by every pytest process (pyproject.toml's `-p no:schemathesis`; ~0.45 s each).
+pytest_plugins = ["schemathesis.pytest.plugin"]
 pytestmark = pytest.mark.slow  # a fuzzer: `make test` and `make fuzz`, not the fast tier
 
 MAX_EXAMPLES = int(os.environ.get("CONDUIT_FUZZ_EXAMPLES", "10"))

@@ -21,6 +21,9 @@ from http_shim.openai_to_proto import RequestLimits
 from http_shim.openapi import openapi_document
 from test_shim_fuzz import MAX_EXAMPLES, PHASES, check_answer, load_schema
 
+# schemathesis's pytest plugin, which turns a schema's `parametrize()` into tests: loaded here, for
+# these modules, rather than by every pytest process (pyproject.toml's `-p no:schemathesis`; ~0.45 s each).
+pytest_plugins = ["schemathesis.pytest.plugin"]
 pytestmark = pytest.mark.model
 
 LIMITS = RequestLimits(max_tokens=8, max_n=2)
