@@ -99,7 +99,7 @@ def test_drain_refuses_new_work_finishes_running_work_then_exits_0(fake):
 
 
 def test_past_the_deadline_running_work_ends_with_an_error_never_done(fake):
-    process, url = started_shim(fake, "--drain-seconds", "1")
+    process, url = started_shim(fake, "--drain-seconds", "0.5")
     try:
         sock = open_raw_stream(url, {"model": MODEL_ID, "messages": say("long:100000"), "stream": True})
         read_until(sock, b'"content":" t1"')

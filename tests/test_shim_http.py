@@ -313,7 +313,7 @@ def test_stream_headers_and_framing(shim):
 
 def test_heartbeats_while_the_engine_is_silent(shim, client):
     status, _, raw = post(
-        shim, "/v1/chat/completions", {"model": MODEL_ID, "messages": say("slow:0.8"), "stream": True}
+        shim, "/v1/chat/completions", {"model": MODEL_ID, "messages": say("slow:0.6"), "stream": True}
     )
     events = sse_events(raw)
     assert status == 200 and ": keep-alive" in events
@@ -515,7 +515,7 @@ def test_api_key_is_required_when_configured(fake):
 
 
 def test_request_timeout_becomes_a_deadline(fake):
-    process, url = start_shim(fake.address, "--request-timeout", "0.5", "--heartbeat-interval", str(HEARTBEAT_S))
+    process, url = start_shim(fake.address, "--request-timeout", "0.3", "--heartbeat-interval", str(HEARTBEAT_S))
     try:
         status, _, raw = post(url, "/v1/chat/completions", {"model": MODEL_ID, "messages": say("hang")})
         assert status == 504 and error_of(raw)["code"] == "timeout"

@@ -181,7 +181,7 @@ def test_tool_use_stream_input_json_deltas(shim, client):
 
 
 def test_pings_while_the_engine_is_silent(shim):
-    names = [name for name, _ in stream_events(shim, {"messages": user("slow:1")})]
+    names = [name for name, _ in stream_events(shim, {"messages": user("slow:0.6")})]
     assert "ping" in names and names[0] == "message_start" and names[-1] == "message_stop"
 
 
