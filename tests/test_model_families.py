@@ -30,7 +30,8 @@ from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReas
 from engine_service.core.params import InvalidRequest, RequestParams, SamplingParams, StoppingParams
 from engine_service.core.sequence import Request
 from engine_service.model.attention import UnsupportedModel
-from engine_service.model.loader import cache_dir, load_model, resolve_model
+from engine_service.model.cache_dir import cache_dir
+from engine_service.model.loader import load_model, resolve_model
 from engine_service.text.prompts import render_chat
 import goldens
 from model_configs import LONGROPE_PHI3, LONGROPE_SWITCH, SLIDING_WINDOW, TINY_CONFIGS, build_tiny_model

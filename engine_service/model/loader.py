@@ -24,6 +24,7 @@ from jinja2 import TemplateError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from engine_service.model.attention import check_supported
+from engine_service.model.cache_dir import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +42,6 @@ class LoadedModel:
     dtype: torch.dtype
     max_context_length: int
     eos_token_ids: list[int]
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("CONDUIT_CACHE_DIR") or Path.home() / ".cache" / "conduit"
-    return Path(root)
 
 
 def default_gguf_path() -> Path:

@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 from torch.utils import cpp_extension
 
-from engine_service.model.loader import cache_dir
+from engine_service.model.cache_dir import cache_dir
 
 log = logging.getLogger(__name__)
 

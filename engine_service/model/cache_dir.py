@@ -1,0 +1,12 @@
+"""Where the engine keeps what it builds once: converted GGUF models and the native kernels' builds."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """$CONDUIT_CACHE_DIR, else ~/.cache/conduit. Its own module: `make kernels` (model/native.py)
+    needs it without importing transformers, which the loader does."""
+    return Path(os.environ.get("CONDUIT_CACHE_DIR") or Path.home() / ".cache" / "conduit")
