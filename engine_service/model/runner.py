@@ -68,7 +68,7 @@ class ModelRunner:
                  block_size: int, num_blocks: int, max_positions: int,
                  quantization: str | None = None, deterministic: bool = False, lean_forward: bool = True,
                  native_kernels: bool = True) -> None:
-        """quantization: see linear.QUANTIZATIONS (None: the default for the device and dtype);
+        """quantization: see config.QUANTIZATIONS (None: the default for the device and dtype);
         deterministic: a sequence's results never depend on the batch it runs in;
         lean_forward: Llama models run model/llama.py's forward (False: transformers', for comparison);
         native_kernels: int8 linears, decode attention and the lean forward's add + RMSNorm run
