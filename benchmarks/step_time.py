@@ -2,7 +2,7 @@
 for each weights choice, through the engine's own ModelRunner (no server, no sampling).
 
     python -m benchmarks.step_time [--weights none int8 int4] [--deterministic] [--transformers-forward]
-                                   [--torch-int8] [--threads 1]
+                                   [--torch-int8] [--compile] [--threads 1]
 
 Each figure is the fastest of --repeats steps after warm-up (on a shared machine the least disturbed
 one), then the median; run it twice and compare. Decode rows attend to --context cached tokens each.
@@ -40,6 +40,21 @@ def build_runner(weights: str, deterministic: bool, num_blocks: int, lean_forwar
     return ModelRunner(loaded.model, loaded.device, loaded.dtype, BLOCK, num_blocks,
                        loaded.max_context_length, quantization=weights, deterministic=deterministic,
                        lean_forward=lean_forward, native_kernels=native_kernels)
+
+
+def compiled(runner: ModelRunner, cpp_wrapper: bool) -> ModelRunner:
+    """`runner` with its lean forward under torch.compile (inductor; each shape compiles at its first step)."""
+    import torch._inductor.config
+
+    forward = runner.lean.__call__
+
+    def call(*args):
+        with torch._inductor.config.patch(cpp_wrapper=cpp_wrapper):
+            return compiled_forward(*args)
+
+    compiled_forward = torch.compile(forward, dynamic=False)
+    runner.lean = call
+    return runner
 
 
 def decode_batch(batch: int, context: int) -> ScheduledBatch:
@@ -81,6 +96,9 @@ def main() -> None:
                         help="also time each weights choice through transformers' forward instead of the lean one")
     parser.add_argument("--torch-int8", action="store_true",
                         help="also time int8 on torch's kernel instead of the native one")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time each weights choice's lean forward under torch.compile (inductor, with "
+                             "its Python wrapper and with its C++ one; compiled at the first step, not timed)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; default: all cores")
     parser.add_argument("--dtypes", nargs="+", default=["auto"], choices=["auto", "bfloat16", "float32"],
                         help="the model's dtype (auto: the engine's choice, bf16 where the CPU has native bf16 or AVX2)")
@@ -97,6 +115,11 @@ def main() -> None:
         if args.torch_int8:
             runners[f"{label}int8 (torch's kernel)"] = build_runner("int8", False, num_blocks, native_kernels=False,
                                                                   dtype=dtype)
+        if args.compile:
+            for wrapper in ("python", "cpp"):
+                runners |= {f"{label}{weights} (compiled, {wrapper} wrapper)": compiled(
+                    build_runner(weights, False, num_blocks, dtype=dtype), cpp_wrapper=wrapper == "cpp")
+                    for weights in args.weights}
         if args.transformers_forward:
             runners |= {f"{label}{weights} (transformers)": build_runner(weights, False, num_blocks,
                                                                           lean_forward=False, dtype=dtype)
