@@ -69,6 +69,9 @@ os.environ.setdefault("CONDUIT_RESPONSES_STORE_DIR", tempfile.mkdtemp(prefix="co
 # memory each), and every other module goes whole to one worker (its own engine or shim starts once).
 SESSION_STACKS = ("stack", "single_slot_stack")
 SESSION_STACKS_GROUP = "the modules on the session stacks"
+# The modules marked `in_process_engine` run engine code in the test process (torch, and transformers
+# once they build a model: ~2.5 s to import); they also go to one worker, so the other imports neither.
+IN_PROCESS_GROUP = "the modules running engine code in the test process"
 # Where the workers, which collect the tests, leave each module's group for the controller, which
 # schedules them but sees only test ids (set by the controller before it starts the workers).
 GROUPS_FILE_ENV = "CONDUIT_TEST_GROUPS_FILE"
@@ -85,24 +88,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     module's group (see ModuleGroups)."""
     _give_each_item_its_own_id(items)
     stacks_by_module: dict[str, set[str]] = {}
+    in_process: set[str] = set()
     for item in items:
         if item.get_closest_marker("slow") or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.model)
         stacks_by_module.setdefault(_module(item), set()).update(_session_stacks_used(item))
+        if item.get_closest_marker("in_process_engine"):
+            in_process.add(_module(item))
+    groups = {module: SESSION_STACKS_GROUP if stacks else IN_PROCESS_GROUP if module in in_process else module
+              for module, stacks in stacks_by_module.items()}
     groups_file = os.environ.get(GROUPS_FILE_ENV)
     if groups_file and hasattr(config, "workerinput"):
-        groups = {module: SESSION_STACKS_GROUP if stacks else module for module, stacks in stacks_by_module.items()}
         partial = f"{groups_file}.{config.workerinput['workerid']}"
         Path(partial).write_text(json.dumps(groups))
         os.replace(partial, groups_file)  # both workers write the same: whole, either one
     yield
-    # The order the workers take the selected modules in: the session stacks' (the longest unit),
-    # then the others that run a model (in file order: a few tests can take long there), then the
-    # rest by their number of tests, the short ones evening out the two workers at the end.
-    with_model = Counter(_module(item) for item in items if item.get_closest_marker("model"))
-    selected = Counter(_module(item) for item in items)
-    items.sort(key=lambda item: (not stacks_by_module[_module(item)], not with_model[_module(item)],
-                                 0 if with_model[_module(item)] else -selected[_module(item)]))
+    # The order the workers take the selected units (a group, or a module) in: the session stacks'
+    # (the longest), then the others that run a model (in file order: a few tests can take long
+    # there), then the rest by their number of tests, the short ones evening out the two workers.
+    def unit(item: pytest.Item) -> str:
+        return groups[_module(item)]
+
+    with_model = Counter(unit(item) for item in items if item.get_closest_marker("model"))
+    selected = Counter(unit(item) for item in items)
+    items.sort(key=lambda item: (unit(item) != SESSION_STACKS_GROUP, not with_model[unit(item)],
+                                 0 if with_model[unit(item)] else -selected[unit(item)]))
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

@@ -7,7 +7,6 @@ decided by clear margins rather than by float rounding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,32 +44,3 @@ def build_tiny_model(config: PretrainedConfig, folder: Path, tokenizer: PreTrain
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
-
-
-# ----------------------------------------------------------------- in memory, for ModelRunner tests
-
-# A small vocabulary keeps these fast; no tokenizer is needed.
-RUNNER_COMMON = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                     initializer_range=0.2)
-
-
-def tiny_in_memory(config: PretrainedConfig, dtype: torch.dtype) -> torch.nn.Module:
-    """A seeded random model; its norms' weights random too (transformers starts them at one)."""
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.normal_(1.0, 0.3)
-    return model
-
-
-@dataclass
-class RunnerSeq:
-    """The fields ModelRunner reads from a Sequence."""
-
-    seq_id: int
-    token_ids: list[int]
-    num_cached: int = 0
-    block_table: list[int] = field(default_factory=list)

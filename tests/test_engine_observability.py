@@ -8,6 +8,7 @@ import json
 import logging
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.launch import free_port
@@ -17,6 +18,8 @@ from engine_service.core.params import RequestParams, SamplingParams, StoppingPa
 from engine_service.core.scheduler import Scheduler
 from engine_service.core.sequence import Request, Sequence
 from conduit.common.logs import REQUEST_ID, JsonFormatter, RequestIdFilter, TextFormatter, request_extra
+
+pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)
 
 
 def make_seq(request_id: str, prompt_len: int = 3) -> Sequence:

@@ -19,6 +19,8 @@ from engine_service.core.scheduler import ScheduledBatch, Scheduler
 from engine_service.core.sequence import Request
 from engine_service.model.loader import DEFAULT_MODEL_ID, resolve_model
 
+pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)
+
 TOKEN = 7  # what every "sampled" token is here
 
 

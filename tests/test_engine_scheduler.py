@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from engine_service.core.block_manager import BlockManager
@@ -16,6 +17,8 @@ from engine_service.core.params import RequestParams, SamplingParams, StoppingPa
 from engine_service.core.scheduler import Scheduler
 from engine_service.core.sequence import Request, Sequence
 from engine_service.model.kv_cache import kv_cache_blocks
+
+pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)
 
 BLOCK = 4
 

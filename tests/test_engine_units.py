@@ -15,6 +15,8 @@ from engine_service.core.sampler import sample
 from engine_service.core.sequence import Request, Sequence
 from engine_service.text.stop_strings import StopStringMatcher
 
+pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)
+
 
 @pytest.fixture(scope="module")
 def tokenizer():

@@ -15,12 +15,13 @@ import copy
 
 import pytest
 import torch
-from transformers import LlamaConfig, Qwen2Config
 
 from engine_service.core.scheduler import ScheduledBatch
 from engine_service.model import native
 from engine_service.model.runner import ModelRunner
-from model_configs import RUNNER_COMMON, RunnerSeq, tiny_in_memory
+from tiny_models import RunnerSeq, tiny_config, tiny_in_memory
+
+pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)
 
 BLOCK = 16
 CPU = torch.device("cpu")
@@ -70,7 +71,7 @@ def check_same_steps(lean: ModelRunner, plain: ModelRunner, vocab: int, exact: b
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lean_forward_matches_transformers_bit_for_bit(dtype: torch.dtype) -> None:
-    config = LlamaConfig(**RUNNER_COMMON, attention_bias=True, mlp_bias=True)
+    config = tiny_config(attention_bias=True, mlp_bias=True)
     check_same_steps(*runners(tiny_in_memory(config, dtype), dtype, native_kernels=False), config.vocab_size)
 
 
@@ -78,19 +79,19 @@ def test_lean_forward_matches_transformers_bit_for_bit(dtype: torch.dtype) -> No
 def test_lean_forward_with_the_native_norm_stays_close_to_transformers(dtype: torch.dtype) -> None:
     if native.kernels() is None:
         pytest.skip("the native kernels cannot be built here")
-    config = LlamaConfig(**RUNNER_COMMON, attention_bias=True, mlp_bias=True)
+    config = tiny_config(attention_bias=True, mlp_bias=True)
     lean, plain = runners(tiny_in_memory(config, dtype), dtype)
     assert all(layer.input_norm.native is not None for layer in lean.lean.layers)
     check_same_steps(lean, plain, config.vocab_size, exact=False)
 
 
 def test_lean_forward_fuses_projections_and_leaves_other_architectures_alone() -> None:
-    model = tiny_in_memory(LlamaConfig(**RUNNER_COMMON), torch.float32)
+    model = tiny_in_memory(tiny_config(), torch.float32)
     ModelRunner(model, CPU, torch.float32, BLOCK, 64, 256)
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     assert not hasattr(attn, "q_proj") and not hasattr(mlp, "gate_proj"), "the separate weights must be freed"
     assert attn.qkv_proj.out_features == 64 + 2 * 32 and mlp.gate_up_proj.out_features == 2 * 128
-    other = tiny_in_memory(Qwen2Config(**RUNNER_COMMON), torch.float32)
+    other = tiny_in_memory(tiny_config("qwen2"), torch.float32)
     assert ModelRunner(other, CPU, torch.float32, BLOCK, 64, 256).lean is None
 
 

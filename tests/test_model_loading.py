@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers.masking_utils import and_masks, causal_mask_function, sliding_window_overlay
 
 from engine_service.model.attention import causal_mask
 from engine_service.model.loader import gguf_cache_folder, resolve_model
+
+pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)
 
 
 def test_a_changed_gguf_file_gets_a_new_cache_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -35,6 +36,8 @@ def test_a_missing_gguf_file_is_named(tmp_path: Path):
 def test_sliding_window_mask_is_transformers_own(window: int | None):
     """Queries from position 5 (a chunk after cached context) over keys from position 2 (blocks before
     the window skipped): the same mask as transformers' causal mask with its sliding-window overlay."""
+    from transformers.masking_utils import and_masks, causal_mask_function, sliding_window_overlay
+
     queries, keys = torch.arange(5, 12), torch.arange(2, 12)
     rule = causal_mask_function if window is None else and_masks(causal_mask_function,
                                                                   sliding_window_overlay(window))

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_configs import RUNNER_COMMON, RunnerSeq, tiny_in_memory
-from transformers import LlamaConfig
+from tiny_models import RunnerSeq, tiny_config, tiny_in_memory
 
 from engine_service.core.scheduler import ScheduledBatch
 from engine_service.model import native
 from engine_service.model.linear import Int8Linear
 from engine_service.model.runner import ModelRunner
+
+pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)
 
 CPU = torch.device("cpu")
 ISAS = native.runnable_isas() or [pytest.param(None, marks=pytest.mark.skip(reason="needs x86-64 with AVX-512 or AVX2"))]
@@ -339,7 +340,7 @@ def test_decode_attention_takes_queries_of_any_layout(ops: native.Kernels) -> No
 def test_the_runner_attends_decode_rows_with_it(ops: native.Kernels) -> None:
     """Wired in: every layer of a decode step calls the kernel, and the next token's logits match
     torch's gather-then-SDPA path within float32 rounding; --no-native-kernels keeps torch's path."""
-    config = LlamaConfig(**RUNNER_COMMON)
+    config = tiny_config()
     runners = {}
     for native_kernels in (True, False):
         runners[native_kernels] = ModelRunner(tiny_in_memory(config, torch.float32), CPU, torch.float32, 16, 16,
@@ -415,7 +416,7 @@ def test_add_rms_norm_refuses_what_it_cannot_compute(ops: native.Kernels) -> Non
 def test_the_lean_forward_adds_and_normalizes_with_it() -> None:
     """Wired in: the lean Llama forward's norms run the native kernel where it builds, and torch's
     with --no-native-kernels."""
-    config = LlamaConfig(**RUNNER_COMMON)
+    config = tiny_config()
     on = ModelRunner(tiny_in_memory(config, torch.bfloat16), CPU, torch.bfloat16, 16, 16, 256)
     off = ModelRunner(tiny_in_memory(config, torch.bfloat16), CPU, torch.bfloat16, 16, 16, 256, native_kernels=False)
     norms = lambda runner: [runner.lean.norm] + [n for layer in runner.lean.layers  # noqa: E731

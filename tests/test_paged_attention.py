@@ -9,6 +9,8 @@ import torch
 from engine_service.model import attention
 from engine_service.model.kv_cache import CacheShape, KVCache
 
+pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)
+
 BLOCK, Q_HEADS, KV_HEADS, DIM = 16, 9, 3, 64
 
 

@@ -7,11 +7,15 @@ forks, the switch off, and the metrics counters."""
 
 from __future__ import annotations
 
+import pytest
+
 from engine_service.core.block_manager import BlockManager
 from engine_service.core.metrics import EngineMetrics, Load, StepRecorder
 from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
 from engine_service.core.scheduler import Scheduler
 from engine_service.core.sequence import Request, Sequence
+
+pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)
 
 BLOCK = 4
 

@@ -12,8 +12,7 @@ import goldens
 import pytest
 import torch
 from conftest import STARTUP_TIMEOUT_S
-from model_configs import RUNNER_COMMON, RunnerSeq, tiny_in_memory
-from transformers import LlamaConfig
+from tiny_models import RunnerSeq, tiny_config, tiny_in_memory
 
 from clients import EngineClient
 from clients.launch import Stack
@@ -28,6 +27,8 @@ from engine_service.model import linear as linear_module
 from engine_service.model import loader, native
 from engine_service.model.loader import load_model
 from engine_service.model.runner import ModelRunner
+
+pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)
 
 CPU = torch.device("cpu")
 
@@ -129,7 +130,7 @@ def test_a_row_gets_the_same_bits_whatever_the_number_of_rows(kind: str) -> None
 def test_a_step_that_keeps_no_logits_runs_with_every_weights_choice(quantization: str) -> None:
     """A prompt longer than the step budget: its first chunk keeps no logits row, so the lm_head
     gets zero rows (int4 and int8 once failed there, on every long prompt)."""
-    config = LlamaConfig(**RUNNER_COMMON)
+    config = tiny_config()
     runner = ModelRunner(tiny_in_memory(config, torch.bfloat16), CPU, torch.bfloat16, 16, 32, 256,
                          quantization=quantization)
     prompt = RunnerSeq(0, list(range(3, 43)), block_table=[0, 1, 2])
@@ -146,7 +147,7 @@ def test_a_prefix_cache_hit_gives_the_cold_prefills_logits_with_int8_weights(lef
                                                                              deterministic: bool) -> None:
     """Cold: the whole prompt in one chunk. Warm: its first 32 tokens already cached (a hit), only
     the leftover prefilled; the next token's logits must be the same bits either way."""
-    config = LlamaConfig(**RUNNER_COMMON)
+    config = tiny_config()
     model = tiny_in_memory(config, torch.bfloat16)
     runner = ModelRunner(model, CPU, torch.bfloat16, 16, 16, 256, quantization="int8", deterministic=deterministic)
     tokens = list(range(3, 35 + leftover))

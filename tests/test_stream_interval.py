@@ -23,7 +23,7 @@ from engine_service.model.loader import load_model
 
 MAX_TOKENS = 13
 # The module's engine runs in this process (conftest.py's one_torch_thread says why).
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.in_process_engine, pytest.mark.usefixtures("one_torch_thread")]
 
 
 class Recorder:

@@ -9,7 +9,8 @@ made again when a failed step starts a request over (recovery.py).
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
+
 
 from engine_service.core.events import FinishReason, PromptEvent
 from engine_service.core.metrics import StepRecorder
@@ -19,6 +20,9 @@ from engine_service.core.scheduler import Scheduler
 from engine_service.core.sequence import Request, Sequence
 from engine_service.text.constraints import GrammarCompiler
 from engine_service.text.output import OutputProcessor
+
+if TYPE_CHECKING:  # transformers loads only where a model does (the fast tests need neither)
+    from transformers import PreTrainedTokenizerBase
 
 
 class Choices:

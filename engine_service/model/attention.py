@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
 
 from engine_service.model.kv_cache import KVCache
 
@@ -226,6 +224,11 @@ def _no_mask(*args: object, **kwargs: object) -> None:
 
 
 def register() -> str:
+    # Imported here, when a model is set up: importing transformers takes ~2.5 s that the tests which
+    # load no model (the fast tier) need not pay.
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
     AttentionInterface.register(ATTENTION_NAME, paged_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, _no_mask)
     return ATTENTION_NAME

@@ -8,5 +8,5 @@ from pathlib import Path
 
 def cache_dir() -> Path:
     """$CONDUIT_CACHE_DIR, else ~/.cache/conduit. Its own module: `make kernels` (model/native.py)
-    needs it without importing transformers, which the loader does."""
+    needs it without the loader's imports."""
     return Path(os.environ.get("CONDUIT_CACHE_DIR") or Path.home() / ".cache" / "conduit")

@@ -18,13 +18,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from jinja2 import TemplateError
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from engine_service.model.attention import check_supported
 from engine_service.model.cache_dir import cache_dir
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,8 @@ def default_gguf_path() -> Path:
 
 def convert_gguf_to_folder(gguf: Path, target: Path) -> None:
     """Dequantize a GGUF file once and save it as a normal transformers folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     log.info("converting %s to %s (one time, ~20 s)", gguf.name, target)
     with _each_gguf_parsed_once():
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -165,6 +170,9 @@ def cpu_has_avx2() -> bool:
 def load_model(spec: str | None, device: str = "auto", dtype: str = "auto",
                chat_template: Path | None = None) -> LoadedModel:
     """chat_template: a Jinja file that replaces the model's own (or gives one to a model without)."""
+    # Imported here, not with this module: the tests that load no model need not pay ~2.5 s for it.
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     model_id, location = resolve_model(spec)
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)

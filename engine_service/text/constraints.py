@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import TYPE_CHECKING
 
 import llguidance
-import llguidance.hf
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from conduit.v1 import engine_pb2 as pb
 from engine_service.core.params import InvalidRequest
 from engine_service.text.json_schemas import JSON_OPTIONS, closed_objects
+
+if TYPE_CHECKING:  # transformers loads only where a model does (the fast tests need neither)
+    from transformers import PreTrainedTokenizerBase
 
 
 # Shifts that read each bit of the matcher's 32-bit mask words.
@@ -37,6 +39,8 @@ class GrammarCompiler:
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:
             if self._ll_tokenizer is None:
+                import llguidance.hf  # here: it imports transformers, which only a loaded model needs
+
                 self._ll_tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self._vocab_size)
             return self._ll_tokenizer
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:  # transformers loads only where a model does (the fast tests need neither)
+    from transformers import PreTrainedTokenizerBase
+
 
 _CONTEXT_TOKENS = 5
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")

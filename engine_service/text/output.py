@@ -5,8 +5,8 @@ OutputProcessor and learns whether (and why) the sequence finished."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerBase
 
 from conduit.common.results import ToolCall
 from engine_service.text.constraints import Matcher
@@ -14,6 +14,9 @@ from engine_service.text.detokenizer import IncrementalDetokenizer
 from engine_service.core.events import ChunkEvent, FinishReason, TokenLogprob
 from engine_service.text.stop_strings import StopStringMatcher
 from engine_service.text.tools import CallStreamer, ToolCallDelta, ToolSpec
+
+if TYPE_CHECKING:  # transformers loads only where a model does (the fast tests need neither)
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from jinja2 import TemplateError
-from transformers import PreTrainedTokenizerBase
 
 from conduit.v1 import engine_pb2 as pb
 from engine_service.core.params import InvalidRequest
 from engine_service.text.tools import ToolSpec
+
+if TYPE_CHECKING:  # transformers loads only where a model does (the fast tests need neither)
+    from transformers import PreTrainedTokenizerBase
 
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
