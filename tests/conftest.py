@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ast
-import atexit
 import asyncio
+import atexit
 import gc
 import json
 import os
@@ -14,7 +14,6 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import pytest
@@ -169,7 +168,6 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         gc.collect()
         release_freed_memory()
         item.session.stash[_RAN_A_MODEL] = False
-
 
 
 def pytest_configure(config: pytest.Config) -> None:
