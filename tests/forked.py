@@ -15,8 +15,8 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import IO
 
 from clients.launch import REPO_ROOT
@@ -48,7 +48,7 @@ class ForkedProcess:
     """A process forked by a server. Its exit code comes over `conn` ("exit N"); one killed by a
     signal closes it without one, and its code is then minus the last signal sent to it."""
 
-    def __init__(self, conn: socket.socket, stdout: IO[str], stderr: IO[str] | None, args: list[str]) -> None:
+    def __init__(self, conn: socket.socket, stdout: IO[str] | None, stderr: IO[str] | None, args: list[str]) -> None:
         self._conn = conn
         self._pending = b""
         self._last_signal = signal.SIGKILL
