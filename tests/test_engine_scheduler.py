@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from engine_service.core.block_manager import BlockManager
-from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
+from engine_service.core.inbox import Inbox
+from engine_service.core.params import QueueFull, RequestParams, SamplingParams, StoppingParams
 from engine_service.core.scheduler import Scheduler
 from engine_service.core.sequence import Request, Sequence
 from engine_service.model.kv_cache import kv_cache_blocks
@@ -163,6 +164,31 @@ def test_n_choices_count_against_the_batch_size_before_they_fork() -> None:
     scheduler.waiting.extend([first, second])
     run_step(scheduler)
     assert scheduler.running == [first] and list(scheduler.waiting) == [second], "2 + 2 choices exceed 3 slots"
+
+
+def test_requests_arriving_together_fill_free_slots_before_the_queue() -> None:
+    # One slot, two waiting places: three requests that arrive before the loop's next step all fit
+    # (the third once was refused: the first two counted as waiting though a slot was free).
+    scheduler, _ = make_scheduler(max_batch=1)
+    inbox = Inbox(max_waiting=2)
+
+    def submit(seq: Sequence) -> None:
+        inbox.put(seq, len(scheduler.waiting), scheduler.free_slots(), admit=lambda: None)
+
+    seqs = [make_seq(2) for _ in range(4)]
+    for seq in seqs[:3]:
+        submit(seq)
+    with pytest.raises(QueueFull):
+        submit(seqs[3])
+    taken, _ = inbox.take()  # the loop's step
+    scheduler.waiting.extend(taken)
+    run_step(scheduler)
+    assert scheduler.running == seqs[:1] and scheduler.free_slots() == 0
+    with pytest.raises(QueueFull):
+        submit(seqs[3])
+    scheduler.release(seqs[0])
+    scheduler.release(seqs[1])
+    submit(seqs[3])  # a place in the queue again
 
 
 def test_the_cache_is_sized_in_blocks_from_gigabytes_or_tokens_with_room_for_one_full_sequence() -> None:

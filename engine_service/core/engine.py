@@ -167,7 +167,8 @@ class Engine:
         request.arrival = time.monotonic()
         request.log_id = request.log_id or request.request_id
         # Held under the inbox's lock, so a drain cannot slip in between.
-        self.inbox.put(request, len(self.scheduler.waiting), lambda: self.requests.add(request))
+        self.inbox.put(request, len(self.scheduler.waiting), self.scheduler.free_slots(),
+                       lambda: self.requests.add(request))
 
     def abort(self, request_id: str) -> None:
         """Stop a request (any thread); its blocks are freed at the next step."""

@@ -26,14 +26,19 @@ class Inbox:
         self._draining = False  # no new requests; the loop ends once the rest are done or cut
         self._drain_deadline = math.inf  # time.monotonic()
 
-    def put(self, request: Request, waiting: int, admit: Callable[[], None]) -> None:
+    def put(self, request: Request, waiting: int, free_slots: int, admit: Callable[[], None]) -> None:
         """Queue `request` behind the `waiting` the scheduler holds; `admit()` (under the lock, so a
-        drain cannot slip in between) may refuse it. Raises Draining or QueueFull at once."""
+        drain cannot slip in between) may refuse it. Raises Draining or QueueFull at once.
+
+        The queue is full when `max_waiting` would wait beside the `free_slots` of the running batch:
+        requests that arrive together while a slot is free do not count against the queue until the
+        loop's next step has taken them (under KV-cache pressure a free slot may not take one, and the
+        queue holds up to `free_slots` more)."""
         with self._lock:
             if self._draining:
                 raise Draining("the engine is draining (shutting down) and takes no new requests; "
                                "retry on another replica")
-            if waiting + len(self._requests) >= self.max_waiting:
+            if waiting + len(self._requests) >= self.max_waiting + free_slots:
                 raise QueueFull(f"the engine's queue is full ({self.max_waiting} waiting); retry later")
             admit()
             self._requests.append(request)

@@ -95,6 +95,10 @@ class Scheduler:
             seq.request.cached_tokens = min(seq.num_cached, seq.prompt_len)
         return True
 
+    def free_slots(self) -> int:
+        """Places left in the running batch (read from any thread: a snapshot)."""
+        return max(0, self.max_batch_size - self._batch_slots_used())
+
     def _batch_slots_used(self) -> int:
         return sum(self._slots(seq) for seq in self.running)
 
