@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,7 +44,10 @@ _OK = grpc.StatusCode.OK.value[0]
 _STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 # What grpc's retry policy for a Generate call says, applied to each call on the stream.
 _RETRYABLE = {grpc.StatusCode[name] for name in RETRY_POLICY["retryableStatusCodes"]}
-_BACKOFF_S = [float(RETRY_POLICY["initialBackoff"].rstrip("s")) * RETRY_POLICY["backoffMultiplier"] ** i
+# The longest wait before each retry (capped at maxBackoff); the wait is drawn below it, as grpc's
+# is (gRFC A6), so the calls of a stream that broke do not all come back at once.
+_BACKOFF_S = [min(float(RETRY_POLICY["initialBackoff"].rstrip("s")) * RETRY_POLICY["backoffMultiplier"] ** i,
+                  float(RETRY_POLICY["maxBackoff"].rstrip("s")))
               for i in range(RETRY_POLICY["maxAttempts"] - 1)]
 
 
@@ -198,7 +202,7 @@ class _SameEngine:
         backoff = next(self._backoffs, None)
         if backoff is None:
             return False
-        time.sleep(backoff)
+        time.sleep(random.uniform(0, backoff))
         return True
 
 
