@@ -90,8 +90,9 @@ class ResponseStore:
             " seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, stored_at REAL NOT NULL,"
             " response TEXT NOT NULL, context TEXT NOT NULL)"
         )
-        db.execute("BEGIN IMMEDIATE")  # takes the write lock: a file that can be read only fails here
-        db.execute("COMMIT")
+        # A write of what is there: a file that can only be read fails here, not at the first answer stored.
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        db.execute(f"PRAGMA user_version = {int(version)}")
         return db
 
     def put(self, response: dict[str, Any], context: list[dict[str, Any]]) -> None:
