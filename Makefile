@@ -69,7 +69,7 @@ test-fast: $(STAMP) browser check-protos kernels
 # Lints deploy/'s Dockerfiles (hadolint) and validates its Kubernetes manifests (kubernetes-validate),
 # and checks their invariants; nothing is built or applied (no docker daemon here).
 deploy-check: $(STAMP)
-	$(BIN)/python -m pytest tests/test_deploy_files.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/test_deploy_files.py tests/test_deploy_gateway.py $(PYTEST_ARGS)
 
 # Fuzzes the shim from its OpenAPI document (schemathesis; boundary, invalid and random requests, no
 # 5xx allowed): in front of the fake engine, then on the real stack. FUZZ_EXAMPLES random requests

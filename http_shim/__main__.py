@@ -26,13 +26,16 @@ if __name__ == "__main__":
     die_with_parent()
 
 import argparse  # noqa: E402
+import sys  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 
 from clients.engine_client import EngineClient  # noqa: E402
 
 from .app import ENGINE_CHANNEL_OPTIONS, ShimConfig, create_app  # noqa: E402
+from conduit.common.cli import prog_name  # noqa: E402
 from conduit.common.logs import configure_logging  # noqa: E402
 from .options import parse_args  # noqa: E402
+from .responses import StoreError  # noqa: E402
 from .server import serve  # noqa: E402
 
 
@@ -64,8 +67,13 @@ def main() -> None:
     def listening(port: int) -> None:
         print(f"http_shim listening on http://{args.host}:{port} (engine {','.join(args.engine)})", flush=True)
 
+    try:
+        app = create_app(config, _engine_connector(args))
+    except StoreError as error:  # one line, as a usage error: the fix is a flag, not in a traceback
+        print(f"{prog_name('conduit-shim', 'http_shim')}: error: {error}", file=sys.stderr)
+        sys.exit(2)
     # SIGTERM/SIGINT drain: running generations finish (up to --drain-seconds), then exit 0.
-    serve(create_app(config, _engine_connector(args)), args.host, args.port, args.drain_seconds, listening)
+    serve(app, args.host, args.port, args.drain_seconds, listening)
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ class ShimConfig:
     # Origins whose web pages may call the API from a browser (none: CORS off).
     cors: CorsPolicy = CorsPolicy()
     # The Responses API's store (responses/store.py): its folder (None: default_store_dir(); "": no
-    # store, nothing is kept) and bounds.
+    # store, nothing is kept; ":memory:": this process only) and bounds.
     responses_store_dir: str | None = None
     responses_store_limits: StoreLimits = StoreLimits()
     # How calls are spread over several engine replicas of a model (routing/).

@@ -22,7 +22,7 @@ from .app import DEFAULT_MAX_BODY_BYTES
 from .auth import KEY_ENV, KEYS_ENV, KeyFileError, collect_keys
 from .cors import CorsPolicy, normal_origin
 from .openai_to_proto import DEFAULT_LIMITS, RequestLimits
-from .responses import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RESPONSES, StoreLimits
+from .responses import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RESPONSES, IN_MEMORY, StoreLimits
 from .routing import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, POLICIES, RoutingConfig
 from .server import DEFAULT_DRAIN_S
 
@@ -90,7 +90,8 @@ def add_responses_store_args(parser: EnvArgumentParser) -> None:
     group = parser.add_argument_group("responses store")
     group.add_argument("--responses-store-dir", metavar="DIR", default=None,
                        help="folder of the SQLite file holding stored responses (one per shim; shims do not share "
-                            "it); '' keeps none; default $XDG_STATE_HOME/conduit (~/.local/state/conduit)")
+                            f"it); {IN_MEMORY} keeps them in memory only (lost at exit), '' keeps none; "
+                            "default $XDG_STATE_HOME/conduit (~/.local/state/conduit)")
     group.add_argument("--responses-store-max", type=int, metavar="N", default=DEFAULT_MAX_RESPONSES,
                        help="most stored responses; the oldest are evicted first")
     group.add_argument("--responses-store-max-age", type=float, metavar="S", default=DEFAULT_MAX_AGE_S,
