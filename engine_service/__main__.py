@@ -98,7 +98,9 @@ def build_parser() -> EnvArgumentParser:
                           env=ENGINE_TOKENS_ENV, env_adds=True,
                           help="accept 'authorization: Bearer TOKEN' (repeatable); with any token, calls without "
                                "one get UNAUTHENTICATED")
-    security.add_argument("--auth-token-file", metavar="PATH", help="tokens, one per line")
+    security.add_argument("--auth-token-file", metavar="PATH",
+                          help="tokens, one per line (blank lines and # comments skipped); a file without one "
+                               "stops the engine at start")
     security.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate (chain)")
     security.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
     security.add_argument("--tls-client-ca", metavar="PEM",
@@ -122,8 +124,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        # env="": the parser has already read $CONDUIT_ENGINE_TOKENS into --auth-token.
-        tokens = collect_tokens(args.auth_token, args.auth_token_file, env="")
+        tokens = collect_tokens(args.auth_token, args.auth_token_file)  # --auth-token holds the variable's too
         args.security = ServerSecurity(tokens, args.tls_cert, args.tls_key, args.tls_client_ca)
         args.security.credentials()  # read the files now: a bad path fails here, not at serve time
     except (OSError, ValueError) as exc:
