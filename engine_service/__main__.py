@@ -92,7 +92,10 @@ def build_parser() -> EnvArgumentParser:
     p.add_argument("--drain-seconds", metavar="S", type=bounded("drain_seconds", float), default=30.0, env="CONDUIT_DRAIN_S",
                    help="on SIGTERM/SIGINT, how long queued and running requests get to finish")
     p.add_argument("--metrics-port", metavar="PORT", type=bounded("metrics_port"), default=0,
-                   help="serve Prometheus metrics over HTTP on this port (same host as gRPC); 0: off")
+                   help="serve Prometheus metrics over HTTP on this port; 0: off")
+    p.add_argument("--metrics-host", metavar="HOST", default="127.0.0.1",
+                   help="where the metrics listen, apart from --host: a scraper on another host or pod needs "
+                        "0.0.0.0 (the metrics carry no token)")
     security = p.add_argument_group("security", "tokens and TLS for the gRPC port (health and reflection stay open)")
     security.add_argument("--auth-token", action="append", default=[], metavar="TOKEN",
                           env=ENGINE_TOKENS_ENV, env_adds=True,
@@ -155,7 +158,8 @@ def main() -> None:
 
     from conduit.common.memory import release_freed_memory
     from engine_service.core.engine import Engine
-    from engine_service.core.faults import FAULT_INJECT_ENV, FaultInjectingRunner
+    from engine_service.core.faults import (FAULT_INJECT_ENV, FAULT_INJECT_TAKE_ENV, FaultInjectingChoices,
+                                            FaultInjectingRunner)
     from engine_service.core.metrics import EngineMetrics
     from engine_service.model.loader import load_model
     from engine_service.serving.background import BackgroundServer
@@ -173,9 +177,13 @@ def main() -> None:
         logging.getLogger(__name__).warning("fault injection is ON (%s): steps holding a prompt with %r will fail",
                                             FAULT_INJECT_ENV, marker)
         engine.runner = FaultInjectingRunner(engine.runner, marker, engine.tokenizer.decode)
+    if marker := os.environ.get(FAULT_INJECT_TAKE_ENV):  # tests of failure handling only
+        logging.getLogger(__name__).warning("fault injection is ON (%s): requests with %r will fail to start",
+                                            FAULT_INJECT_TAKE_ENV, marker)
+        engine.choices = FaultInjectingChoices(engine.choices, marker, engine.tokenizer.decode)
     if metrics is not None:
-        metrics.serve(args.metrics_port, args.host)
-        logging.getLogger(__name__).info("metrics on http://%s:%d/metrics", args.host, args.metrics_port)
+        metrics.serve(args.metrics_port, args.metrics_host)
+        logging.getLogger(__name__).info("metrics on http://%s:%d/metrics", args.metrics_host, args.metrics_port)
     server = BackgroundServer(EngineServicer(engine), args.host, args.port, security=args.security,
                               description=loaded.model_id)
     server.start()
