@@ -54,11 +54,14 @@ def build_parser() -> EnvArgumentParser:
                    help="waiting requests before RESOURCE_EXHAUSTED")
     p.add_argument("--max-step-tokens", metavar="N", type=bounded("max_step_tokens"), default=d.max_step_tokens,
                    help="tokens per step (decodes + prompt chunks); bounds the stall a long prompt causes")
-    p.add_argument("--kv-cache-gb", metavar="G", type=bounded("kv_cache_gb", float), default=d.kv_cache_gb, help="KV cache budget in gigabytes")
+    p.add_argument("--kv-cache-gb", metavar="G", type=bounded("kv_cache_gb", float), default=d.kv_cache_gb,
+                   help="KV cache budget in gigabytes")
     p.add_argument("--kv-cache-tokens", metavar="N", type=bounded("kv_cache_tokens"), default=0,
                    help="KV cache budget in tokens; overrides --kv-cache-gb")
-    p.add_argument("--block-size", metavar="N", type=bounded("block_size"), default=d.block_size, help="tokens per KV cache block")
-    p.add_argument("--max-model-len", metavar="N", type=bounded("max_model_len"), default=0, help="default: the model's context length")
+    p.add_argument("--block-size", metavar="N", type=bounded("block_size"), default=d.block_size,
+                   help="tokens per KV cache block")
+    p.add_argument("--max-model-len", metavar="N", type=bounded("max_model_len"), default=0,
+                   help="default: the model's context length")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=d.enable_prefix_caching,
                    help="reuse the KV cache of full prompt blocks seen before (vLLM's flag names)")
@@ -84,12 +87,14 @@ def build_parser() -> EnvArgumentParser:
                         "(vLLM's and SGLang's flag of that name). auto (default): every token while a step "
                         f"feeds up to {AUTO_STREAMS_PER_STEP} requests, then every ceil(requests / "
                         f"{AUTO_STREAMS_PER_STEP}) steps, at most {AUTO_MAX_STREAM_INTERVAL}; 1: always every token")
-    p.add_argument("--threads", metavar="N", type=bounded("threads"), default=0, help="torch CPU threads; default: all cores")
+    p.add_argument("--threads", metavar="N", type=bounded("threads"), default=0,
+                   help="torch CPU threads; default: all cores")
     p.add_argument("--log-level", default="INFO", help="Python logging level")
     p.add_argument("--log-format", default="text", choices=LOG_FORMATS,
                    help="text, or json: one object per line (ts, level, logger, msg, request_id)")
     # The shim's name for its own --drain-seconds: one variable, one meaning, in either process.
-    p.add_argument("--drain-seconds", metavar="S", type=bounded("drain_seconds", float), default=30.0, env="CONDUIT_DRAIN_S",
+    p.add_argument("--drain-seconds", metavar="S", type=bounded("drain_seconds", float), default=30.0,
+                   env="CONDUIT_DRAIN_S",
                    help="on SIGTERM/SIGINT, how long queued and running requests get to finish")
     p.add_argument("--metrics-port", metavar="PORT", type=bounded("metrics_port"), default=0,
                    help="serve Prometheus metrics over HTTP on this port; 0: off")

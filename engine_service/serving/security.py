@@ -3,10 +3,11 @@
 Tokens come from `--auth-token` (repeatable), `--auth-token-file` (one per line; blank lines and
 `#` comments skipped) and the CONDUIT_ENGINE_TOKENS environment variable (comma-separated), read and
 checked by the rules the shim's API keys follow (conduit.common.bearer): a file without a token
-stops the engine at start rather than leave it open. With any token configured, every call must carry
-the metadata `authorization: Bearer <token>` for one of them, or it ends with UNAUTHENTICATED before reaching the engine. The health service and
-reflection stay open (contract.OPEN_SERVICES): Kubernetes' gRPC probes send no metadata, and the
-schema is the public contract. Tokens travel in clear text unless TLS is on.
+stops the engine at start rather than leave it open. With any token configured, every call must
+carry the metadata `authorization: Bearer <token>` for one of them, or it ends with UNAUTHENTICATED
+before reaching the engine. The health service and reflection stay open (contract.OPEN_SERVICES):
+Kubernetes' gRPC probes send no metadata, and the schema is the public contract. Tokens travel in
+clear text unless TLS is on.
 """
 
 from __future__ import annotations
