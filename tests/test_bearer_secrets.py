@@ -63,7 +63,7 @@ def test_a_secret_file_that_would_leave_it_open_stops_it_at_start(side, content,
 def test_a_missing_file_or_an_empty_secret_stops_it_at_start(side, tmp_path: Path):
     missing = tmp_path / "nowhere.txt"
     code, stderr = refused(side, [SIDES[side][1], str(missing)])
-    assert code == 2 and f"cannot read the" in stderr and str(missing) in stderr, stderr
+    assert code == 2 and "cannot read the" in stderr and str(missing) in stderr, stderr
     code, stderr = refused(side, [SIDES[side][0], ""])
     assert code == 2 and "is empty" in stderr, stderr
 
