@@ -19,7 +19,7 @@ from conduit.common.logs import LOG_FORMATS
 from conduit.v1.contract import ENGINE_TOKEN_ENV, MAX_N, MAX_STOP_STRINGS
 
 from .app import DEFAULT_MAX_BODY_BYTES
-from .auth import KEY_ENV, KEYS_ENV, KeyFileError, collect_keys
+from .auth import KEY_ENV, KEYS_ENV, collect_keys
 from .cors import CorsPolicy, normal_origin
 from .openai_to_proto import DEFAULT_LIMITS, RequestLimits
 from .responses import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RESPONSES, IN_MEMORY, StoreLimits
@@ -157,7 +157,7 @@ def hardening_config(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             max_messages=args.max_messages,
             max_prompt_chars=args.max_prompt_chars,
         )
-    except (KeyFileError, ValueError) as error:
+    except ValueError as error:  # SecretError included
         parser.error(str(error))
     if args.max_body_bytes < 1:
         parser.error("--max-body-bytes must be positive")

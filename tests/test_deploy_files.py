@@ -343,6 +343,7 @@ def test_engine_metrics_port_is_annotated_and_exposed() -> None:
     args = entrypoint_args("engine.Dockerfile", container(engine)["args"])
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == flag(args, "--metrics-port")
+    assert flag(args, "--metrics-host") == "0.0.0.0"  # the engine's default, loopback, is out of the scraper's reach
     assert int(annotations["prometheus.io/port"]) in {p["containerPort"] for p in container(engine)["ports"]}
 
 
@@ -395,6 +396,8 @@ def test_compose() -> None:
         assert seconds(service["stop_grace_period"]) > drain + 5, name
         assert service["healthcheck"]["test"], name
     assert flag(shim["command"], "--engine") == f"engine:{ENGINE_PORT}"
+    # The metrics port is published (to the host's loopback): inside the container it must listen on all.
+    assert flag(engine["command"], "--metrics-host") == "0.0.0.0" and "127.0.0.1:9090:9090" in engine["ports"]
     assert shim["depends_on"]["engine"]["condition"] == "service_healthy"
     for name in services:
         assert services[name]["build"]["dockerfile"] == f"deploy/{name}.Dockerfile"

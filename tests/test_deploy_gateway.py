@@ -160,6 +160,7 @@ def test_each_pod_is_one_model_server_engine_and_shim_beside_it() -> None:
     assert flag(shim_args, "--engine") == f"127.0.0.1:{flag(engine_args, '--port')}"  # its own engine only
     assert flag(shim_args, "--port") == str(SHIM_PORT)
     assert flag(engine_args, "--metrics-port") == str(ENGINE_METRICS_PORT)
+    assert flag(engine_args, "--metrics-host") == "0.0.0.0"  # the picker scrapes it from its own pod
     grace = server["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     for args in (shim_args, engine_args):
         assert grace > float(flag(args, "--drain-seconds", "30")) + 5
