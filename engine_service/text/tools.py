@@ -141,9 +141,9 @@ class ToolSpec:
         return json.dumps({"grammars": [calls] + answer_grammars})
 
     def _calls_lark(self, start: str, names: list[str], keys: tuple[str, ...], bare: bool) -> dict:
-        """A Lark grammar (`start` its start rule) whose `calls` is one call, or with parallel calls one per line (the output
-        may end after any of them, a newline included). One output's calls share one form, tagged
-        or (with `bare`) bare JSON, as the parser reads them."""
+        """A Lark grammar (`start`: its start rule) whose `calls` is one call, or with parallel calls
+        one per line (the output may end after any of them, a newline included). One output's calls
+        share one form, tagged or (with `bare`) bare JSON, as the parser reads them."""
         branches = []
         for name in names:
             for key in keys:
