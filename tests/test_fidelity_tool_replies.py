@@ -79,8 +79,8 @@ CASES = {
                                          answer_format=CALL_SHAPED),
     "a-call-beside-a-format": Case(tagged("get_weather", "Paris"), "", [PARIS], answer_format=PLACE),
 }
-# Messages has no response format: its cases are the ones without one.
-MESSAGES_CASES = [name for name, case in CASES.items() if case.answer_format is None]
+# On Messages (which has no response format), the cases whose reply has both text and tool_use blocks.
+MESSAGES_CASES = [name for name, case in CASES.items() if case.content and case.calls]
 
 
 def steering(output: str) -> list[dict]:
