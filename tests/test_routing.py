@@ -12,8 +12,9 @@ fake engines (tests/fake_engine.py), plus the policies' rules on stand-in replic
 - A replica back under another name serves the first request for that name.
 - The shim's router metrics: requests by replica and decision, replica health.
 - A routed call (in this process) refused before its first answer goes to another replica (and
-  is counted), a refusal with nowhere left stands, one that answered is never sent elsewhere, and
-  with no healthy replica the others are tried anyway.
+  is counted), a refusal with nowhere left stands, one that answered is never sent elsewhere, one
+  refused by a draining replica is not tried there again first, and with no healthy replica the
+  others are tried anyway.
 Which replica served a request is read from the fakes' own records.
 """
 
@@ -236,6 +237,19 @@ def test_a_routed_call_goes_elsewhere_only_before_its_first_answer(pair, routed)
     with pytest.raises(Unavailable):
         list(call)
     assert not any(r.request_id == "answered" for r in other.engine.requests)  # its output was seen: not replayed
+
+
+def test_a_routed_call_refused_by_a_draining_replica_goes_elsewhere_without_trying_it_again(pair, routed) -> None:
+    """One owner of a routed call's retries, the router: the replica's own stream does not send it
+    there again (with a backoff) before the router fails it over."""
+    router, metrics = routed
+    draining, serving = pair
+    draining.engine.refuse = grpc.StatusCode.UNAVAILABLE  # as a draining engine refuses, before its poll says so
+    engine = router.engine(MODEL_ID)
+    for k in range(2):  # dealt in turn: one of them is sent to the draining replica first
+        assert list(engine.generate_shared(pb.GenerateRequest(text="hi", request_id=f"d{k}")))[-1].HasField("final")
+    assert counts(draining, serving) == [1, 2]  # asked once, not once per retry of its stream
+    assert retries(metrics, draining) == 1
 
 
 def test_with_no_healthy_replica_a_routed_call_tries_the_others_anyway(pair, routed) -> None:
