@@ -151,7 +151,7 @@ def add_engine_security_args(parser: EnvArgumentParser) -> None:
 def add_engine_keepalive_args(parser: EnvArgumentParser) -> None:
     """How soon a dead or frozen engine's calls fail (conduit/v1/contract.py: keepalive)."""
     group = parser.add_argument_group("dead engines", "an engine that stops answering (host gone, process frozen) "
-                                      "fails its calls within about 2 * keepalive + timeout seconds")
+                                      "fails its calls within about keepalive + timeout seconds of its last message")
     group.add_argument("--engine-keepalive", type=float, metavar="S", default=KEEPALIVE_TIME_S,
                        help=f"seconds between keepalive pings to each engine (>= {MIN_PING_INTERVAL_S:g})")
     group.add_argument("--engine-keepalive-timeout", type=float, metavar="S", default=KEEPALIVE_TIMEOUT_S,

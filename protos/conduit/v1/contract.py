@@ -29,7 +29,7 @@ MESSAGE_SIZE_OPTIONS: tuple[tuple[str, int], ...] = (
 # KEEPALIVE_TIMEOUT_S ends the connection and fails every call on it UNAVAILABLE. An engine host
 # gone without a reset (powered off, route dropped) or a process stopped with SIGSTOP (its kernel
 # still ACKs TCP, but nothing answers HTTP/2 PINGs) is then noticed within about
-# 2 * KEEPALIVE_TIME_S + KEEPALIVE_TIMEOUT_S (a ping is skipped while data is arriving): 15 s.
+# KEEPALIVE_TIME_S + KEEPALIVE_TIMEOUT_S of its last message (the ping timer restarts at each): 10 s.
 KEEPALIVE_TIME_S = 5.0
 KEEPALIVE_TIMEOUT_S = 5.0
 # The engine accepts pings this often (also between calls): clients pinging less often are never
@@ -46,14 +46,18 @@ def keepalive_options(time_s: float = KEEPALIVE_TIME_S,
     return (
         ("grpc.keepalive_time_ms", int(time_s * 1000)),
         ("grpc.keepalive_timeout_ms", int(timeout_s * 1000)),
+        # Any ping's: a keepalive ping waits on a flow-control (BDP) ping already out, whose
+        # timeout would otherwise be a minute.
+        ("grpc.http2.ping_timeout_ms", int(timeout_s * 1000)),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
     )
 
 
-# The engine server's side: pings as often as MIN_PING_INTERVAL_S are allowed, with or without calls.
+# The engine server's side: pings as often as MIN_PING_INTERVAL_S are allowed, with or without
+# calls (half that is enforced: a client's timer may fire a little early).
 SERVER_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.http2.min_ping_interval_without_data_ms", int(MIN_PING_INTERVAL_S * 1000)),
+    ("grpc.http2.min_ping_interval_without_data_ms", int(MIN_PING_INTERVAL_S * 1000 / 2)),
     ("grpc.keepalive_permit_without_calls", 1),
 )
 
