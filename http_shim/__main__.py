@@ -75,7 +75,8 @@ def main() -> None:
         print(f"{prog_name('conduit-shim', 'http_shim')}: error: {error}", file=sys.stderr)
         sys.exit(2)
     # SIGTERM/SIGINT drain: running generations finish (up to --drain-seconds), then exit 0.
-    serve(app, args.host, args.port, args.drain_seconds, listening)
+    serve(app, args.host, args.port, args.drain_seconds, listening,
+          read_timeout_s=args.read_timeout or None, max_connections=args.max_connections)
 
 
 if __name__ == "__main__":

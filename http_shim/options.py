@@ -25,7 +25,7 @@ from .cors import CorsPolicy, normal_origin
 from .openai_to_proto import DEFAULT_LIMITS, RequestLimits
 from .responses import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RESPONSES, IN_MEMORY, StoreLimits
 from .routing import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, POLICIES, RoutingConfig
-from .server import DEFAULT_DRAIN_S
+from .server import DEFAULT_DRAIN_S, DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
 
 DEFAULT_ENGINE = "127.0.0.1:50051"
 # A browser's Origin header: scheme, host and an optional port, nothing after.
@@ -132,6 +132,12 @@ def add_hardening_args(parser: EnvArgumentParser) -> None:
                              "completions: prompts)")
     parser.add_argument("--drain-seconds", type=float, metavar="S", default=DEFAULT_DRAIN_S, env="CONDUIT_DRAIN_S",
                         help="on SIGTERM/SIGINT, how long running generations may finish before they are cut")
+    parser.add_argument("--read-timeout", type=float, metavar="S", default=DEFAULT_READ_TIMEOUT_S,
+                        help="seconds a client may take to send a request's headers and body (else 408 and the "
+                             "connection closes; idle keep-alive connections close too); responses, SSE streams "
+                             "included, are not bounded; 0 means no bound")
+    parser.add_argument("--max-connections", type=int, metavar="N", default=DEFAULT_MAX_CONNECTIONS,
+                        help="connections served at once (each stream holds one); more wait to be accepted")
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="json: one object per line")
     parser.add_argument("--cors-allow-origin", action="append", default=[], metavar="ORIGIN",
                         help="let web pages on ORIGIN (scheme://host[:port], or * for any, never with "
@@ -183,6 +189,8 @@ def hardening_config(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error(str(error))
     if args.max_body_bytes < 1:
         parser.error("--max-body-bytes must be positive")
+    if args.read_timeout < 0 or args.max_connections < 1:
+        parser.error("--read-timeout must be >= 0 and --max-connections positive")
     for origin in args.cors_allow_origin:
         if origin != "*" and not _ORIGIN.fullmatch(origin):
             parser.error(f"--cors-allow-origin {origin!r}: an origin is scheme://host[:port] with no path, or *")
