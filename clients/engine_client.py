@@ -4,7 +4,8 @@ Both wrap the generated `conduit.v1.Engine` stub and the standard health service
 apply a default deadline and metadata to every call, and raise `ConduitError`
 subclasses instead of `grpc.RpcError`. A Generate stream that is closed early
 (or garbage collected) cancels its call, which stops generation in the engine.
-Channels allow the contract's 64 MiB messages unless `options` say otherwise.
+Channels allow the contract's 64 MiB messages and send keepalive pings (an engine that stops
+answering fails its calls within ~10 s: conduit.v1.contract) unless `options` say otherwise.
 The blocking client also serves the HTTP shim, under gevent.
 
 A secured engine: `token=` sends `authorization: Bearer <token>` with every call; `tls_ca=`
