@@ -1,8 +1,9 @@
 """An engine that stops answering without closing its connections: two fake engine processes
 (tests/fake_engine.py, on the engine's own gRPC server) behind one shim, one frozen with SIGSTOP
 mid-stream. Its kernel still acknowledges TCP, so only the shim's keepalive pings, unanswered,
-reveal it: every stream on it must end with an error event within the keepalive bound, the
-streams on the other replica keep flowing, and new requests are served there.
+reveal it: every stream on it must end with an error event within the keepalive bound, a request
+sent to it before that (no answer yet) is served by the other replica, the streams on the other
+replica keep flowing, and new requests are served there.
 """
 
 from __future__ import annotations
@@ -73,6 +74,13 @@ def test_a_frozen_replica_fails_its_streams_and_the_other_serves_on(engines) -> 
 
         frozen.send_signal(signal.SIGSTOP)
         frozen_at = time.monotonic()
+        # Sent before the shim knows: the one dealt to the frozen replica answered nothing there, so
+        # once its connection is declared dead it is sent to the other replica.
+        early: list[int] = []
+        senders = [threading.Thread(target=lambda k=k: early.append(post(
+            url, "/v1/chat/completions", {"model": MODEL_ID, "messages": say(f"early {k}")})[0])) for k in range(2)]
+        for sender in senders:
+            sender.start()
         deadline = frozen_at + FROZEN_STREAM_END_S
         # Each stream either ends (the frozen replica's) or gets tokens well after the freeze (the live one's).
         while not all(r.ended.is_set() or r.last_token_at > frozen_at + 1.0 for r in readers):
@@ -87,6 +95,9 @@ def test_a_frozen_replica_fails_its_streams_and_the_other_serves_on(engines) -> 
             error = json.loads(events[-1])["error"]
             assert error["type"] == "server_error" and error["code"] == "engine_unavailable", error
 
+        for sender in senders:
+            sender.join(FROZEN_STREAM_END_S)
+        assert early == [200, 200]
         for k in range(6):  # new requests go to the live replica, at once
             status, _, raw = post(url, "/v1/chat/completions", {"model": MODEL_ID, "messages": say(f"after {k}")})
             assert status == 200, raw
