@@ -105,6 +105,14 @@ gpu-check: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS)
 
+# CHAOS_SECONDS of streaming load over two replicas behind one shim while engines are frozen (SIGSTOP/SIGCONT),
+# killed and restarted at random, and clients drop streams; reports requests sent, completed, failed with a
+# clean error, and hung (must be 0). Not part of `make test`. CHAOS_ARGS='--streams 16 --seed 7' etc.
+CHAOS_SECONDS ?= 180
+.PHONY: chaos
+chaos: $(STAMP)
+	$(BIN)/python -m benchmarks.chaos --seconds $(CHAOS_SECONDS) $(CHAOS_ARGS)
+
 # One engine step (decode at batch 1/8/32, a 512-token prefill) per weights choice, no server; a few
 # minutes. STEP_ARGS='--threads 1 --deterministic' etc.
 .PHONY: bench-step
