@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
 protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
 
-.PHONY: install browser protos check-protos kernels run-stack test test-fast deploy-check fuzz bench bench-routing soak gpu-check goldens clean
+.PHONY: install browser protos check-protos docs kernels run-stack test test-fast deploy-check fuzz bench bench-routing soak gpu-check goldens clean
 
 install: $(STAMP)
 
@@ -47,6 +47,11 @@ check-protos: $(STAMP)
 	for f in $(PROTO_OUT); do \
 		diff -u protos/conduit/v1/$$f $$tmp/conduit/v1/$$f || { echo "stale: protos/conduit/v1/$$f; run 'make protos'" >&2; exit 1; }; \
 	done && echo "generated code is up to date"
+
+# docs/flags.md from the three programs' argparse parsers; tests/test_docs.py (in `make test`) fails when
+# it is stale.
+docs: $(STAMP)
+	$(BIN)/python -m conduit.common.flagdoc
 
 # Environment: ENGINE_PORT, SHIM_PORT, MODEL; REPLICAS (engines behind the shim, on ports from ENGINE_PORT up); METRICS_PORT (engine metrics; unset: off); ENGINE_TOKEN and
 # ENGINE_TLS_CA/ENGINE_TLS_CERT/ENGINE_TLS_KEY (+ ENGINE_TLS_CLIENT_CERT/ENGINE_TLS_CLIENT_KEY: mutual TLS); CONDUIT_HOST, CONDUIT_LOG_DIR.

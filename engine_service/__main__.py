@@ -75,7 +75,7 @@ def build_parser() -> EnvArgumentParser:
     p.add_argument("--deterministic", action="store_true",
                    help="a request's output never depends on what it is batched with: the default weights "
                         "become none (bf16: ~1.4x slower at batch 1 than int8, the same past 8); with int8 or "
-                        "int4, their kernel for every step (slower big batches and prefill; see README)")
+                        "int4, their kernel for every step (slower big batches and prefill; see docs/engine.md)")
     p.add_argument("--native-kernels", action=argparse.BooleanOptionalAction, default=d.native_kernels,
                    help="run int8 linears, decode attention and the lean forward's add + RMSNorm on Conduit's "
                         "native AVX-512/AVX2 kernels (compiled with the system's C and C++ compilers on first use, "
