@@ -53,9 +53,8 @@ check-protos: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m conduit.common.flagdoc
 
-# Environment: ENGINE_PORT, SHIM_PORT, MODEL; REPLICAS (engines behind the shim, on ports from ENGINE_PORT up); METRICS_PORT (engine metrics; unset: off); ENGINE_TOKEN and
-# ENGINE_TLS_CA/ENGINE_TLS_CERT/ENGINE_TLS_KEY (+ ENGINE_TLS_CLIENT_CERT/ENGINE_TLS_CLIENT_KEY: mutual TLS); CONDUIT_HOST, CONDUIT_LOG_DIR.
-# The engine's and the shim's own CONDUIT_* variables reach them too. `conduit-stack --help` lists every flag and variable.
+# Settings from the environment: the launcher's variables (MODEL, ENGINE_PORT, SHIM_PORT, REPLICAS, METRICS_PORT,
+# ENGINE_TOKEN, ENGINE_TLS_*) and the engine's and the shim's own CONDUIT_* ones: docs/flags.md.
 run-stack: $(STAMP)
 	$(BIN)/conduit-stack
 
