@@ -1,0 +1,154 @@
+"""The Shepherd Model Gateway (`smg`, the real one from PyPI) in front of two real Conduit engines
+(default model) as its gRPC workers, driven with the openai and anthropic SDKs.
+
+The gateway tokenizes, applies the chat template, parses tool calls and detokenizes; the engines
+take and return token ids over vllm.grpc.engine.VllmEngine (engine_service/serving/vllm_worker.py).
+Its cache-aware policy reads each engine's prefix cache from SubscribeKvEvents (its
+`event_hit` branch), so a prompt whose prefix an engine holds goes there: `cached_tokens` shows it.
+Started once for the module: two engines (a Stack, whose own shim is unused here) and the gateway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+import zipfile
+from collections.abc import Iterator
+
+import anthropic
+import grpc
+import jsonschema
+import openai
+import pytest
+from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2 as vpb, vllm_engine_pb2_grpc as vpb_grpc
+
+from clients.launch import Stack
+from clients.smg_gateway import Gateway
+from common import ANSWER, ASK_MAX_TOKENS, MODEL, PROMPT, QUESTION, STORY, WEATHER_QUESTION
+from conftest import STARTUP_TIMEOUT_S
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]  # slow: drives an outside tool (the gateway)
+
+WAIT_S = 60.0
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Gateway]]:
+    logs = tmp_path_factory.mktemp("logs")
+    with Stack(replicas=2, log_dir=logs, startup_timeout=STARTUP_TIMEOUT_S) as engines:
+        info = worker(engines, 0).GetModelInfo(vpb.GetModelInfoRequest())
+        with Gateway(engines.engine_addresses, info.tokenizer_path, logs / "smg.log") as gateway:
+            yield engines, gateway
+
+
+@pytest.fixture(scope="module")
+def client(fleet) -> openai.OpenAI:
+    return openai.OpenAI(base_url=fleet[1].base_url, api_key="unused", max_retries=0, timeout=WAIT_S)
+
+
+def worker(engines: Stack, index: int) -> vpb_grpc.VllmEngineStub:
+    return vpb_grpc.VllmEngineStub(grpc.insecure_channel(engines.engine_addresses[index]))
+
+
+def running(engines: Stack) -> list[int]:
+    return [worker(engines, i).GetLoads(vpb.GetLoadsRequest()).loads[0].num_running_reqs for i in range(2)]
+
+
+def test_chat_streaming_and_completions_through_the_gateway(client):
+    response = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=ASK_MAX_TOKENS)
+    assert (response.choices[0].message.content, response.choices[0].finish_reason) == (ANSWER, "stop")
+    assert response.usage.prompt_tokens > 0 and response.usage.completion_tokens == 8
+
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                                 max_tokens=ASK_MAX_TOKENS, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ANSWER
+    assert chunks[-1].usage.completion_tokens == 8
+
+    two = client.chat.completions.create(model=MODEL, messages=QUESTION, n=2, temperature=0, max_tokens=ASK_MAX_TOKENS)
+    assert [c.message.content for c in two.choices] == [ANSWER, ANSWER]
+
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=5)
+    choice = completion.choices[0]
+    assert choice.text and choice.finish_reason == "length" and completion.usage.completion_tokens == 5
+
+    scored = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=3,
+                                            logprobs=True, top_logprobs=2)
+    tokens = scored.choices[0].logprobs.content
+    assert len(tokens) == 3 and all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in tokens)
+    assert "".join(t.token for t in tokens) == scored.choices[0].message.content
+
+
+def test_a_forced_tool_call_and_structured_output(client):
+    called = client.chat.completions.create(
+        model=MODEL, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], temperature=0, max_tokens=60,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    (call,) = called.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
+
+    answer = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Describe a person as JSON."}], temperature=0, max_tokens=80,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+    jsonschema.validate(json.loads(answer.choices[0].message.content), PERSON)
+
+
+def test_anthropic_messages_plain_and_streamed(fleet):
+    client = anthropic.Anthropic(base_url=fleet[1].url, api_key="unused", max_retries=0, timeout=WAIT_S)
+    message = client.messages.create(model=MODEL, max_tokens=ASK_MAX_TOKENS, messages=QUESTION)
+    assert message.content[0].text and message.stop_reason in ("end_turn", "max_tokens")
+    assert message.usage.input_tokens > 0 and message.usage.output_tokens > 0
+    with client.messages.stream(model=MODEL, max_tokens=10, messages=QUESTION) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text and final.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_a_client_that_leaves_frees_the_engines_slot(fleet, client):
+    engines, _ = fleet
+    stream = client.chat.completions.create(model=MODEL, messages=STORY, max_tokens=2000, stream=True,
+                                            extra_body={"ignore_eos": True})
+    for index, _chunk in enumerate(stream):
+        if index == 3:
+            break
+    assert sum(running(engines)) == 1
+    stream.response.close()
+    deadline = time.monotonic() + WAIT_S
+    while sum(running(engines)):
+        assert time.monotonic() < deadline, "the engine kept generating for a client that left"
+        time.sleep(0.1)
+
+
+def test_cache_aware_routing_keeps_a_shared_prefix_on_the_engine_that_holds_it(fleet, client):
+    """Four documents, three questions each: every follow-up lands where its document is cached
+    (round robin would put the second on the other engine, with nothing cached)."""
+    _, gateway = fleet
+    hits_before = gateway.metric('smg_cache_aware_policy_branch_total{branch="event_hit"}')
+    for doc in range(4):
+        words = " ".join(f"w{doc}x{i}" for i in range(120))
+        system = {"role": "system", "content": f"Document {doc}: {words}"}
+        cached = []
+        for question in range(3):
+            response = client.chat.completions.create(
+                model=MODEL, messages=[system, {"role": "user", "content": f"Question {question}: one word?"}],
+                temperature=0, max_tokens=2)
+            cached.append(response.usage.prompt_tokens_details.cached_tokens)
+        prefix = response.usage.prompt_tokens - 2 * 16  # all but the question and the block it falls in
+        assert all(tokens >= prefix for tokens in cached[1:]), cached
+    assert gateway.metric('smg_cache_aware_policy_branch_total{branch="event_hit"}') >= hits_before + 8, \
+        "the gateway routed by the engines' KV events"
+
+
+def test_get_tokenizer_streams_the_served_tokenizer_as_a_checked_zip(fleet):
+    chunks = list(worker(fleet[0], 1).GetTokenizer(common_pb2.GetTokenizerRequest()))
+    data = b"".join(c.data for c in chunks)
+    assert [bool(c.sha256) for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[-1].sha256 == hashlib.sha256(data).hexdigest()
+    names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    assert {"tokenizer.json", "tokenizer_config.json", "config.json"} <= set(names)
