@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -32,6 +33,8 @@ from conftest import STARTUP_TIMEOUT_S
 pytestmark = [pytest.mark.model, pytest.mark.slow]  # slow: drives an outside tool (the gateway)
 
 WAIT_S = 60.0
+STREAMS = 4
+STREAM_TOKENS = 96  # long enough to be mid-stream when the kill lands
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -152,3 +155,42 @@ def test_get_tokenizer_streams_the_served_tokenizer_as_a_checked_zip(fleet):
     assert chunks[-1].sha256 == hashlib.sha256(data).hexdigest()
     names = zipfile.ZipFile(io.BytesIO(data)).namelist()
     assert {"tokenizer.json", "tokenizer_config.json", "config.json"} <= set(names)
+
+
+def test_a_replica_killed_under_load_loses_no_request_that_had_not_started(fleet, client):
+    """Last in the module: it leaves one engine. Streams cut by the kill end in an error, never as a
+    short success; every request sent after it is served by the survivor."""
+    engines, _ = fleet
+    outcomes: list[str] = []
+
+    def stream(index: int) -> None:
+        try:
+            chunks = list(client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"Story {index}: tell me about a lighthouse."}],
+                max_tokens=STREAM_TOKENS, stream=True, extra_body={"ignore_eos": True},
+                stream_options={"include_usage": True}))
+        except openai.APIError as exc:
+            outcomes.append(f"error: {type(exc).__name__}")
+            return
+        usage, reasons = chunks[-1].usage, [c.choices[0].finish_reason for c in chunks if c.choices]
+        outcomes.append("full" if usage and usage.completion_tokens == STREAM_TOKENS and "length" in reasons
+                        else f"short: {usage}, {reasons}")
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(STREAMS)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + WAIT_S
+    while sum(loads := running(engines)) < STREAMS:
+        assert time.monotonic() < deadline and all(t.is_alive() for t in threads), loads
+        time.sleep(0.05)
+    victim = max(range(2), key=lambda i: loads[i])
+    engines.engines[victim].kill()
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert len(outcomes) == STREAMS and all(o == "full" or o.startswith("error") for o in outcomes), outcomes
+    assert outcomes.count("full") >= STREAMS - loads[victim], outcomes
+
+    for _ in range(6):
+        response = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                                  max_tokens=ASK_MAX_TOKENS)
+        assert response.choices[0].message.content == ANSWER
