@@ -23,6 +23,8 @@ import grpc
 import jsonschema
 import openai
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2 as vpb, vllm_engine_pb2_grpc as vpb_grpc
 
 from clients.launch import Stack
@@ -155,6 +157,42 @@ def test_get_tokenizer_streams_the_served_tokenizer_as_a_checked_zip(fleet):
     assert chunks[-1].sha256 == hashlib.sha256(data).hexdigest()
     names = zipfile.ZipFile(io.BytesIO(data)).namelist()
     assert {"tokenizer.json", "tokenizer_config.json", "config.json"} <= set(names)
+
+
+def generate(engines: Stack, index: int, prompt: list[int], **sampling) -> vpb.GenerateRequest:
+    return vpb.GenerateRequest(request_id=f"direct-{time.monotonic_ns()}", tokenized=vpb.TokenizedInput(
+        input_ids=prompt), stream=True, sampling_params=vpb.SamplingParams(**sampling))
+
+
+def test_the_worker_service_directly_refuses_by_name_aborts_and_flushes(fleet):
+    engines, _ = fleet
+    stub, prompt = worker(engines, 1), list(range(100, 180))
+    with grpc.insecure_channel(engines.engine_addresses[1]) as channel:
+        assert "vllm.grpc.engine.VllmEngine" in ProtoReflectionDescriptorDatabase(channel).get_services()
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(
+            service="vllm.grpc.engine.VllmEngine"))
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+    for sampling, code, words in [({"structural_tag": "{}"}, grpc.StatusCode.UNIMPLEMENTED, "structural_tag"),
+                                  ({"temperature": 5.0}, grpc.StatusCode.INVALID_ARGUMENT,
+                                   "sampling_params.temperature"),
+                                  ({"json_schema": "{"}, grpc.StatusCode.INVALID_ARGUMENT, "json_schema")]:
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.Generate(generate(engines, 1, prompt, max_tokens=2, **sampling)))
+        assert refused.value.code() == code and words in refused.value.details()
+
+    request = generate(engines, 1, prompt, max_tokens=1000, ignore_eos=True)
+    stream = stub.Generate(request)
+    assert next(stream).chunk.token_ids
+    stub.Abort(vpb.AbortRequest(request_ids=[request.request_id]))
+    finals = [r.complete for r in stream if r.HasField("complete")]
+    assert [f.finish_reason for f in finals] == ["abort"] and finals[0].completion_tokens < 1000
+
+    def cached() -> int:
+        request = generate(engines, 1, prompt, max_tokens=1, temperature=0)
+        return [r.complete for r in stub.Generate(request) if r.HasField("complete")][0].cached_tokens
+    assert cached() > 0, "the prompt was computed above: its blocks are cached"
+    assert stub.FlushCache(common_pb2.FlushCacheRequest(timeout_s=10)).success
+    assert cached() == 0
 
 
 def test_a_replica_killed_under_load_loses_no_request_that_had_not_started(fleet, client):

@@ -144,7 +144,8 @@ def test_sampling_fields_map_to_the_engines_parameters_with_vllm_zeros_as_unset(
                                              repetition_penalty=pytest.approx(1.1),
                                              frequency_penalty=pytest.approx(0.2), presence_penalty=pytest.approx(0.3),
                                              logit_bias={11: 5.0}, seed=-4)
-    assert params.stopping == StoppingParams(max_tokens=7, min_tokens=2, stop=["x"], stop_token_ids=[5], ignore_eos=True)
+    assert params.stopping == StoppingParams(max_tokens=7, min_tokens=2, stop=["x"], stop_token_ids=[5],
+                                             ignore_eos=True)
     assert (params.n, params.logprobs, params.top_logprobs, params.echo) == (3, True, 2, False)
     prompt_only = request_params(vpb.SamplingParams(prompt_logprobs=1))
     assert (prompt_only.logprobs, prompt_only.top_logprobs, prompt_only.wants_prompt_logprobs) == (True, 1, True)
@@ -211,7 +212,9 @@ def test_unstreamed_complete_holds_every_id_a_stop_string_and_an_abort_reads_as_
     (message,) = [m for m in map(encoder.encode, EVENTS) if m is not None]
     assert list(message.complete.output_ids) == [10, 11, 12] and message.complete.matched_stop_str == "<stop>"
     assert not message.complete.HasField("output_logprobs")
-    eos = VllmEncoder(stream=True, logprobs=False, top=0, stop_token_ids=[]).encode(FinalEvent(0, FinishReason.STOP, 3, 3))
+    def final(reason: FinishReason, index: int = 0):
+        return VllmEncoder(stream=True, logprobs=False, top=0, stop_token_ids=[]).encode(FinalEvent(index, reason, 3, 3))
+    eos = final(FinishReason.STOP)
     assert eos.complete.WhichOneof("matched_stop") is None, "an EOS matches no stop, as in vLLM"
-    cut = VllmEncoder(stream=True, logprobs=False, top=0, stop_token_ids=[]).encode(FinalEvent(1, FinishReason.CANCELLED, 3, 0))
+    cut = final(FinishReason.CANCELLED, index=1)
     assert (cut.complete.finish_reason, cut.complete.index) == ("abort", 1)

@@ -149,7 +149,8 @@ class VllmWorker(vpb_grpc.VllmEngineServicer):
         return vpb.GetModelInfoResponse(
             model_path=loaded.source, is_generation=True, max_context_length=self.engine.max_model_len,
             vocab_size=self.engine.vocab_size, served_model_name=loaded.model_id, tokenizer_path=loaded.source,
-            model_type=getattr(config, "model_type", "") or "", architectures=getattr(config, "architectures", None) or [],
+            model_type=getattr(config, "model_type", "") or "",
+            architectures=getattr(config, "architectures", None) or [],
             eos_token_ids=loaded.eos_token_ids,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else -1,
             bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else -1,
