@@ -69,7 +69,7 @@ test-fast: $(STAMP) browser check-protos kernels
 # Lints deploy/'s Dockerfiles (hadolint) and validates its Kubernetes manifests (kubernetes-validate),
 # and checks their invariants; nothing is built or applied (no docker daemon here).
 deploy-check: $(STAMP)
-	$(BIN)/python -m pytest tests/test_deploy_files.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/test_deploy_files.py tests/test_deploy_gateway.py $(PYTEST_ARGS)
 
 # Fuzzes the shim from its OpenAPI document (schemathesis; boundary, invalid and random requests, no
 # 5xx allowed): in front of the fake engine, then on the real stack. FUZZ_EXAMPLES random requests
@@ -108,6 +108,14 @@ gpu-check: $(STAMP)
 # A few minutes of mixed load at 4x, then 10x the batch size in flight; SOAK_ARGS='--seconds 60' etc.
 soak: $(STAMP)
 	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS)
+
+# CHAOS_SECONDS of streaming load over two replicas behind one shim while engines are frozen (SIGSTOP/SIGCONT),
+# killed and restarted at random, and clients drop streams; reports requests sent, completed, failed with a
+# clean error, and hung (must be 0). Not part of `make test`. CHAOS_ARGS='--streams 16 --seed 7' etc.
+CHAOS_SECONDS ?= 180
+.PHONY: chaos
+chaos: $(STAMP)
+	$(BIN)/python -m benchmarks.chaos --seconds $(CHAOS_SECONDS) $(CHAOS_ARGS)
 
 # One engine step (decode at batch 1/8/32, a 512-token prefill) per weights choice, no server; a few
 # minutes. STEP_ARGS='--threads 1 --deterministic' etc.

@@ -217,7 +217,8 @@ class Stack:
 
     def engine_command(self, index: int = 0) -> list[str]:
         tls = self.tls.engine_args() if self.tls else []
-        metrics = ["--metrics-port", str(self.metrics_port + index)] if self.metrics_port else []
+        metrics = (["--metrics-port", str(self.metrics_port + index), "--metrics-host", self.host]
+                   if self.metrics_port else [])
         command = [sys.executable, "-m", "engine_service", "--host", self.host,
                    "--port", str(self.engine_ports[index]), *metrics, *tls, *self.engine_args]
         return command + ["--model", self.model] if self.model else command

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 if __name__ == "__main__":
@@ -24,7 +24,7 @@ if __name__ == "__main__":
     die_with_parent()
 
 from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
-from engine_service.core.config import QUANTIZATIONS, EngineConfig  # noqa: E402
+from engine_service.core.config import BOUNDS, QUANTIZATIONS, EngineConfig  # noqa: E402
 from engine_service.core.pacing import AUTO_MAX_STREAM_INTERVAL, AUTO_STREAMS_PER_STEP  # noqa: E402
 from conduit.common.cli import EnvArgumentParser, prog_name  # noqa: E402
 from conduit.common.logs import LOG_FORMATS, configure_logging  # noqa: E402
@@ -41,24 +41,27 @@ def build_parser() -> EnvArgumentParser:
     p.add_argument("--served-model-name", metavar="NAME",
                    help="the model's public name in ListModels and requests; default: the model's own name")
     p.add_argument("--host", default="127.0.0.1", help="where gRPC listens")
-    p.add_argument("--port", metavar="PORT", type=int, default=50051, help="gRPC port")
+    p.add_argument("--port", metavar="PORT", type=bounded("port"), default=50051, help="gRPC port")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="compute dtype; auto: bf16 on GPUs and on CPUs with native bf16 or AVX2, else float32")
     p.add_argument("--chat-template", type=Path, metavar="FILE",
                    help="a Jinja chat template to use instead of the model's (or for a model without one)")
     d = EngineConfig()
-    p.add_argument("--max-batch-size", metavar="N", type=int, default=d.max_batch_size,
+    p.add_argument("--max-batch-size", metavar="N", type=bounded("max_batch_size"), default=d.max_batch_size,
                    help="sequences decoded together")
-    p.add_argument("--max-queue", metavar="N", type=int, default=d.max_waiting,
+    p.add_argument("--max-queue", metavar="N", type=bounded("max_waiting"), default=d.max_waiting,
                    help="waiting requests before RESOURCE_EXHAUSTED")
-    p.add_argument("--max-step-tokens", metavar="N", type=int, default=d.max_step_tokens,
+    p.add_argument("--max-step-tokens", metavar="N", type=bounded("max_step_tokens"), default=d.max_step_tokens,
                    help="tokens per step (decodes + prompt chunks); bounds the stall a long prompt causes")
-    p.add_argument("--kv-cache-gb", metavar="G", type=float, default=d.kv_cache_gb, help="KV cache budget in gigabytes")
-    p.add_argument("--kv-cache-tokens", metavar="N", type=int, default=0,
+    p.add_argument("--kv-cache-gb", metavar="G", type=bounded("kv_cache_gb", float), default=d.kv_cache_gb,
+                   help="KV cache budget in gigabytes")
+    p.add_argument("--kv-cache-tokens", metavar="N", type=bounded("kv_cache_tokens"), default=0,
                    help="KV cache budget in tokens; overrides --kv-cache-gb")
-    p.add_argument("--block-size", metavar="N", type=int, default=d.block_size, help="tokens per KV cache block")
-    p.add_argument("--max-model-len", metavar="N", type=int, default=0, help="default: the model's context length")
+    p.add_argument("--block-size", metavar="N", type=bounded("block_size"), default=d.block_size,
+                   help="tokens per KV cache block")
+    p.add_argument("--max-model-len", metavar="N", type=bounded("max_model_len"), default=0,
+                   help="default: the model's context length")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=d.enable_prefix_caching,
                    help="reuse the KV cache of full prompt blocks seen before (vLLM's flag names)")
@@ -84,21 +87,28 @@ def build_parser() -> EnvArgumentParser:
                         "(vLLM's and SGLang's flag of that name). auto (default): every token while a step "
                         f"feeds up to {AUTO_STREAMS_PER_STEP} requests, then every ceil(requests / "
                         f"{AUTO_STREAMS_PER_STEP}) steps, at most {AUTO_MAX_STREAM_INTERVAL}; 1: always every token")
-    p.add_argument("--threads", metavar="N", type=int, default=0, help="torch CPU threads; default: all cores")
+    p.add_argument("--threads", metavar="N", type=bounded("threads"), default=0,
+                   help="torch CPU threads; default: all cores")
     p.add_argument("--log-level", default="INFO", help="Python logging level")
     p.add_argument("--log-format", default="text", choices=LOG_FORMATS,
                    help="text, or json: one object per line (ts, level, logger, msg, request_id)")
     # The shim's name for its own --drain-seconds: one variable, one meaning, in either process.
-    p.add_argument("--drain-seconds", metavar="S", type=float, default=30.0, env="CONDUIT_DRAIN_S",
+    p.add_argument("--drain-seconds", metavar="S", type=bounded("drain_seconds", float), default=30.0,
+                   env="CONDUIT_DRAIN_S",
                    help="on SIGTERM/SIGINT, how long queued and running requests get to finish")
-    p.add_argument("--metrics-port", metavar="PORT", type=int, default=0,
-                   help="serve Prometheus metrics over HTTP on this port (same host as gRPC); 0: off")
+    p.add_argument("--metrics-port", metavar="PORT", type=bounded("metrics_port"), default=0,
+                   help="serve Prometheus metrics over HTTP on this port; 0: off")
+    p.add_argument("--metrics-host", metavar="HOST", default="127.0.0.1",
+                   help="where the metrics listen, apart from --host: a scraper on another host or pod needs "
+                        "0.0.0.0 (the metrics carry no token)")
     security = p.add_argument_group("security", "tokens and TLS for the gRPC port (health and reflection stay open)")
     security.add_argument("--auth-token", action="append", default=[], metavar="TOKEN",
                           env=ENGINE_TOKENS_ENV, env_adds=True,
                           help="accept 'authorization: Bearer TOKEN' (repeatable); with any token, calls without "
                                "one get UNAUTHENTICATED")
-    security.add_argument("--auth-token-file", metavar="PATH", help="tokens, one per line")
+    security.add_argument("--auth-token-file", metavar="PATH",
+                          help="tokens, one per line (blank lines and # comments skipped); a file without one "
+                               "stops the engine at start")
     security.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate (chain)")
     security.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
     security.add_argument("--tls-client-ca", metavar="PEM",
@@ -106,26 +116,41 @@ def build_parser() -> EnvArgumentParser:
     return p
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+def bounded(setting: str, kind: type[int] | type[float] = int, special: str | None = None) -> Callable[[str], float]:
+    """A flag's conversion that checks BOUNDS[setting] (config.py); `special`: the word the flag
+    takes for the setting's special value (see Bounds.problem)."""
+    bounds = BOUNDS[setting]
+
+    def convert(text: str) -> float:
+        if special is not None and text == special:
+            return bounds.special  # type: ignore[return-value]
+        value = kind(text)
+        problem = bounds.problem(value, special)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    convert.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
+    return convert
 
 
-def stream_interval(text: str) -> int:
-    """0 stands for auto in EngineConfig."""
-    return 0 if text == "auto" else positive_int(text)
+stream_interval = bounded("stream_interval", special="auto")  # 0 stands for auto in EngineConfig
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        # env="": the parser has already read $CONDUIT_ENGINE_TOKENS into --auth-token.
-        tokens = collect_tokens(args.auth_token, args.auth_token_file, env="")
+        tokens = collect_tokens(args.auth_token, args.auth_token_file)  # --auth-token holds the variable's too
         args.security = ServerSecurity(tokens, args.tls_cert, args.tls_key, args.tls_client_ca)
         args.security.credentials()  # read the files now: a bad path fails here, not at serve time
+        # Here, before the model loads: settings that cannot work together stop the start at once.
+        args.config = EngineConfig(
+            max_batch_size=args.max_batch_size, max_waiting=args.max_queue, max_step_tokens=args.max_step_tokens,
+            block_size=args.block_size, kv_cache_tokens=args.kv_cache_tokens, kv_cache_gb=args.kv_cache_gb,
+            max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
+            quantization=args.quantization, deterministic=args.deterministic, native_kernels=args.native_kernels,
+            stream_interval=args.stream_interval)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     return args
@@ -138,7 +163,8 @@ def main() -> None:
 
     from conduit.common.memory import release_freed_memory
     from engine_service.core.engine import Engine
-    from engine_service.core.faults import FAULT_INJECT_ENV, FaultInjectingRunner
+    from engine_service.core.faults import (FAULT_INJECT_ENV, FAULT_INJECT_TAKE_ENV, FaultInjectingChoices,
+                                            FaultInjectingRunner)
     from engine_service.core.metrics import EngineMetrics
     from engine_service.model.loader import load_model
     from engine_service.serving.background import BackgroundServer
@@ -150,22 +176,20 @@ def main() -> None:
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, chat_template=args.chat_template)
     if args.served_model_name:
         loaded = dataclasses.replace(loaded, model_id=args.served_model_name)
-    config = EngineConfig(max_batch_size=args.max_batch_size, max_waiting=args.max_queue,
-                          max_step_tokens=args.max_step_tokens, block_size=args.block_size,
-                          kv_cache_tokens=args.kv_cache_tokens, kv_cache_gb=args.kv_cache_gb,
-                          max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
-                          quantization=args.quantization, deterministic=args.deterministic,
-                          native_kernels=args.native_kernels, stream_interval=args.stream_interval)
     metrics = EngineMetrics(loaded.model_id) if args.metrics_port else None
-    engine = Engine(loaded, config, metrics)
+    engine = Engine(loaded, args.config, metrics)
     release_freed_memory()  # what loading and quantizing freed (~350 MB for the default model)
     if marker := os.environ.get(FAULT_INJECT_ENV):  # tests of failure handling only
         logging.getLogger(__name__).warning("fault injection is ON (%s): steps holding a prompt with %r will fail",
                                             FAULT_INJECT_ENV, marker)
         engine.runner = FaultInjectingRunner(engine.runner, marker, engine.tokenizer.decode)
+    if marker := os.environ.get(FAULT_INJECT_TAKE_ENV):  # tests of failure handling only
+        logging.getLogger(__name__).warning("fault injection is ON (%s): requests with %r will fail to start",
+                                            FAULT_INJECT_TAKE_ENV, marker)
+        engine.choices = FaultInjectingChoices(engine.choices, marker, engine.tokenizer.decode)
     if metrics is not None:
-        metrics.serve(args.metrics_port, args.host)
-        logging.getLogger(__name__).info("metrics on http://%s:%d/metrics", args.host, args.metrics_port)
+        metrics.serve(args.metrics_port, args.metrics_host)
+        logging.getLogger(__name__).info("metrics on http://%s:%d/metrics", args.metrics_host, args.metrics_port)
     servicer = EngineServicer(engine)
     server = BackgroundServer(servicer, args.host, args.port, security=args.security, description=loaded.model_id,
                               companions=[VllmWorker(servicer).add_to])  # the Shepherd gateway's protocol

@@ -26,25 +26,30 @@ if __name__ == "__main__":
     die_with_parent()
 
 import argparse  # noqa: E402
+import sys  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 
 from clients.engine_client import EngineClient  # noqa: E402
 
 from .app import ENGINE_CHANNEL_OPTIONS, ShimConfig, create_app  # noqa: E402
+from conduit.common.cli import prog_name  # noqa: E402
 from conduit.common.logs import configure_logging  # noqa: E402
 from .options import parse_args  # noqa: E402
+from .responses import StoreError  # noqa: E402
 from .server import serve  # noqa: E402
 
 
 def _engine_connector(args: argparse.Namespace) -> Callable[[str | Sequence[str]], EngineClient]:
-    """Makes the shim's engine clients (one per engine address), all with the engine flags' security."""
+    """Makes the shim's engine clients (one per engine address), all with the engine flags' security
+    and keepalive."""
 
     tls = bool(args.engine_tls_ca or args.engine_tls_cert or args.engine_tls_key)
+    options = (*ENGINE_CHANNEL_OPTIONS, *args.keepalive)
 
     def connect(target: str | Sequence[str], server_name: str | None = None) -> EngineClient:
         """`server_name`: the name the engine's certificate carries, for an address a dns:/// name
         resolved to (the shim dials each replica behind a name by its address)."""
-        return EngineClient(target, options=ENGINE_CHANNEL_OPTIONS, token=args.engine_token or None,
+        return EngineClient(target, options=options, token=args.engine_token or None,
                             tls_ca=args.engine_tls_ca, tls_cert=args.engine_tls_cert, tls_key=args.engine_tls_key,
                             tls_server_name=server_name if tls else None)
 
@@ -64,8 +69,14 @@ def main() -> None:
     def listening(port: int) -> None:
         print(f"http_shim listening on http://{args.host}:{port} (engine {','.join(args.engine)})", flush=True)
 
+    try:
+        app = create_app(config, _engine_connector(args))
+    except StoreError as error:  # one line, as a usage error: the fix is a flag, not in a traceback
+        print(f"{prog_name('conduit-shim', 'http_shim')}: error: {error}", file=sys.stderr)
+        sys.exit(2)
     # SIGTERM/SIGINT drain: running generations finish (up to --drain-seconds), then exit 0.
-    serve(create_app(config, _engine_connector(args)), args.host, args.port, args.drain_seconds, listening)
+    serve(app, args.host, args.port, args.drain_seconds, listening,
+          read_timeout_s=args.read_timeout or None, max_connections=args.max_connections)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import REQUEST_ID_METADATA_KEY
 
 from .auth import KeyChecker
-from .connection import ABANDON_BODY_KEY
+from .connection import ABANDON_BODY_KEY, READ_DONE_KEY, request_timeout_error
 from .cors import CorsPolicy, install_cors
 from .drain import Drain
 from .errors import APIError, from_engine_error, internal_error_message
@@ -82,7 +82,7 @@ class ShimConfig:
     # Origins whose web pages may call the API from a browser (none: CORS off).
     cors: CorsPolicy = CorsPolicy()
     # The Responses API's store (responses/store.py): its folder (None: default_store_dir(); "": no
-    # store, nothing is kept) and bounds.
+    # store, nothing is kept; ":memory:": this process only) and bounds.
     responses_store_dir: str | None = None
     responses_store_limits: StoreLimits = StoreLimits()
     # How calls are spread over several engine replicas of a model (routing/).
@@ -131,10 +131,15 @@ def _read_body(limit: int) -> bytes:
         raise RequestEntityTooLarge()
     stream = request.environ["wsgi.input"]  # gevent's: ends at Content-Length, or at a chunked body's end
     data = bytearray()
-    while piece := stream.read(min(64 * 1024, limit + 1 - len(data))):
-        data += piece
-        if len(data) > limit:
-            raise RequestEntityTooLarge()
+    try:
+        while piece := stream.read(min(64 * 1024, limit + 1 - len(data))):
+            data += piece
+            if len(data) > limit:
+                raise RequestEntityTooLarge()
+    except TimeoutError:  # the server's read timeout (connection.py): a body sent too slowly
+        request.environ[ABANDON_BODY_KEY] = True
+        raise request_timeout_error() from None
+    request.environ.get(READ_DONE_KEY, lambda: None)()
     return bytes(data)
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 import uuid
 
-MAX_REQUEST_ID_CHARS = 128
+from conduit.common.logs import MAX_REQUEST_ID_CHARS
+
 _ACCEPTABLE_ID = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_REQUEST_ID_CHARS)
 
 

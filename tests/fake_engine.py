@@ -97,6 +97,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.running = 0  # Generate calls open now: the load GetLoad reports
         self.queued = 0  # waiting requests GetLoad adds (as if other shims kept this replica busy)
         self.refuse: grpc.StatusCode | None = None  # every call fails with it before any response
+        self.list_failures = 0  # ListModels calls that fail first (an engine just up, too busy to answer)
 
     # -------------------------------------------------------------- observation
 
@@ -112,6 +113,9 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
     # -------------------------------------------------------------- RPCs
 
     async def ListModels(self, request, context):
+        if self.list_failures > 0:
+            self.list_failures -= 1
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the fake engine is too busy to answer in time")
         return pb.ListModelsResponse(models=[self._info()])
 
     async def GetModelInfo(self, request, context):

@@ -233,3 +233,15 @@ def test_serving_installs_no_system_package_and_the_tests_bring_their_browser() 
 
     assert "apt-get" not in recipe("run-stack") and "chromium" not in recipe("run-stack")
     assert "apt-get install -y -q chromium" in recipe("test")
+
+
+def test_requires_python_admits_no_version_the_code_cannot_run_on() -> None:
+    """pip installs on any Python that requires-python admits: 3.10 has no asyncio.timeout (GenerateMany
+    uses it), so it must be refused there rather than fail at the first call."""
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+
+    spec = SpecifierSet(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["requires-python"])
+    assert not spec.contains("3.10.14"), spec
+    assert spec.contains(f"{sys.version_info.major}.{sys.version_info.minor}.0"), spec

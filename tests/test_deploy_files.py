@@ -87,6 +87,98 @@ def entrypoint_args(dockerfile: str, k8s_args: list[str]) -> list[str]:
     return dockerfile_json_array((DEPLOY / dockerfile).read_text(), "ENTRYPOINT") + k8s_args
 
 
+# --- security: the engine token, the network policy, the shim's writable store -----------------------
+# Shared with test_deploy_gateway.py: both topologies keep them.
+
+ENGINE_TOKEN_SECRET = "conduit-engine-token"  # the operator creates it (README, docs/security.md)
+ENGINE_TOKEN_KEY = "token"
+SHIM_HOME = "/home/conduit"  # the shim image's user's home (useradd --create-home), where the store goes by default
+ANYONE = {"from": "anyone"}  # a rule without `from`: every source
+
+
+def env_value(c: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The container's env entry `name` (its `value` or `valueFrom`), or None."""
+    return next((e for e in c.get("env", []) if e["name"] == name), None)
+
+
+def mounted_volume(pod: dict[str, Any], c: dict[str, Any], path: str) -> tuple[dict, dict] | None:
+    """(volumeMount, volume) of the container's deepest mount holding `path`, or None (the root filesystem)."""
+    mounts = [m for m in c.get("volumeMounts", [])
+              if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+    if not mounts:
+        return None
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    (volume,) = [v for v in pod.get("volumes", []) if v["name"] == mount["name"]]
+    return mount, volume
+
+
+def check_engine_requires_the_token(pod: dict[str, Any], engine: dict[str, Any]) -> None:
+    """The engine reads its token file (--auth-token-file or its variable) from the Secret, which must exist."""
+    variable = env_value(engine, "CONDUIT_AUTH_TOKEN_FILE")
+    path = flag(entrypoint_args("engine.Dockerfile", engine.get("args", [])), "--auth-token-file",
+                variable and variable.get("value"))
+    assert path, "the engine has no --auth-token-file: any pod that reaches it could call Generate"
+    found = mounted_volume(pod, engine, path)
+    assert found and "secret" in found[1], f"{path} is not on a Secret volume"
+    mount, volume = found
+    assert volume["secret"]["secretName"] == ENGINE_TOKEN_SECRET and not volume["secret"].get("optional")
+    assert mount.get("readOnly") and path == f"{mount['mountPath'].rstrip('/')}/{ENGINE_TOKEN_KEY}"
+
+
+def check_shim_sends_the_token(shim: dict[str, Any]) -> None:
+    variable = env_value(shim, "CONDUIT_ENGINE_TOKEN")
+    assert variable, "the shim sends no engine token"
+    ref = variable["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"]) == (ENGINE_TOKEN_SECRET, ENGINE_TOKEN_KEY) and not ref.get("optional")
+
+
+def check_store_is_writable(pod: dict[str, Any], shim: dict[str, Any]) -> None:
+    """With a read-only root filesystem, the Responses store's folder is a writable volume (or it is
+    kept in memory, or not at all): else the shim cannot start."""
+    if not shim.get("securityContext", {}).get("readOnlyRootFilesystem"):
+        return
+    variable = env_value(shim, "CONDUIT_RESPONSES_STORE_DIR")
+    default = variable["value"] if variable else f"{SHIM_HOME}/.local/state/conduit"
+    folder = flag(entrypoint_args("shim.Dockerfile", shim.get("args", [])), "--responses-store-dir", default)
+    if folder in ("", ":memory:"):
+        return
+    found = mounted_volume(pod, shim, folder)
+    assert found, f"the Responses store's folder {folder} is on the read-only root filesystem"
+    mount, volume = found
+    assert not mount.get("readOnly") and ({"emptyDir", "persistentVolumeClaim"} & volume.keys()), mount
+
+
+def admitted(policies: list[dict[str, Any]], labels: dict[str, str], port: int, port_name: str) -> list | None:
+    """The peers that the NetworkPolicies selecting pods with `labels` admit to `port` (ANYONE for a
+    rule without `from`); None when no policy selects those pods for ingress (everyone is admitted)."""
+    selecting = [p for p in policies if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+                 and p["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()]
+    if not selecting:
+        return None
+    peers: list[dict[str, Any]] = []
+    for policy in selecting:
+        assert "matchExpressions" not in policy["spec"]["podSelector"]  # not modelled here
+        for rule in policy["spec"].get("ingress", []):
+            ports = rule.get("ports")
+            if ports is None or any(p.get("port") in (port, port_name) for p in ports):
+                peers.extend(rule.get("from") or [ANYONE])
+    return peers
+
+
+def peer_is(peer: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether the peer stands for pods of this namespace with these labels and nothing else."""
+    return set(peer) == {"podSelector"} and 0 < len(peer["podSelector"].get("matchLabels", {})) and \
+        peer["podSelector"]["matchLabels"].items() <= labels.items() and "matchExpressions" not in peer["podSelector"]
+
+
+def peer_admits(peer: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether the peer lets in pods of this namespace with these labels."""
+    if peer is ANYONE:
+        return True
+    pods = peer.get("podSelector", {}).get("matchLabels", {})
+    return "ipBlock" not in peer and peer.get("namespaceSelector", {}) == {} and pods.items() <= labels.items()
+
+
 # --- the tools ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
@@ -206,12 +298,52 @@ def test_shim_api_keys_come_from_a_secret() -> None:
     assert "secretKeyRef" in env["CONDUIT_API_KEYS"]["valueFrom"]
 
 
+def pod_labels(name: str) -> dict[str, str]:
+    return resource("Deployment", name)["spec"]["template"]["metadata"]["labels"]
+
+
+def test_only_the_shims_reach_the_engines_grpc_port() -> None:
+    policies = [r for r in load_resources() if r["kind"] == "NetworkPolicy"]
+    peers = admitted(policies, pod_labels("conduit-engine"), ENGINE_PORT, "grpc")
+    assert peers is not None, "no NetworkPolicy selects the engine pods: every pod in the cluster reaches gRPC"
+    assert peers and all(peer_is(peer, pod_labels("conduit-shim")) for peer in peers), peers
+
+
+def test_the_engine_requires_a_token_the_shim_sends() -> None:
+    engine = resource("Deployment", "conduit-engine")
+    check_engine_requires_the_token(engine["spec"]["template"]["spec"], container(engine))
+    check_shim_sends_the_token(container(resource("Deployment", "conduit-shim")))
+
+
+def test_the_shims_store_is_on_a_writable_volume() -> None:
+    shim = resource("Deployment", "conduit-shim")
+    assert container(shim)["securityContext"]["readOnlyRootFilesystem"]
+    check_store_is_writable(shim["spec"]["template"]["spec"], container(shim))
+
+
+def test_the_checks_catch_what_they_guard() -> None:
+    engine, shim = resource("Deployment", "conduit-engine"), resource("Deployment", "conduit-shim")
+    # The shim's store left at its default (the home folder, on the read-only root filesystem).
+    bare = {**container(shim), "args": [], "env": []}
+    with pytest.raises(AssertionError):
+        check_store_is_writable(shim["spec"]["template"]["spec"], bare)
+    check_store_is_writable(shim["spec"]["template"]["spec"], {**bare, "args": ["--responses-store-dir", ":memory:"]})
+    with pytest.raises(AssertionError):  # the engine without its token file
+        check_engine_requires_the_token(engine["spec"]["template"]["spec"], {**container(engine), "env": []})
+    with pytest.raises(AssertionError):
+        check_shim_sends_the_token({**container(shim), "env": []})
+    open_rule = {"kind": "NetworkPolicy", "spec": {"podSelector": {}, "ingress": [{}]}}
+    assert admitted([open_rule], pod_labels("conduit-engine"), ENGINE_PORT, "grpc") == [ANYONE]
+    assert not peer_is({"namespaceSelector": {}}, pod_labels("conduit-shim"))
+
+
 def test_engine_metrics_port_is_annotated_and_exposed() -> None:
     engine = resource("Deployment", "conduit-engine")
     annotations = engine["spec"]["template"]["metadata"]["annotations"]
     args = entrypoint_args("engine.Dockerfile", container(engine)["args"])
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == flag(args, "--metrics-port")
+    assert flag(args, "--metrics-host") == "0.0.0.0"  # the engine's default, loopback, is out of the scraper's reach
     assert int(annotations["prometheus.io/port"]) in {p["containerPort"] for p in container(engine)["ports"]}
 
 
@@ -264,6 +396,8 @@ def test_compose() -> None:
         assert seconds(service["stop_grace_period"]) > drain + 5, name
         assert service["healthcheck"]["test"], name
     assert flag(shim["command"], "--engine") == f"engine:{ENGINE_PORT}"
+    # The metrics port is published (to the host's loopback): inside the container it must listen on all.
+    assert flag(engine["command"], "--metrics-host") == "0.0.0.0" and "127.0.0.1:9090:9090" in engine["ports"]
     assert shim["depends_on"]["engine"]["condition"] == "service_healthy"
     for name in services:
         assert services[name]["build"]["dockerfile"] == f"deploy/{name}.Dockerfile"

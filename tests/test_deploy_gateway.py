@@ -18,7 +18,9 @@ import jsonschema
 import pytest
 import yaml
 
-from test_deploy_files import KUBERNETES_VERSION, SHIM_PORT, entrypoint_args, flag, run, tool
+from test_deploy_files import (ANYONE, ENGINE_PORT, KUBERNETES_VERSION, SHIM_PORT, admitted,
+                               check_engine_requires_the_token, check_shim_sends_the_token, check_store_is_writable,
+                               entrypoint_args, flag, peer_admits, peer_is, run, tool)
 
 pytestmark = pytest.mark.slow  # deploy linters, like test_deploy_files.py
 
@@ -158,6 +160,7 @@ def test_each_pod_is_one_model_server_engine_and_shim_beside_it() -> None:
     assert flag(shim_args, "--engine") == f"127.0.0.1:{flag(engine_args, '--port')}"  # its own engine only
     assert flag(shim_args, "--port") == str(SHIM_PORT)
     assert flag(engine_args, "--metrics-port") == str(ENGINE_METRICS_PORT)
+    assert flag(engine_args, "--metrics-host") == "0.0.0.0"  # the picker scrapes it from its own pod
     grace = server["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     for args in (shim_args, engine_args):
         assert grace > float(flag(args, "--drain-seconds", "30")) + 5
@@ -178,3 +181,29 @@ def test_the_picker_scrapes_the_engines_metrics_under_conduits_names() -> None:
     role = one("Role", picker["spec"]["template"]["spec"]["serviceAccountName"])
     resources_allowed = {r for rule in role["rules"] for r in rule["resources"]}
     assert {"inferencepools", "pods"} <= resources_allowed
+
+
+def pod_labels(name: str) -> dict[str, str]:
+    return one("Deployment", name)["spec"]["template"]["metadata"]["labels"]
+
+
+def test_the_engine_is_closed_to_every_other_pod_and_the_gateway_reaches_the_shim() -> None:
+    policies = [r for r in resources() if r["kind"] == "NetworkPolicy"]
+    server = pod_labels("conduit-server")
+    grpc = admitted(policies, server, ENGINE_PORT, "grpc")
+    assert grpc is not None, "no NetworkPolicy selects the server pods: every pod in the cluster reaches the engine"
+    # The pod's own shim calls its engine over loopback, which no policy filters; no other pod needs to.
+    assert all(peer_is(peer, server) for peer in grpc), grpc
+    # The gateway's proxy (in a namespace of its own) sends to the shim; the picker scrapes the engine.
+    assert ANYONE in admitted(policies, server, SHIM_PORT, "http")
+    epp = pod_labels("conduit-epp")
+    assert any(peer_admits(peer, epp) for peer in admitted(policies, server, ENGINE_METRICS_PORT, "metrics"))
+
+
+def test_the_engine_requires_a_token_its_shim_sends_and_the_store_is_writable() -> None:
+    server = one("Deployment", "conduit-server")
+    pod = server["spec"]["template"]["spec"]
+    check_engine_requires_the_token(pod, containers(server)["engine"])
+    check_shim_sends_the_token(containers(server)["shim"])
+    assert containers(server)["shim"]["securityContext"]["readOnlyRootFilesystem"]
+    check_store_is_writable(pod, containers(server)["shim"])

@@ -199,13 +199,12 @@ def test_drain_turns_health_not_serving_at_once() -> None:
         server.stop(grace=0)
 
 
-def test_tokens_come_from_flags_file_and_environment(tmp_path: Path) -> None:
+def test_tokens_come_from_flags_and_a_file(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
     path.write_text("# team tokens\nfrom-file\n\n  spaced  \n")
-    assert collect_tokens(["flag", "flag"], path, env="env-a, env-b,,") == ["flag", "from-file", "spaced",
-                                                                            "env-a", "env-b"]
+    assert collect_tokens(["flag", "flag"], path) == ["flag", "from-file", "spaced"]
     with pytest.raises(ValueError):
-        collect_tokens(["two words"], env="")
+        collect_tokens(["two words"])
     with pytest.raises(ValueError):
         ServerSecurity(cert_file="cert.pem")  # no key
     with pytest.raises(ValueError):

@@ -1,16 +1,20 @@
-"""Fast checks of model loading and attention layout that need no model: where a GGUF's conversion is
-cached, and the sliding-window mask against transformers' own definition."""
+"""Model loading and attention layout: where a GGUF's conversion is cached, two processes converting
+the same GGUF at once, and the sliding-window mask against transformers' own definition."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from engine_service.model.attention import causal_mask
-from engine_service.model.loader import gguf_cache_folder, resolve_model
+from clients.launch import REPO_ROOT
+from conduit.common.lifetime import child_env
+from engine_service.model.loader import default_gguf_path, gguf_cache_folder, resolve_model
 
 pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)
 
@@ -30,6 +34,48 @@ def test_a_changed_gguf_file_gets_a_new_cache_folder(tmp_path: Path, monkeypatch
 def test_a_missing_gguf_file_is_named(tmp_path: Path):
     with pytest.raises(FileNotFoundError, match="no GGUF file at .*absent.gguf"):
         resolve_model(str(tmp_path / "absent.gguf"))
+
+
+# A converter process whose saves wait until both converters have reached theirs (a barrier of files in
+# sys.argv[1]): their writes then overlap every time, as two replicas' may on a first start.
+CONVERTER = """
+import os, sys, time
+from pathlib import Path
+import transformers
+barrier, gguf = Path(sys.argv[1]), sys.argv[2]
+save = transformers.PreTrainedModel.save_pretrained
+def save_together(self, *args, **kwargs):
+    (barrier / str(os.getpid())).touch()
+    deadline = time.monotonic() + 300
+    while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return save(self, *args, **kwargs)
+transformers.PreTrainedModel.save_pretrained = save_together
+from engine_service.model.loader import resolve_model
+print(resolve_model(gguf)[1])
+"""
+
+
+@pytest.mark.model
+def test_two_processes_converting_one_gguf_at_once_both_succeed(tmp_path: Path):
+    """Two replicas starting together on an empty cache: each converts into a folder of its own and
+    the first rename wins; before, they shared one `.partial` folder and one deleted the other's."""
+    gguf = default_gguf_path()
+    env = {**child_env(), "CONDUIT_CACHE_DIR": str(tmp_path / "cache"), "CONDUIT_THREADS": "1"}
+    (tmp_path / "barrier").mkdir()
+    command = [sys.executable, "-c", CONVERTER, str(tmp_path / "barrier"), str(gguf)]
+    converters = [subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True) for _ in range(2)]
+    results = [process.communicate(timeout=280) for process in converters]
+    for process, (_, stderr) in zip(converters, results):
+        assert process.returncode == 0, stderr[-3000:]
+    folder = Path(results[0][0].strip())
+    assert folder == Path(results[1][0].strip())
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name], "no half-written folder is left"
+    from transformers import AutoConfig, AutoTokenizer
+
+    assert AutoConfig.from_pretrained(folder).model_type == "llama" and AutoTokenizer.from_pretrained(folder)
 
 
 @pytest.mark.parametrize("window", [None, 1, 3, 16])

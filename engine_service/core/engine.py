@@ -175,10 +175,17 @@ class Engine:
         self.inbox.abort(request_id)
 
     def _take_inbox(self) -> None:
-        """New requests join the waiting line (their leaders: forks wait on them); aborts end theirs."""
+        """New requests join the waiting line (their leaders: forks wait on them); one that cannot be
+        started fails alone; aborts end theirs."""
         requests, aborts = self.inbox.take()
         for request in requests:
-            self.scheduler.waiting.append(self.choices.make(request))
+            try:
+                leader = self.choices.make(request)  # its sequences, stop handling, grammar matchers
+            except Exception:  # that request's fault, or the engine's on it: it fails alone (INTERNAL)
+                log.exception("could not start the request; failing it", extra=request_extra(request.log_id))
+                self.requests.end(request, FinishReason.ERROR)
+                continue
+            self.scheduler.waiting.append(leader)
         for request_id in aborts:
             request = self.requests.get(request_id)
             if request is not None:

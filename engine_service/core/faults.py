@@ -1,16 +1,21 @@
 """Fault injection, for tests of failure handling on real processes: a model runner wrapper whose
-step fails (after the forward pass) when it holds a request whose prompt contains a marker.
-Installed only when FAULT_INJECT_ENV is set (engine_service/__main__.py); never set it in
-production. The engine's step knows nothing of it: the fault looks like any other."""
+step fails (after the forward pass) when it holds a request whose prompt contains a marker, and a
+wrapper of the engine's Choices whose making of a request's sequences (as the engine takes it from
+its inbox) fails for a prompt that contains another. Installed only when FAULT_INJECT_ENV or
+FAULT_INJECT_TAKE_ENV is set (engine_service/__main__.py); never set them in production. The
+engine knows nothing of them: the fault looks like any other."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from engine_service.core.choices import Choices
 from engine_service.core.scheduler import ScheduledBatch
+from engine_service.core.sequence import Request, Sequence
 from engine_service.model.runner import ModelRunner, StepLogits
 
 FAULT_INJECT_ENV = "CONDUIT_FAULT_INJECT_PROMPT"
+FAULT_INJECT_TAKE_ENV = "CONDUIT_FAULT_INJECT_TAKE_PROMPT"
 
 
 class InjectedFault(RuntimeError):
@@ -35,3 +40,21 @@ class FaultInjectingRunner:
 
     def __getattr__(self, name: str):
         return getattr(self.runner, name)  # the cache, the kernels' choices: the runner's own
+
+
+class FaultInjectingChoices:
+    """`choices`, except that making the sequences of a request whose prompt holds `marker` raises,
+    as a grammar matcher or a detokenizer that cannot be built for it would."""
+
+    def __init__(self, choices: Choices, marker: str, decode: Callable[[list[int]], str]) -> None:
+        self.choices = choices
+        self.marker = marker
+        self.decode = decode
+
+    def make(self, request: Request) -> Sequence:
+        if self.marker in self.decode(request.prompt_ids):
+            raise InjectedFault(f"injected fault ({FAULT_INJECT_TAKE_ENV}) for request {request.log_id}")
+        return self.choices.make(request)
+
+    def __getattr__(self, name: str):
+        return getattr(self.choices, name)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
-import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -74,11 +74,18 @@ def convert_gguf_to_folder(gguf: Path, target: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    partial.rename(target)  # atomic: a crash mid-save never leaves a half folder
+    # Saved into a private folder beside the target, then renamed into place (atomic): replicas converting
+    # at once never touch each other's half-written files, and a crash leaves no half folder at the target.
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.partial-",
+                                     ignore_cleanup_errors=True) as scratch:
+        model.save_pretrained(scratch)
+        tokenizer.save_pretrained(scratch)
+        try:
+            os.rename(scratch, target)
+        except OSError:  # another process's conversion got there first: a whole folder, as good as ours
+            if not (target / "config.json").exists():
+                raise
+            log.info("%s was converted meanwhile by another process; using that", target)
 
 
 @contextmanager

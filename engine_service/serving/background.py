@@ -18,7 +18,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from conduit.v1 import engine_pb2_grpc as pb_grpc
-from conduit.v1.contract import ENGINE_SERVICE, MESSAGE_SIZE_OPTIONS
+from conduit.v1.contract import ENGINE_SERVICE, MESSAGE_SIZE_OPTIONS, SERVER_KEEPALIVE_OPTIONS
 from engine_service.serving.security import ServerSecurity
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,7 @@ class BackgroundServer:
         self._stop = asyncio.Event()
         server = grpc.aio.server(interceptors=self.security.interceptors(), options=[
             *MESSAGE_SIZE_OPTIONS,
+            *SERVER_KEEPALIVE_OPTIONS,  # the clients' keepalive pings are welcome (contract.py)
             ("grpc.so_reuseport", 0),  # a port already taken is an error, not a shared listener
         ])
         pb_grpc.add_EngineServicer_to_server(self.servicer, server)

@@ -1,45 +1,33 @@
 """Who may call the engine: bearer tokens (a server interceptor), TLS and mutual TLS.
 
 Tokens come from `--auth-token` (repeatable), `--auth-token-file` (one per line; blank lines and
-`#` comments skipped) and the CONDUIT_ENGINE_TOKENS environment variable (comma-separated). With
-any token configured, every call must carry the metadata `authorization: Bearer <token>` for one
-of them, or it ends with UNAUTHENTICATED before reaching the engine. The health service and
-reflection stay open (contract.OPEN_SERVICES): Kubernetes' gRPC probes send no metadata, and the
-schema is the public contract. Tokens travel in clear text unless TLS is on.
+`#` comments skipped) and the CONDUIT_ENGINE_TOKENS environment variable (comma-separated), read and
+checked by the rules the shim's API keys follow (conduit.common.bearer): a file without a token
+stops the engine at start rather than leave it open. With any token configured, every call must
+carry the metadata `authorization: Bearer <token>` for one of them, or it ends with UNAUTHENTICATED
+before reaching the engine. The health service and reflection stay open (contract.OPEN_SERVICES):
+Kubernetes' gRPC probes send no metadata, and the schema is the public contract. Tokens travel in
+clear text unless TLS is on.
 """
 
 from __future__ import annotations
 
-import hmac
-import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
-from conduit.v1.contract import AUTHORIZATION_METADATA_KEY, ENGINE_TOKENS_ENV, OPEN_SERVICES
+from conduit.common.bearer import BearerSecrets, collect_secrets
+from conduit.v1.contract import AUTHORIZATION_METADATA_KEY, OPEN_SERVICES
 
 DENIED_MESSAGE = "missing or invalid token: send the metadata 'authorization: Bearer <token>'"
 
 
-def read_token_file(path: str | Path) -> list[str]:
-    """Tokens of a file, one per line; blank lines and lines starting with '#' are skipped."""
-    lines = Path(path).read_text().splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
-
-
-def collect_tokens(tokens: Iterable[str] = (), token_file: str | Path | None = None,
-                   env: str | None = None) -> list[str]:
-    """All accepted tokens: given ones, a file's, and `env` (default: $CONDUIT_ENGINE_TOKENS)."""
-    env_value = os.environ.get(ENGINE_TOKENS_ENV, "") if env is None else env
-    found = [t.strip() for t in tokens] + (read_token_file(token_file) if token_file else [])
-    found += [t.strip() for t in env_value.split(",")]
-    unique = list(dict.fromkeys(t for t in found if t))
-    for token in unique:
-        if any(c.isspace() for c in token):
-            raise ValueError("a token may not contain whitespace")
-    return unique
+def collect_tokens(tokens: Iterable[str] = (), token_file: str | Path | None = None) -> list[str]:
+    """All accepted tokens: the flags' (and $CONDUIT_ENGINE_TOKENS', which the parser reads into
+    them), then the file's. Raises SecretError (a ValueError) naming what it refuses."""
+    return list(collect_secrets(tokens, [token_file] if token_file else [], "token"))
 
 
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
@@ -49,17 +37,11 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, tokens: Sequence[str]) -> None:
         if not tokens:
             raise ValueError("TokenAuthInterceptor needs at least one token")
-        self._expected = [token.encode() for token in tokens]
+        self._tokens = BearerSecrets(tokens)
 
     def authorized(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> bool:
         given = next((value for key, value in metadata or () if key == AUTHORIZATION_METADATA_KEY), None)
-        if not isinstance(given, str):
-            return False
-        scheme, _, token = given.partition(" ")
-        ok = False
-        for expected in self._expected:  # no early exit: the time taken does not say which matched
-            ok |= hmac.compare_digest(token.strip().encode(), expected)
-        return ok and scheme.lower() == "bearer"
+        return isinstance(given, str) and self._tokens.authorizes(given)
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],

@@ -18,7 +18,7 @@ import grpc
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc as pb_grpc
 from conduit.v1.contract import ERROR_CODE_METADATA_KEY, PARAM_METADATA_KEY, REQUEST_ID_METADATA_KEY
-from conduit.common.logs import REQUEST_ID
+from conduit.common.logs import REQUEST_ID, clean_request_id
 from engine_service.text import prompts
 from engine_service.serving.convert import EventEncoder, request_params
 from engine_service.serving.many import ManyCalls
@@ -30,15 +30,14 @@ from engine_service.text.tools import ToolSpec
 
 log = logging.getLogger(__name__)
 
-MAX_REQUEST_ID_CHARS = 128
 DRAINING_MESSAGE = "the engine is draining (shutting down) and takes no new requests; retry on another replica"
 
 
 def caller_request_id(context: grpc.aio.ServicerContext) -> str:
-    """The call's x-request-id metadata (printable, at most MAX_REQUEST_ID_CHARS), or ""."""
+    """The call's x-request-id metadata (cleaned: conduit.common.logs), or ""."""
     for key, value in context.invocation_metadata() or ():
         if key == REQUEST_ID_METADATA_KEY and isinstance(value, str):
-            return "".join(c for c in value if c.isprintable())[:MAX_REQUEST_ID_CHARS]
+            return clean_request_id(value)
     return ""
 
 
@@ -82,10 +81,12 @@ class EngineServicer(pb_grpc.EngineServicer):
                                 f"model {model!r} is not served here; this engine serves {self.loaded.model_id!r}")
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
-        # Responses echo request.request_id; logs use the caller's x-request-id when it sent one.
+        # Responses echo request.request_id; logs use the caller's x-request-id when it sent one. Both
+        # are cleaned alike: a megabyte id would be copied into every message, a newline forge log lines.
         metadata_id = caller_request_id(context)
-        own_id = "" if request.request_id or metadata_id else f"gen-{uuid.uuid4().hex}"
-        request_id = request.request_id or metadata_id or own_id
+        given_id = clean_request_id(request.request_id)
+        own_id = "" if given_id or metadata_id else f"gen-{uuid.uuid4().hex}"
+        request_id = given_id or metadata_id or own_id
         log_id = metadata_id or request_id
         REQUEST_ID.set(log_id)  # this call's task only: every line logged below names it
         if self.draining:

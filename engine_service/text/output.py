@@ -13,6 +13,7 @@ from engine_service.text.constraints import Matcher
 from engine_service.text.detokenizer import IncrementalDetokenizer
 from engine_service.core.events import ChunkEvent, FinishReason, TokenLogprob
 from engine_service.text.stop_strings import StopStringMatcher
+from engine_service.text.tool_parser import ProseSplitter
 from engine_service.text.tools import CallStreamer, ToolCallDelta, ToolSpec
 
 if TYPE_CHECKING:  # transformers loads only where a model does (the fast tests need neither)
@@ -37,8 +38,10 @@ class OutputProcessor:
         self._matcher = matcher
         self._tools = tools
         # A tool request's text is held while it may still be calls; forced calls stream as deltas.
+        # Prose (where no grammar forbids it) streams, and may be followed by tagged calls.
         self._may_call = tools is not None
         self._call_text = ""
+        self._prose: ProseSplitter | None = None
         self._streamer = CallStreamer() if tools is not None and tools.forced else None
         self.num_tokens = 0
         self.matched_stop = ""
@@ -81,34 +84,51 @@ class OutputProcessor:
         return event
 
     def _emit(self, text: str) -> None:
+        if self._prose is not None:
+            self._text += self._prose.feed(text)
+            return
         if not self._may_call:
             self._text += text
             return
         self._call_text += text
         if self._streamer is not None:
             self._tool_deltas += self._streamer.feed(self._tools.parse(self._call_text, truncated=True) or [])
-        if not self._tools.may_be_call(self._call_text):
+        answering = self._matcher is not None and self._matcher.branch == "answer"
+        if answering or not self._tools.may_be_call(self._call_text):
             self._may_call = False
-            self._text += self._call_text
-            self._call_text = ""
+            text, self._call_text = self._call_text, ""
+            if self._matcher is None:  # a grammar allows calls only at the start
+                self._prose = ProseSplitter()
+                text = self._prose.feed(text)
+            self._text += text
 
     def _finish(self, reason: FinishReason, flush: bool = True) -> FinishReason:
         if flush:
             tail, matched = self._stop_strings.feed(self._detokenizer.flush())
             self._emit(tail if matched else tail + self._stop_strings.flush())
+        if self._prose is not None:
+            prose, self._prose = self._prose, None
+            if prose.calls is None:
+                self._text += prose.flush(cut=reason is FinishReason.LENGTH)
+                return reason
+            self._call_text = prose.calls
+            return self._resolve_calls(reason, unread=prose.gap + prose.calls)
         if self._may_call:
             reason = self._resolve_calls(reason)
         return reason
 
-    def _resolve_calls(self, reason: FinishReason) -> FinishReason:
-        """The held text as tool calls (a last one cut off keeps its partial arguments), or as text."""
+    def _resolve_calls(self, reason: FinishReason, unread: str | None = None) -> FinishReason:
+        """The held text as tool calls (a last one cut off keeps its partial arguments), or as text
+        (`unread`: the text it stands for then, when not the held text itself)."""
         # Forced output is calls by construction, so any cut (max_tokens, a stop string) truncates one.
         truncated = self._tools.forced or reason is FinishReason.LENGTH
-        calls = self._tools.parse(self._call_text, truncated)
+        # A grammar of calls or an answer knows which the output took: an answer is never read as calls.
+        answered = self._matcher is not None and self._matcher.branch == "answer"
+        calls = None if answered else self._tools.parse(self._call_text, truncated)
         if calls is None:
             if self._tools.forced:
                 log.warning("forced tool-call output did not parse; returned as text: %r", self._call_text[:200])
-            self._text += self._call_text
+            self._text += self._call_text if unread is None else unread
         else:
             if calls and all(call.complete for call in calls):
                 reason = FinishReason.TOOL_CALLS

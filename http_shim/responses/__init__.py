@@ -5,7 +5,8 @@ events.py writes the exact event stream; store.py keeps responses in SQLite; rou
 """
 
 from .routes import RESPONSES_ROUTE, register_responses
-from .store import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RESPONSES, ResponseStore, StoreLimits, default_store_dir
+from .store import (DEFAULT_MAX_AGE_S, DEFAULT_MAX_RESPONSES, IN_MEMORY, ResponseStore, StoreError, StoreLimits,
+                    default_store_dir)
 
-__all__ = ["RESPONSES_ROUTE", "register_responses", "ResponseStore", "StoreLimits", "default_store_dir",
-           "DEFAULT_MAX_AGE_S", "DEFAULT_MAX_RESPONSES"]
+__all__ = ["RESPONSES_ROUTE", "register_responses", "ResponseStore", "StoreError", "StoreLimits", "default_store_dir",
+           "DEFAULT_MAX_AGE_S", "DEFAULT_MAX_RESPONSES", "IN_MEMORY"]

@@ -1,7 +1,9 @@
 """The response store behind `store` and `previous_response_id`: SQLite from the standard library.
 
 One file (`responses.sqlite3`) under a folder the operator names (--responses-store-dir), in WAL
-mode so a reader never waits on the writer and a crash loses at most the last write. It is bounded
+mode so a reader never waits on the writer and a crash loses at most the last write; or, named
+`:memory:`, a database in this process only (lost at exit: for a read-only filesystem). A folder
+that cannot be written is a StoreError at start, whose one line says which flag to change. It is bounded
 by count and by age; each write evicts the oldest responses past either bound, so a conversation
 whose start was evicted can no longer be continued (its id answers 404, as at OpenAI after 30 days).
 
@@ -30,6 +32,11 @@ DEFAULT_MAX_AGE_S = 30 * 24 * 3600  # OpenAI keeps stored responses for 30 days
 
 
 STORE_DIR_ENV = "CONDUIT_RESPONSES_STORE_DIR"
+IN_MEMORY = ":memory:"  # SQLite's own name for a database that lives in the process only
+
+
+class StoreError(Exception):
+    """The store's folder cannot be written: the operator must point the flag elsewhere."""
 
 
 def default_store_dir() -> str:
@@ -59,19 +66,34 @@ class StoredResponse:
 
 class ResponseStore:
     def __init__(self, folder: Path | str, limits: StoreLimits = StoreLimits()) -> None:
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / STORE_FILE
+        """`folder`: where the file goes, or IN_MEMORY. Raises StoreError when it cannot be written."""
+        self.path = None if str(folder) == IN_MEMORY else Path(folder) / STORE_FILE
         self.limits = limits
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # durable at each checkpoint; WAL keeps it consistent
-        self._db.execute(
+        try:
+            self._db = self._open()
+        except (OSError, sqlite3.Error) as error:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            raise StoreError(
+                f"the Responses store cannot write its folder {folder} ({reason}): give --responses-store-dir "
+                f"({STORE_DIR_ENV}) a writable folder, or {IN_MEMORY} to keep stored responses in memory only, "
+                "or '' to keep none") from None
+
+    def _open(self) -> sqlite3.Connection:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path or IN_MEMORY, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")  # an in-memory database keeps its own ("memory")
+        db.execute("PRAGMA synchronous=NORMAL")  # durable at each checkpoint; WAL keeps it consistent
+        db.execute(
             "CREATE TABLE IF NOT EXISTS responses ("
             " seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, stored_at REAL NOT NULL,"
             " response TEXT NOT NULL, context TEXT NOT NULL)"
         )
+        # A write of what is there: a file that can only be read fails here, not at the first answer stored.
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        db.execute(f"PRAGMA user_version = {int(version)}")
+        return db
 
     def put(self, response: dict[str, Any], context: list[dict[str, Any]]) -> None:
         """Stores (or replaces) a response, then evicts the oldest past the bounds."""

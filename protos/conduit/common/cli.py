@@ -104,7 +104,9 @@ class EnvArgumentParser(_EnvFlags, argparse.ArgumentParser):
         convert = action.type or str
         try:
             value = convert(raw)  # type: ignore[operator]
-        except (TypeError, ValueError, argparse.ArgumentTypeError):
+        except argparse.ArgumentTypeError as exc:  # the conversion's own words (a bound, say)
+            self.error(f"environment variable {name}: {exc}")
+        except (TypeError, ValueError):
             kind = getattr(convert, "__name__", repr(convert))
             self.error(f"environment variable {name}: invalid {kind} value: {raw!r}")
         if action.choices is not None and value not in action.choices:

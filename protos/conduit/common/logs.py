@@ -19,6 +19,14 @@ from typing import Any
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("conduit_request_id", default=None)
 
 LOG_FORMATS = ("text", "json")
+# The most of a caller's request id that is kept (gRPC metadata takes no more).
+MAX_REQUEST_ID_CHARS = 128
+
+
+def clean_request_id(value: str) -> str:
+    """A caller's request id made fit for log lines and every message that echoes it: its first
+    MAX_REQUEST_ID_CHARS characters, printable ones only (a line break would forge a log line)."""
+    return "".join(c for c in value[:MAX_REQUEST_ID_CHARS] if c.isprintable())
 
 
 def request_extra(request_id: str) -> dict[str, str]:
