@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 import grpc
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2 as vpb, vllm_engine_pb2_grpc as vpb_grpc
 
-from conduit.common.logs import REQUEST_ID
+from conduit.common.logs import REQUEST_ID, clean_request_id
 from conduit.v1 import engine_pb2 as pb
 from engine_service.core.engine import Engine
 from engine_service.core.events import FinalEvent, FinishReason
@@ -58,16 +58,18 @@ class VllmWorker(vpb_grpc.VllmEngineServicer):
     # ------------------------------------------------------------------ Generate
 
     async def Generate(self, request: vpb.GenerateRequest, context: grpc.aio.ServicerContext):
+        # The gateway's id names the call for Abort; cleaned, it names it in the logs (as server.py's).
         request_id = request.request_id or f"vllm-{uuid.uuid4().hex}"
-        REQUEST_ID.set(request_id)
+        log_id = clean_request_id(request_id)
+        REQUEST_ID.set(log_id)
         if self.conduit.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
         sp = request.sampling_params
         queue: asyncio.Queue[list] = asyncio.Queue()
         try:
             check_supported(request)
-            job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=self._prompt_ids(request),
-                          params=request_params(sp), max_tokens=0, sink=queue.put_nowait, log_id=request_id)
+            job = Request(request_id=f"{log_id}/{uuid.uuid4().hex[:8]}", prompt_ids=self._prompt_ids(request),
+                          params=request_params(sp), max_tokens=0, sink=queue.put_nowait, log_id=log_id)
             wanted = constraint(sp)
             if wanted is not None:  # compiling may take ~100 ms: off the event loop
                 job.grammar = await asyncio.to_thread(self._grammar, wanted)
@@ -94,7 +96,7 @@ class VllmWorker(vpb_grpc.VllmEngineServicer):
                     if isinstance(event, FinalEvent):
                         remaining -= 1
                         if event.finish_reason in (FinishReason.ERROR, FinishReason.SHUTDOWN):
-                            await self._abort_abnormal(context, event.finish_reason, request_id)
+                            await self._abort_abnormal(context, event.finish_reason, log_id)
                     message = encoder.encode(event)
                     if message is not None:
                         yield message
@@ -127,7 +129,7 @@ class VllmWorker(vpb_grpc.VllmEngineServicer):
         for request_id in request.request_ids:
             engine_id = self._calls.get(request_id)
             if engine_id is not None:
-                log.info("abort of %s requested", request_id)
+                log.info("abort of %s requested", clean_request_id(request_id))
                 self.engine.abort(engine_id)
         return vpb.AbortResponse()
 
