@@ -38,9 +38,10 @@ def smg_command() -> str:
 
 
 class Gateway:
-    def __init__(self, engine_addresses: Sequence[str], model_path: str | Path, log_path: Path, *,
+    def __init__(self, workers: Sequence[str], model_path: str | Path, log_path: Path, *,
                  policy: str = "cache_aware", host: str = "127.0.0.1", extra_args: Sequence[str] = ()) -> None:
-        self.engine_addresses = list(engine_addresses)
+        """`workers`: HOST:PORT of each engine (a gRPC worker), or a URL (http://SHIM: an HTTP one)."""
+        self.worker_urls = [w if "://" in w else f"grpc://{w}" for w in workers]
         self.model_path = str(model_path)
         self.log_path = log_path
         self.policy = policy
@@ -60,7 +61,7 @@ class Gateway:
         return f"{self.url}/v1"
 
     def command(self) -> list[str]:
-        return [smg_command(), "launch", "--worker-urls", *(f"grpc://{a}" for a in self.engine_addresses),
+        return [smg_command(), "launch", "--worker-urls", *self.worker_urls,
                 "--policy", self.policy, "--host", self.host, "--port", str(self.port),
                 "--prometheus-host", self.host, "--prometheus-port", str(self.metrics_port),
                 "--model-path", self.model_path, *self.extra_args]
@@ -71,10 +72,10 @@ class Gateway:
             self.process = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
-        while self.ready_workers() < len(self.engine_addresses):
+        while self.ready_workers() < len(self.worker_urls):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise GatewayError(f"the gateway did not come up with {len(self.engine_addresses)} workers; "
+                raise GatewayError(f"the gateway did not come up with {len(self.worker_urls)} workers; "
                                    f"{self.log_path}:\n{log_tail(self.log_path)}")
             time.sleep(POLL_S)
         return self

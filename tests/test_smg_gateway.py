@@ -5,7 +5,8 @@ The gateway tokenizes, applies the chat template, parses tool calls and detokeni
 take and return token ids over vllm.grpc.engine.VllmEngine (engine_service/serving/vllm_worker.py).
 Its cache-aware policy reads each engine's prefix cache from SubscribeKvEvents (its
 `event_hit` branch), so a prompt whose prefix an engine holds goes there: `cached_tokens` shows it.
-Started once for the module: two engines (a Stack, whose own shim is unused here) and the gateway.
+Also the other topology: a gateway in front of the Stack's shim as an HTTP worker.
+Started once for the module: two engines and a shim (a Stack), and the gateway.
 """
 
 from __future__ import annotations
@@ -157,6 +158,20 @@ def test_get_tokenizer_streams_the_served_tokenizer_as_a_checked_zip(fleet):
     assert chunks[-1].sha256 == hashlib.sha256(data).hexdigest()
     names = zipfile.ZipFile(io.BytesIO(data)).namelist()
     assert {"tokenizer.json", "tokenizer_config.json", "config.json"} <= set(names)
+
+
+def test_the_gateway_in_front_of_a_shim_as_an_http_worker(fleet, tmp_path):
+    """The other topology: the shim is a generic HTTP worker; the gateway passes the OpenAI calls on."""
+    engines, _ = fleet
+    model_path = worker(engines, 0).GetModelInfo(vpb.GetModelInfoRequest()).tokenizer_path
+    with Gateway([engines.shim_url], model_path, tmp_path / "smg-http.log", policy="round_robin") as gateway:
+        client = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0, timeout=WAIT_S)
+        response = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                                  max_tokens=ASK_MAX_TOKENS)
+        assert response.choices[0].message.content == ANSWER
+        chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                                     max_tokens=ASK_MAX_TOKENS, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ANSWER
 
 
 def generate(engines: Stack, index: int, prompt: list[int], **sampling) -> vpb.GenerateRequest:
