@@ -213,7 +213,8 @@ def test_unstreamed_complete_holds_every_id_a_stop_string_and_an_abort_reads_as_
     assert list(message.complete.output_ids) == [10, 11, 12] and message.complete.matched_stop_str == "<stop>"
     assert not message.complete.HasField("output_logprobs")
     def final(reason: FinishReason, index: int = 0):
-        return VllmEncoder(stream=True, logprobs=False, top=0, stop_token_ids=[]).encode(FinalEvent(index, reason, 3, 3))
+        encoder = VllmEncoder(stream=True, logprobs=False, top=0, stop_token_ids=[])
+        return encoder.encode(FinalEvent(index, reason, 3, 3))
     eos = final(FinishReason.STOP)
     assert eos.complete.WhichOneof("matched_stop") is None, "an EOS matches no stop, as in vLLM"
     cut = final(FinishReason.CANCELLED, index=1)

@@ -17,9 +17,9 @@ that holds a hash stays cached, evictable, in least-recently-released order; all
 never-used (hashless) free blocks first, then evicts the least recently used cached block.
 Evictable blocks count as free.
 
-A `listener` (serving/kv_events.py, set only while a gateway subscribes) is told each block
-that enters the prefix cache and each that leaves it, on the engine thread; unset, it costs a
-test per registration and eviction.
+A `listener` (serving/kv_events.py, set once a gateway subscribes to KV events) is told each
+block that enters the prefix cache and each that leaves it, on the engine thread; unset, it costs
+a test per registration and eviction.
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ class BlockManager:
         seq.num_registered_blocks = full
         if self.listener is not None:
             size = self.block_size
-            self.listener.stored(hashes[first - 1] if first else None,
-                                 [(hashes[i], seq.token_ids[i * size:(i + 1) * size]) for i in range(first, full)], first)
+            chain = [(hashes[i], seq.token_ids[i * size:(i + 1) * size]) for i in range(first, full)]
+            self.listener.stored(hashes[first - 1] if first else None, chain, first)
 
     def free(self, seq: Sequence) -> None:
         # Last blocks first, so a sequence's tail is evicted before its head (a prefix needs the head).
