@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
 protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
 
-.PHONY: install browser protos check-protos kernels run-stack test test-fast deploy-check fuzz bench bench-routing soak gpu-check goldens clean
+.PHONY: install browser protos check-protos kernels run-stack test test-fast deploy-check fuzz bench bench-routing bench-gateway soak gpu-check goldens clean
 
 install: $(STAMP)
 
@@ -93,6 +93,10 @@ bench: $(STAMP)
 # ROUTING_ARGS='--engines A,B' uses running replicas (REPLICAS=2 CONDUIT_KV_CACHE_TOKENS=10000 make run-stack).
 bench-routing: $(STAMP)
 	$(BIN)/python -m benchmarks.routing --json benchmarks/out/routing.json $(ROUTING_ARGS)
+
+# bench-routing's workload through Conduit's shim and through the Shepherd gateway (smg), same engines.
+bench-gateway: $(STAMP)
+	$(BIN)/python -m benchmarks.gateway --json benchmarks/out/gateway.json $(GATEWAY_ARGS)
 
 # On a machine with an NVIDIA GPU, in under 10 minutes: tests/test_gpu.py (the engine on cuda against
 # transformers on the same device, batch invariance, the prefix cache), the stack tests with every

@@ -169,6 +169,7 @@ def main() -> None:
     from engine_service.model.loader import load_model
     from engine_service.serving.background import BackgroundServer
     from engine_service.serving.server import EngineServicer
+    from engine_service.serving.vllm_worker import VllmWorker
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -189,8 +190,9 @@ def main() -> None:
     if metrics is not None:
         metrics.serve(args.metrics_port, args.metrics_host)
         logging.getLogger(__name__).info("metrics on http://%s:%d/metrics", args.metrics_host, args.metrics_port)
-    server = BackgroundServer(EngineServicer(engine), args.host, args.port, security=args.security,
-                              description=loaded.model_id)
+    servicer = EngineServicer(engine)
+    server = BackgroundServer(servicer, args.host, args.port, security=args.security, description=loaded.model_id,
+                              companions=[VllmWorker(servicer).add_to])  # the Shepherd gateway's protocol
     server.start()
 
     signals: list[int] = []
