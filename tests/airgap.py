@@ -1,7 +1,7 @@
 """Runs a command as on a host without a network: `python tests/airgap.py COUNT_FILE -- COMMAND...`.
 
-Every package index and proxy setting points at a tripwire, a listener on loopback that counts the
-connections made to it (pip, requests, httpx, urllib and grpc all go through them), and pip reads no
+Every package index and HTTP proxy setting points at a tripwire, a listener on loopback that counts the
+connections made to it (pip, requests, httpx and urllib go through them), and pip reads no
 configuration file and no find-links of this machine. Started under `unshare --net` (root), the
 command also has no route anywhere but loopback, so a connection that bypasses the proxies fails too.
 Exits with the command's status after writing the tripwire's count to COUNT_FILE.
@@ -18,7 +18,10 @@ from pathlib import Path
 
 # Loopback stays direct: the tests' own engines and shims live there.
 LOOPBACK = "127.0.0.1,localhost,::1"
-PROXY_VARIABLES = ["http_proxy", "https_proxy", "all_proxy", "grpc_proxy"]
+# Upper case only, which Python's HTTP clients read (urllib's getproxies: pip, requests, httpx) and grpc
+# does not: grpc sends a channel to several addresses (`ipv4:a,b`) through its proxy whatever no_proxy
+# says, and the tests' replica channels are on loopback. The namespace stops grpc reaching further.
+PROXY_VARIABLES = ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"]
 
 
 class Tripwire:
@@ -52,11 +55,10 @@ class Tripwire:
 
 
 def offline_env(base: dict[str, str], url: str) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if not k.startswith("PIP_") and k.lower() not in PROXY_VARIABLES}
+    env = {k: v for k, v in base.items() if not k.startswith("PIP_") and not k.lower().endswith("_proxy")}
     env.update({"PIP_NO_INDEX": "1", "PIP_INDEX_URL": f"{url}/simple", "PIP_CONFIG_FILE": os.devnull,
-                "PIP_DISABLE_PIP_VERSION_CHECK": "1", "no_proxy": LOOPBACK, "NO_PROXY": LOOPBACK})
-    for name in PROXY_VARIABLES:
-        env[name] = env[name.upper()] = url
+                "PIP_DISABLE_PIP_VERSION_CHECK": "1", "NO_PROXY": LOOPBACK})
+    env.update(dict.fromkeys(PROXY_VARIABLES, url))
     return env
 
 

