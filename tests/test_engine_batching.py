@@ -291,6 +291,14 @@ def test_a_long_prompt_in_tokenization_does_not_stall_running_streams(stub, stac
     assert during >= 5
 
 
+def test_dropping_the_oldest_messages_needs_chat_input(stub):
+    with pytest.raises(grpc.RpcError) as err:
+        collect(stub, pb.GenerateRequest(text="hi", drop_oldest_messages=True, stopping=pb.StoppingParams(max_tokens=1)))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "chat input" in err.value.details()
+    trailing = dict(err.value.trailing_metadata())
+    assert trailing.get("conduit-param") == "drop_oldest_messages"
+
+
 def test_echo_with_zero_max_tokens_only_scores_the_prompt(stub):
     request = pb.GenerateRequest(text="Paris is the capital of France", echo=True, logprobs=True,
                                  stopping=pb.StoppingParams(max_tokens=0))

@@ -24,7 +24,7 @@ from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc as pb_grpc
 from conduit.v1.contract import ERROR_CODE_METADATA_KEY, PARAM_METADATA_KEY, REQUEST_ID_METADATA_KEY
 from conduit.common.logs import REQUEST_ID, clean_request_id
-from engine_service.text import prompts
+from engine_service.text import prompts, truncation
 from engine_service.serving.convert import EventEncoder, request_params
 from engine_service.serving.many import ManyCalls
 from engine_service.core.engine import Engine
@@ -176,20 +176,34 @@ class EngineServicer(pb_grpc.EngineServicer):
     async def _submit(self, request: pb.GenerateRequest, request_id: str, log_id: str, sink) -> Request:
         """The engine's request for a GenerateRequest, queued. Raises InvalidRequest, QueueFull or Draining."""
         params = request_params(request)
-        ids, tools, grammar, answer = await self._off_loop(self._prepare, request)
+        ids, tools, grammar, answer = await self._off_loop(self._prepare, request, params.stopping.max_tokens)
         job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
                       max_tokens=0, sink=sink, grammar=grammar, answer_grammar=answer, tools=tools, log_id=log_id)
         self.engine.submit(job)
         return job
 
-    def _prepare(self, request: pb.GenerateRequest) -> tuple[list[int], ToolSpec | None, str | None, str | None]:
+    def _prepare(self, request: pb.GenerateRequest,
+                 max_tokens: int | None) -> tuple[list[int], ToolSpec | None, str | None, str | None]:
         """The prompt's token ids, the chat's tools, and the grammars (validated: ~100 ms for some)."""
-        ids = prompts.prompt_ids(self.engine.tokenizer, request)
+        ids = self._prompt_ids(request, max_tokens)
         tools = ToolSpec.from_chat(request.chat) if request.WhichOneof("input") == "chat" else None
         grammar = answer = None
         if request.HasField("constraint") or (tools is not None and tools.forced):
             grammar, answer = self._grammar(request, tools)
         return ids, tools, grammar, answer
+
+    def _prompt_ids(self, request: pb.GenerateRequest, max_tokens: int | None) -> list[int]:
+        if not request.drop_oldest_messages:
+            return prompts.prompt_ids(self.engine.tokenizer, request)
+        if request.WhichOneof("input") != "chat":
+            raise InvalidRequest("drop_oldest_messages needs chat input", "drop_oldest_messages")
+        budget = self.engine.admission.context_limit - (1 if max_tokens is None else max_tokens)
+        if budget < 1:  # max_tokens alone fills the context: admission says so, naming it
+            return prompts.prompt_ids(self.engine.tokenizer, request)
+        ids, dropped = truncation.fit_chat(self.engine.tokenizer, request, budget)
+        if dropped:
+            log.info("dropped the %d oldest messages to fit the context (%d prompt tokens left)", dropped, len(ids))
+        return ids
 
     def _grammar(self, request: pb.GenerateRequest, tools: ToolSpec | None) -> tuple[str | None, str | None]:
         """The grammar this turn's output follows, validated (may take ~100 ms): the constraint, the
@@ -233,10 +247,12 @@ class EngineServicer(pb_grpc.EngineServicer):
 
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
         await self._check_model(request.model, context)
+        REQUEST_ID.set(caller_request_id(context) or None)
         try:
             ids, tokens = await self._off_loop(self._tokenize, request)
         except InvalidRequest as exc:
             await abort_invalid(context, exc, request.WhichOneof("input"))
+        log.info("tokenize: %d tokens", len(ids))
         return pb.TokenizeResponse(token_ids=ids, tokens=tokens, max_context_length=self.engine.max_model_len)
 
     def _tokenize(self, request: pb.TokenizeRequest) -> tuple[list[int], list[str]]:
