@@ -211,8 +211,12 @@ def test_queue_full_is_resource_exhausted(single_slot_stack: Stack):
         waiting = [long_running(stub) for _ in range(2)]  # fill the two-place queue
         for call in waiting:
             threading.Thread(target=drain_until_cancelled, args=(call,), daemon=True).start()
-        codes = []
+        # Queued before the probes: requests are tokenized side by side, so a later short one may
+        # otherwise be queued first (the engine's load report is as of its last step).
         deadline = time.monotonic() + 60
+        while stub.GetLoad(pb.GetLoadRequest()).waiting_requests < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        codes = []
         while time.monotonic() < deadline and grpc.StatusCode.RESOURCE_EXHAUSTED not in codes:
             try:
                 collect(stub, chat("hi", max_tokens=1))
