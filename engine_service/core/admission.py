@@ -10,9 +10,12 @@ leaves is capped to that room, not refused. Agents send the largest budget they 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine_service.core.params import InvalidRequest
-from engine_service.core.sequence import Request
+
+if TYPE_CHECKING:  # sequence.py imports torch; the HTTP shim's fake engine checks prompts here without it
+    from engine_service.core.sequence import Request
 
 
 @dataclass(frozen=True)
