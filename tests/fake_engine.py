@@ -11,7 +11,7 @@ The script is chosen by the input's last text (the last chat message, or the pro
   "hang"                PromptInfo, then nothing until the caller cancels
   "slow:SECONDS"        PromptInfo, a pause, then the default answer
   "long:N"              N tokens, 20 ms apart (for disconnects mid-stream)
-  "tools"               a streamed get_weather tool call, finish TOOL_CALLS
+  "tools"               a streamed get_weather tool call, finish TOOL_CALLS ("tools:NAME": a call to NAME)
   "unicode"             multi-byte text
   "markdown"            MARKDOWN_ANSWER (Markdown, code blocks and HTML that must not run), in pieces
   anything else         "Hello from choice {i}." in five tokens, honouring max_tokens
@@ -194,8 +194,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                 chunk=pb.Chunk(index=0, text="partial", prompt_tokens=prompt_tokens, completion_tokens=1),
             )
             await context.abort(grpc.StatusCode.INTERNAL, "the fake engine broke mid-stream")
-        if script == "tools":
-            for response in self._tool_call(rid, prompt_tokens):
+        if script == "tools" or script.startswith("tools:"):
+            for response in self._tool_call(rid, prompt_tokens, script[6:] or "get_weather"):
                 yield response
             return
         for i in range(n):
@@ -246,9 +246,9 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             return [f" t{k}" for k in range(int(script.split(":")[1]))]
         return ["Hello", " from", " choice", f" {choice}", "."]
 
-    def _tool_call(self, rid: str, prompt_tokens: int) -> Iterator[pb.GenerateResponse]:
+    def _tool_call(self, rid: str, prompt_tokens: int, name: str) -> Iterator[pb.GenerateResponse]:
         pieces = [
-            pb.ToolCallDelta(index=0, id="call_fake1", name="get_weather", arguments='{"city": '),
+            pb.ToolCallDelta(index=0, id="call_fake1", name=name, arguments='{"city": '),
             pb.ToolCallDelta(index=0, arguments='"Paris"}'),
         ]
         for k, piece in enumerate(pieces):
@@ -256,7 +256,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                 request_id=rid,
                 chunk=pb.Chunk(index=0, tool_calls=[piece], prompt_tokens=prompt_tokens, completion_tokens=k + 1),
             )
-        call = pb.ToolCall(id="call_fake1", name="get_weather", arguments='{"city": "Paris"}')
+        call = pb.ToolCall(id="call_fake1", name=name, arguments='{"city": "Paris"}')
         yield pb.GenerateResponse(
             request_id=rid,
             final=pb.Final(
