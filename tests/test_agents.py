@@ -2,7 +2,7 @@
 stack on their default settings: only the base URL, the model name and their telemetry are set (plus a
 temporary HOME, and a dead proxy for anything but loopback, so nothing reaches a network).
 
-The model is Gemma 3 270M (32k context: the agents' default prompts are ~10-12k tokens) with a plain
+The model is Gemma 3 270M (32k context: the agents' default prompts are ~9-12k tokens) with a plain
 turn template. A base model that small cannot drive an agent, so a recording proxy between agent and
 shim steers it with the APIs' own fields, as a client setting would: each text answer is pinned by an
 answer format (a short JSON, so it ends in a few tokens where the base model would ramble through the
