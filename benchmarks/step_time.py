@@ -20,6 +20,7 @@ import torch
 from engine_service.core.scheduler import ScheduledBatch
 from engine_service.model.loader import load_model, pick_dtype
 from engine_service.model.runner import ModelRunner
+from engine_service.model.step import StepInput
 
 BLOCK = 16
 
@@ -57,29 +58,29 @@ def compiled(runner: ModelRunner, cpp_wrapper: bool) -> ModelRunner:
     return runner
 
 
-def decode_batch(batch: int, context: int) -> ScheduledBatch:
+def decode_batch(batch: int, context: int) -> StepInput:
     width = -(-(context + 1) // BLOCK)
     seqs = [FakeSequence(i, [(7 * i + j) % 1000 + 100 for j in range(context + 1)], context,
                          list(range(i * width, (i + 1) * width))) for i in range(batch)]
-    return ScheduledBatch(decode=seqs)
+    return ScheduledBatch(decode=seqs).step_input()
 
 
-def prefill_batch(length: int) -> ScheduledBatch:
+def prefill_batch(length: int) -> StepInput:
     seq = FakeSequence(0, [(j * 13) % 1000 + 100 for j in range(length)], 0, list(range(-(-length // BLOCK))))
-    return ScheduledBatch(prefill=[(seq, length)])
+    return ScheduledBatch(prefill=[(seq, length)]).step_input()
 
 
-def time_interleaved(runners: dict[str, ModelRunner], scheduled: ScheduledBatch,
+def time_interleaved(runners: dict[str, ModelRunner], step: StepInput,
                      rounds: int) -> dict[str, tuple[float, float]]:
     """(fastest, median) step time in ms per runner. Rounds alternate between the runners, so a busy
     spell on the shared machine slows them all alike rather than one of them."""
     times: dict[str, list[float]] = {name: [] for name in runners}
     for name, runner in runners.items():  # warm-up
-        runner.run(scheduled, set())
+        runner.run(step)
     for _ in range(rounds):
         for name, runner in runners.items():
             start = time.perf_counter()
-            runner.run(scheduled, set())
+            runner.run(step)
             times[name].append((time.perf_counter() - start) * 1000)
     return {name: (min(t), statistics.median(t)) for name, t in times.items()}
 
@@ -134,8 +135,8 @@ def main() -> None:
     print("| --- " * (len(cases) + 1) + "|")
     cells: dict[str, list[str]] = {name: [] for name in runners}
     with torch.inference_mode():
-        for _, scheduled, rounds in cases:
-            for name, (fastest, median) in time_interleaved(runners, scheduled, rounds).items():
+        for _, step, rounds in cases:
+            for name, (fastest, median) in time_interleaved(runners, step, rounds).items():
                 cells[name].append(f"{fastest:.1f} ({median:.1f})")
     for name, row in cells.items():
         print(f"| {name} | " + " | ".join(row) + " |")

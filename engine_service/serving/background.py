@@ -27,14 +27,17 @@ class BackgroundServer:
     """start() returns once the server listens and reports SERVING (or raises why it cannot)."""
 
     def __init__(self, servicer: pb_grpc.EngineServicer, host: str, port: int, *,
-                 security: ServerSecurity | None = None, description: str = "") -> None:
+                 security: ServerSecurity | None = None, description: str = "",
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """`loop`: the event loop to serve on (one the engine already sends its outputs to); a new one
+        by default."""
         self.servicer = servicer
         self.address = f"{host}:{port}"
         self.security = security or ServerSecurity()
         self.description = description
         self.port = port  # the bound port once started (port 0 picks one)
         self.draining = False
-        self._loop = asyncio.new_event_loop()
+        self._loop = loop or asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._health: HealthServicer | None = None
         self._ready = threading.Event()
