@@ -2,7 +2,7 @@
 for each weights choice, through the engine's own ModelRunner (no server, no sampling).
 
     python -m benchmarks.step_time [--weights none int8 int4] [--deterministic] [--transformers-forward]
-                                   [--torch-int8] [--compile] [--threads 1]
+                                   [--torch-int8] [--torch-norm] [--compile] [--threads 1]
 
 Each figure is the fastest of --repeats steps after warm-up (on a shared machine the least disturbed
 one), then the median; run it twice and compare. Decode rows attend to --context cached tokens each.
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_service.core.scheduler import ScheduledBatch
+from engine_service.model import llama
 from engine_service.model.loader import load_model, pick_dtype
 from engine_service.model.runner import ModelRunner
 from engine_service.model.step import StepInput
@@ -55,6 +56,13 @@ def compiled(runner: ModelRunner, cpp_wrapper: bool) -> ModelRunner:
 
     compiled_forward = torch.compile(forward, dynamic=False)
     runner.lean = call
+    return runner
+
+
+def torch_norm(runner: ModelRunner) -> ModelRunner:
+    """`runner` with its lean forward's norms on F.rms_norm (the other native kernels kept)."""
+    if runner.lean is not None:
+        runner.lean = llama.LeanLlama(runner.model, None)
     return runner
 
 
@@ -97,6 +105,9 @@ def main() -> None:
                         help="also time each weights choice through transformers' forward instead of the lean one")
     parser.add_argument("--torch-int8", action="store_true",
                         help="also time int8 on torch's kernel instead of the native one")
+    parser.add_argument("--torch-norm", action="store_true",
+                        help="also time each weights choice with the lean forward's add + RMSNorm as torch ops "
+                             "(F.rms_norm) instead of the native rms_norm.c")
     parser.add_argument("--compile", action="store_true",
                         help="also time each weights choice's lean forward under torch.compile (inductor, with "
                              "its Python wrapper and with its C++ one; compiled at the first step, not timed)")
@@ -116,6 +127,10 @@ def main() -> None:
         if args.torch_int8:
             runners[f"{label}int8 (torch's kernel)"] = build_runner("int8", False, num_blocks, native_kernels=False,
                                                                   dtype=dtype)
+        if args.torch_norm:
+            runners |= {f"{label}{weights} (torch's norm)": torch_norm(build_runner(weights, False, num_blocks,
+                                                                                   dtype=dtype))
+                        for weights in args.weights}
         if args.compile:
             for wrapper in ("python", "cpp"):
                 runners |= {f"{label}{weights} (compiled, {wrapper} wrapper)": compiled(
