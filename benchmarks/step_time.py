@@ -28,7 +28,7 @@ BLOCK = 16
 
 @dataclass
 class FakeSequence:
-    """The fields ModelRunner reads from a Sequence."""
+    """The fields of a Sequence that ScheduledBatch.step_input reads for the ModelRunner."""
 
     seq_id: int
     token_ids: list[int]
