@@ -11,8 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-# Linear weights' formats (model/linear.py says what each runs on and which is the default).
-QUANTIZATIONS = ("none", "int8", "int4")
+from engine_service.model.weight_formats import QUANTIZATIONS
 
 
 @dataclass(frozen=True)
