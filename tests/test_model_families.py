@@ -187,7 +187,8 @@ def test_length_dependent_rope_is_served_below_its_switch_and_refused_past_it(de
                      EngineConfig(max_model_len=256, kv_cache_tokens=1024))
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     short, long, filler = random_prompts(7, LONGROPE_SWITCH - NEW_TOKENS, 20)
-    with running_engine(folder, max_step_tokens=20, kv_cache_tokens=1024, max_model_len=LONGROPE_SWITCH) as engine:
+    with running_engine(folder, max_batch_size=8, max_step_tokens=20, kv_cache_tokens=1024,
+                        max_model_len=LONGROPE_SWITCH) as engine:
         check_matches_transformers(engine, [short, long], reference_greedy_all(reference, [short, long]), [filler])
 
 
