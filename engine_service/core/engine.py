@@ -40,6 +40,7 @@ from engine_service.core.sequence import Request, Sequence
 from engine_service.model.kv_cache import kv_cache_blocks
 from engine_service.model.loader import LoadedModel
 from engine_service.model.runner import ModelRunner, StepLogits
+from engine_service.text import reasoning
 from engine_service.text.constraints import GrammarCompiler
 from engine_service.text.detokenizer import TokenTable
 
@@ -55,6 +56,9 @@ class Engine:
         self.token_table = TokenTable(loaded.tokenizer)
         self.vocab_size = int(loaded.model.config.vocab_size)
         self.grammars = GrammarCompiler(loaded.tokenizer, self.vocab_size)
+        fmt = reasoning.choose(config.reasoning_parser, loaded.tokenizer.chat_template)
+        # A reasoning model's markers, for its chat requests (None: a model that does not reason).
+        self.reasoning = reasoning.ReasoningTokens.of(fmt, loaded.tokenizer) if fmt is not None else None
         self.max_model_len = min(config.max_model_len or loaded.max_context_length, loaded.max_context_length)
         num_blocks = kv_cache_blocks(loaded.model.config, loaded.dtype, config.block_size, self.max_model_len,
                                      config.kv_cache_tokens, config.kv_cache_gb)
@@ -90,6 +94,8 @@ class Engine:
         log.info("decode attention: %s", "native, in place in the paged cache"
                  if self.runner.decode_attention is not None else "gathered, then SDPA")
         log.info("streaming: %s", self.pacing.describe())
+        if fmt is not None:
+            log.info("reasoning: %s (%s...%s)", fmt.name, fmt.start, fmt.end)
 
     # ------------------------------------------------------------ threads
 
