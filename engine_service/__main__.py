@@ -168,12 +168,13 @@ def main() -> None:
 
     from conduit.common.memory import release_freed_memory
     from engine_service.core.engine import Engine
-    from engine_service.core.faults import (FAULT_INJECT_ENV, FAULT_INJECT_TAKE_ENV, FaultInjectingChoices,
-                                            FaultInjectingRunner)
+    from engine_service.core.faults import (FAULT_INJECT_ENV, FAULT_INJECT_TAKE_ENV, HOLD_MARKER, TOKENIZE_HOLD_ENV,
+                                            FaultInjectingChoices, FaultInjectingRunner, TokenizeHold)
     from engine_service.core.metrics import EngineMetrics
     from engine_service.model.loader import load_model
     from engine_service.serving.background import BackgroundServer
     from engine_service.serving.server import EngineServicer
+    from engine_service.serving.vllm_worker import VllmWorker
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -191,11 +192,16 @@ def main() -> None:
         logging.getLogger(__name__).warning("fault injection is ON (%s): requests with %r will fail to start",
                                             FAULT_INJECT_TAKE_ENV, marker)
         engine.choices = FaultInjectingChoices(engine.choices, marker, engine.tokenizer.decode)
+    if gate := os.environ.get(TOKENIZE_HOLD_ENV):  # tests of what tokenization blocks only
+        logging.getLogger(__name__).warning("fault injection is ON (%s): tokenizing a text with %r waits on %s",
+                                            TOKENIZE_HOLD_ENV, HOLD_MARKER, gate)
+        engine.tokenizer = TokenizeHold(engine.tokenizer, Path(gate))
     if metrics is not None:
         metrics.serve(args.metrics_port, args.metrics_host)
         logging.getLogger(__name__).info("metrics on http://%s:%d/metrics", args.metrics_host, args.metrics_port)
-    server = BackgroundServer(EngineServicer(engine), args.host, args.port, security=args.security,
-                              description=loaded.model_id)
+    servicer = EngineServicer(engine)
+    server = BackgroundServer(servicer, args.host, args.port, security=args.security, description=loaded.model_id,
+                              companions=[VllmWorker(servicer).add_to])  # the Shepherd gateway's protocol
     server.start()
 
     signals: list[int] = []

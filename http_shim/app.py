@@ -179,7 +179,7 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
     relay = Relay(models, drain, metrics, config.heartbeat_s, config.request_timeout_s, _metadata)
     store_dir = default_store_dir() if config.responses_store_dir is None else config.responses_store_dir
     store = ResponseStore(store_dir, config.responses_store_limits) if store_dir else None
-    register_responses(app, relay, models, store, config.limits, _body, _request_id, _json, _metadata)
+    register_responses(app, relay, store, config.limits, _body, _request_id, _json)
 
     @app.errorhandler(APIError)
     def on_api_error(error: APIError) -> Response:

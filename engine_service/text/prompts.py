@@ -121,13 +121,15 @@ def _without_tool_fields(messages: list[dict], spec: ToolSpec | None, answer_for
     return out
 
 
+def chat_ids(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput, answer_format: pb.Constraint | None) -> list[int]:
+    # The template already wrote any special tokens the model expects.
+    return tokenizer(render_chat(tokenizer, chat, answer_format), add_special_tokens=False)["input_ids"]
+
+
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, request: pb.GenerateRequest | pb.TokenizeRequest) -> list[int]:
     kind = request.WhichOneof("input")
     if kind == "chat":
-        answer_format = request.constraint
-        text = render_chat(tokenizer, request.chat, answer_format)
-        # The template already wrote any special tokens the model expects.
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return chat_ids(tokenizer, request.chat, request.constraint)
     if kind == "text":
         if not request.text:
             raise InvalidRequest("the prompt text is empty", "text")

@@ -49,7 +49,6 @@ class ResponsesRequest:
     stream: bool
     store: bool
     logprobs: bool  # include asks for output_text logprobs
-    truncation: str
 
 
 # ------------------------------------------------------------------ refusals
@@ -291,6 +290,8 @@ def parse_responses(body: dict, request_id: str, limits: RequestLimits,
         plan = parse_chat(chat, request_id, limits)
     except APIError as error:
         raise renamed(error) from None
+    for generate in plan.requests:  # `auto`: the engine drops the oldest turns to fit, counting its own prompt
+        generate.drop_oldest_messages = truncation == "auto"
     echo = {
         "instructions": instructions,
         "max_output_tokens": body.get("max_output_tokens"),
@@ -311,4 +312,4 @@ def parse_responses(body: dict, request_id: str, limits: RequestLimits,
         "background": False,
         "service_tier": "default",
     }
-    return ResponsesRequest(plan, context, echo, plan.stream, echo["store"], logprobs, truncation)
+    return ResponsesRequest(plan, context, echo, plan.stream, echo["store"], logprobs)

@@ -9,7 +9,7 @@ flight are known to this process only (for GET and cancel), as the store is this
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,6 @@ from flask import Flask, Response, request
 from .. import sse
 from ..engine_stream import EngineStream
 from ..errors import APIError, invalid
-from ..models import ServedModels
 from ..openai_to_proto import RequestLimits
 from ..relay import Relay
 from .events import CANCELLED_CODE, ResponseEvents, replay
@@ -41,31 +40,9 @@ def _not_found(response_id: str, param: str | None = None) -> APIError:
     return APIError(404, f"Response with id '{response_id}' not found.", "invalid_request_error", param, None)
 
 
-def truncate(parsed: ResponsesRequest, models: ServedModels, metadata: Sequence[tuple[str, str]]) -> None:
-    """`truncation: auto`: drops the oldest turns (never the system messages or the last message)
-    until the prompt and the output budget fit the model's context; tool results go with their call."""
-    generate = parsed.plan.requests[0]
-    info, engine = models.route(generate.model, metadata)
-    budget = info.max_context_length - (generate.stopping.max_tokens if generate.stopping.HasField("max_tokens") else 1)
-    messages = list(generate.chat.messages)
-    head = 0
-    while head < len(messages) and messages[head].role in ("system", "developer"):
-        head += 1
-    while len(messages) - head > 1:
-        used = len(engine.tokenize(messages=messages, tools=list(generate.chat.tools), model=generate.model,
-                                   metadata=metadata).token_ids)
-        if used <= budget:
-            break
-        del messages[head]
-        while len(messages) - head > 1 and messages[head].role == "tool":  # results of a dropped call
-            del messages[head]
-    del generate.chat.messages[:]
-    generate.chat.messages.extend(messages)
-
-
-def register_responses(app: Flask, relay: Relay, models: ServedModels, store: ResponseStore | None,
-                       limits: RequestLimits, read_body: Callable[[], dict], request_id: Callable[[], str],
-                       to_json: Callable[..., Response], metadata: Callable[[], list[tuple[str, str]]]) -> None:
+def register_responses(app: Flask, relay: Relay, store: ResponseStore | None, limits: RequestLimits,
+                       read_body: Callable[[], dict], request_id: Callable[[], str],
+                       to_json: Callable[..., Response]) -> None:
     """`store` None: nothing is kept (every `store: true` answer is forgotten, chains are refused)."""
     in_flight: dict[str, _InFlight] = {}
 
@@ -86,8 +63,6 @@ def register_responses(app: Flask, relay: Relay, models: ServedModels, store: Re
             prior = stored(previous, "previous_response_id")
             inherited = prior.context + prior.response["output"]
         parsed = parse_responses(body, request_id(), limits, inherited)
-        if parsed.truncation == "auto":
-            truncate(parsed, models, metadata())
         try:
             model, stream = relay.open(parsed.plan.model, parsed.plan.requests)
         except APIError as error:
