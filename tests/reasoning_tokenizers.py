@@ -10,7 +10,7 @@
   so V31_TEMPLATE below writes DeepSeek-V3.1's chat format: the generation prompt opens
   `<think>` (thinking on) or writes `</think>` (thinking off), by the `thinking` argument.
 
-Each is built once per process and cached under the model cache (a few seconds the first time).
+Each is built once per process (a few seconds).
 """
 
 from __future__ import annotations
@@ -63,33 +63,34 @@ def _gguf_header(path: Path) -> list[tuple[str, int, object]]:
         return [(key, kind, value(kind)) for key, kind in ((string(), read("I")) for _ in range(count))]
 
 
+# Qwen2's pre-tokenizer split (the GGUF's tokenizer.ggml.pre "deepseek-r1-qwen" is Qwen2's).
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+               r"\s+(?!\S)|\s+")
+
+
 @functools.cache
 def r1_distill_tokenizer():
-    """DeepSeek-R1-Distill-Qwen-7B's tokenizer and chat template (from its GGUF header)."""
-    import gguf
-    from transformers import AutoTokenizer
+    """DeepSeek-R1-Distill-Qwen-7B's tokenizer and chat template, from its GGUF header: byte-level BPE
+    over its vocab and merges, its control tokens (GGUF token type 3) special and its user-defined
+    ones (type 4: <think>, </think>, <tool_call>...) added, as llama.cpp reads them. (transformers'
+    own GGUF conversion gives DeepSeek's <｜...｜> tokens new ids past the vocabulary.)"""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
-    from engine_service.model.cache_dir import cache_dir
-
-    folder = cache_dir() / "tokenizers" / "deepseek-r1-distill-qwen-7b"
-    target = folder / "header.gguf"
-    if not target.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        writer = gguf.GGUFWriter(str(target) + ".tmp", arch="qwen2")
-        for key, kind, val in _gguf_header(_package_file(R1_PART, "model_part_0000")):
-            if key in ("general.architecture", "GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"):
-                continue
-            if kind == 9:
-                item, items = val
-                writer.add_key_value(key, items, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType(item))
-            else:
-                writer.add_key_value(key, val, gguf.GGUFValueType(kind))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        Path(str(target) + ".tmp").rename(target)
-    return AutoTokenizer.from_pretrained(str(folder), gguf_file="header.gguf")
+    header = {key: val for key, _, val in _gguf_header(_package_file(R1_PART, "model_part_0000"))}
+    tokens, types = header["tokenizer.ggml.tokens"][1], header["tokenizer.ggml.token_type"][1]
+    merges = [tuple(m.split(" ", 1)) for m in header["tokenizer.ggml.merges"][1]]
+    backend = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == 3])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == 4])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=tokens[header["tokenizer.ggml.bos_token_id"]],
+                                        eos_token=tokens[header["tokenizer.ggml.eos_token_id"]])
+    tokenizer.chat_template = header["tokenizer.chat_template"]
+    return tokenizer
 
 
 @functools.cache
@@ -101,3 +102,41 @@ def v4_tokenizer():
                                         bos_token="<｜begin▁of▁sentence｜>", eos_token="<｜end▁of▁sentence｜>")
     tokenizer.chat_template = V31_TEMPLATE
     return tokenizer
+
+
+# What the scripted model writes: thinking, then a JSON answer; no token twice (see scripted_model).
+SCRIPT = '<think>\nSix sevens make forty two; I am sure.</think>{"answer": 42}'
+
+
+def scripted_model(folder: Path) -> Path:
+    """A model folder (DeepSeek-R1-Distill's tokenizer and template, Llama weights) whose greedy
+    output is SCRIPT then EOS, whatever the prompt: a bigram table in its weights. Each script
+    token's embedding is its own basis vector; the one layer is all zeros, so the residual stream
+    carries that vector to the head, whose row for the next token reads it. A token off the script
+    (one a grammar forced) has a zero embedding: every logit 0, so a grammar picks freely there."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = r1_distill_tokenizer()
+    ids = tokenizer.encode(SCRIPT, add_special_tokens=False) + [tokenizer.eos_token_id]
+    first = tokenizer.convert_tokens_to_ids("<｜Assistant｜>")  # the generation prompt's last token
+    chain = [first, *ids]
+    assert len(set(chain)) == len(chain), "a bigram script may not repeat a token"
+    hidden = 64
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden, num_hidden_layers=1,
+                         num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=1024,
+                         tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+        for norm in (model.model.norm, model.model.layers[0].input_layernorm,
+                     model.model.layers[0].post_attention_layernorm):
+            norm.weight.fill_(1.0)
+        for k, (token, following) in enumerate(zip(chain, chain[1:])):
+            model.model.embed_tokens.weight[token, k] = 1.0
+            model.lm_head.weight[following, k] = 1.0
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from conduit.v1.contract import REASONING_EFFORTS
+
 if TYPE_CHECKING:  # transformers loads only where a model does (the fast tests need neither)
     from transformers import PreTrainedTokenizerBase
 
@@ -40,7 +42,7 @@ FORMATS = {
 PARSER_CHOICES = ("auto", "none", *FORMATS)
 # reasoning_effort values that ask for no thinking, where a template can switch it off.
 EFFORTS_WITHOUT_THINKING = ("none", "minimal")
-EFFORTS = ("none", "minimal", "low", "medium", "high")
+EFFORTS = REASONING_EFFORTS
 
 
 def detect(chat_template: str | None) -> ReasoningFormat | None:

@@ -1,0 +1,110 @@
+"""A reasoning model through the real engine and shim: the openai SDK reads its thinking apart from
+its answer. The model (tests/reasoning_tokenizers.py) has DeepSeek-R1-Distill's real tokenizer and
+chat template and writes a fixed script greedily: `<think>` thinking `</think>` then a JSON answer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from clients.launch import Stack
+from conftest import STARTUP_TIMEOUT_S
+from reasoning_tokenizers import r1_distill_tokenizer, scripted_model
+
+pytestmark = pytest.mark.model
+
+THOUGHT = "Six sevens make forty two; I am sure."
+ANSWER = '{"answer": 42}'
+THINKING_TOKENS = 14  # <think>, "\n", 11 of the thought, </think>
+QUESTION = [{"role": "user", "content": "What is six times seven?"}]
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    folder = scripted_model(tmp_path_factory.mktemp("r1-scripted"))
+    with Stack(model=str(folder), startup_timeout=STARTUP_TIMEOUT_S) as stack:
+        with openai.OpenAI(base_url=stack.base_url, api_key="none", max_retries=0) as sdk:
+            yield sdk
+
+
+def ask(client: openai.OpenAI, **params):
+    model = client.models.list().data[0].id
+    return client.chat.completions.create(model=model, messages=QUESTION, temperature=0, **params)
+
+
+def test_thinking_then_answer(client):
+    reply = ask(client)
+    message = reply.choices[0].message
+    assert (message.reasoning_content, message.content) == (THOUGHT, ANSWER)
+    assert message.model_extra["reasoning"] == THOUGHT
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage.completion_tokens_details.reasoning_tokens == THINKING_TOKENS
+    assert reply.usage.completion_tokens == len(r1_distill_tokenizer().encode(
+        "<think>\n" + THOUGHT + "</think>" + ANSWER, add_special_tokens=False)) + 1  # and EOS
+
+
+def test_streamed_thinking_comes_as_reasoning_content(client):
+    thinking = answer = ""
+    usage = None
+    for chunk in ask(client, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            thinking += (choice.delta.model_extra or {}).get("reasoning_content") or ""
+            answer += choice.delta.content or ""
+            assert "<think>" not in answer and "</think>" not in thinking
+    assert (thinking, answer) == (THOUGHT, ANSWER)
+    assert usage.completion_tokens_details.reasoning_tokens == THINKING_TOKENS
+
+
+def test_thinking_cut_by_max_tokens_has_no_answer(client):
+    reply = ask(client, max_tokens=4)
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "length"
+    assert message.content is None
+    assert message.reasoning_content == "Six se"
+
+
+@pytest.mark.parametrize("budget", [3, 5, 9])
+def test_a_thinking_budget_ends_the_thinking_at_exactly_n_tokens(client, budget):
+    reply = ask(client, extra_body={"max_reasoning_tokens": budget})
+    message = reply.choices[0].message
+    assert reply.usage.completion_tokens_details.reasoning_tokens == budget
+    # <think> and "\n" are not thought; the engine wrote </think> as the budget's last token.
+    thought = r1_distill_tokenizer().decode(
+        r1_distill_tokenizer().encode(THOUGHT, add_special_tokens=False)[:budget - 3])
+    assert (getattr(message, "reasoning_content", None), message.content) == (thought or None, ANSWER)
+
+
+def test_a_schema_constrains_the_answer_and_not_the_thinking(client):
+    reply = ask(client, response_format={"type": "json_schema",
+                                         "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True}})
+    message = reply.choices[0].message
+    assert message.reasoning_content == THOUGHT
+    assert json.loads(message.content) == {"answer": 42}
+
+
+@pytest.mark.xfail(strict=True, reason="found here, not caused by reasoning: with a Qwen-family tokenizer, whose "
+                   "<tool_call> is an added token, llguidance's mask allows that token for the forced-call "
+                   "grammar's \"<tool_call>\" text and then refuses it on consume (the same with "
+                   "--reasoning-parser none); left for its own issue")
+def test_a_forced_tool_call_follows_free_thinking(client):
+    tool = {"type": "function", "function": {"name": "answer", "parameters": SCHEMA}}
+    reply = ask(client, tools=[tool], tool_choice={"type": "function", "function": {"name": "answer"}},
+                max_tokens=80)
+    message = reply.choices[0].message
+    assert message.reasoning_content == THOUGHT, message
+    assert reply.choices[0].finish_reason == "tool_calls", message
+    (call,) = message.tool_calls
+    assert call.function.name == "answer"
+    assert isinstance(json.loads(call.function.arguments)["answer"], int)
+
+
+def test_a_bad_reasoning_effort_is_a_400_naming_it(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(client, reasoning_effort="extreme")
+    assert caught.value.body["param"] == "reasoning_effort"
