@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
 protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
 
-.PHONY: install browser protos check-protos kernels run-stack test test-fast deploy-check fuzz bench bench-routing bench-gateway soak gpu-check goldens clean
+.PHONY: install browser node protos check-protos kernels run-stack test test-fast test-agents deploy-check fuzz bench bench-routing bench-gateway soak gpu-check goldens clean
 
 install: $(STAMP)
 
@@ -21,6 +21,12 @@ APT_INSTALL = { $(SUDO) apt-get install -y -q $(1) || { $(SUDO) apt-get update -
 browser:
 	@command -v chromium >/dev/null 2>&1 || $(call APT_INSTALL,chromium) || { \
 		echo "make test: the browser tests need Debian's chromium; install it (apt-get install chromium) and rerun" >&2; \
+		exit 1; }
+
+# Debian's nodejs and npm for the coding agents' tests (installed from npm by the tests, pinned).
+node:
+	@command -v npm >/dev/null 2>&1 || $(call APT_INSTALL,nodejs npm) || { \
+		echo "make test-agents: the agents' tests need npm; install it (apt-get install nodejs npm) and rerun" >&2; \
 		exit 1; }
 
 # An air-gapped host (docs/operations-offline.md): `make install OFFLINE=1 WHEELHOUSE=DIR` installs from
@@ -93,6 +99,11 @@ kernels: $(STAMP)
 
 test: $(STAMP) browser check-protos kernels
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Claude Code and Codex CLI on a real stack (tests/test_agents.py): minutes of CPU prefill for their
+# ~12k-token prompts, so apart from `make test` (which skips the module without CONDUIT_AGENT_TESTS).
+test-agents: $(STAMP) node kernels
+	CONDUIT_AGENT_TESTS=1 $(BIN)/python -m pytest -n 0 tests/test_agents.py $(PYTEST_ARGS)
 
 # The tier that loads no model and starts no real engine (the shim runs against tests/fake_engine.py).
 test-fast: $(STAMP) browser check-protos kernels

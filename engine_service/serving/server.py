@@ -129,8 +129,10 @@ class EngineServicer(pb_grpc.EngineServicer):
             log.info("refused: draining")
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
             return
-        log.info("generate: %d prompt tokens, n=%d, max_tokens=%d%s", len(job.prompt_ids), job.params.n,
-                 job.max_tokens, f" (request_id {request_id})" if request_id != log_id else "")
+        asked = job.params.stopping.max_tokens
+        capped = f" (capped from {asked}: what the context leaves)" if (asked or 0) > job.max_tokens else ""
+        log.info("generate: %d prompt tokens, n=%d, max_tokens=%d%s%s", len(job.prompt_ids), job.params.n,
+                 job.max_tokens, capped, f" (request_id {request_id})" if request_id != log_id else "")
         encoder = EventEncoder(request_id, self.engine.token_table, echo=job.params.echo,
                                decode=self.engine.tokenizer.decode)
         remaining = job.params.n

@@ -113,9 +113,10 @@ class ResponseEvents:
                 self._event("response.content_part.done", **where, part=part),
                 self._event("response.output_item.done", output_index=entry.output_index, item=entry.item)]
 
-    def open_call(self, index: int, call_id: str, name: str, item_id: str | None = None) -> list[bytes]:
+    def open_call(self, index: int, call_id: str, name: str, namespace: str | None = None,
+                  item_id: str | None = None) -> list[bytes]:
         out = self._close_text("completed")  # the text before a call is finished
-        item = function_call_item(item_id or new_id("fc"), call_id, name, "", "in_progress")
+        item = function_call_item(item_id or new_id("fc"), call_id, name, "", "in_progress", namespace)
         self._calls[index], added = self._add(item)
         return out + [added]
 
@@ -130,7 +131,8 @@ class ResponseEvents:
         for entry in self._calls.values():
             arguments = "".join(entry.pieces)
             item = entry.item
-            entry.item = function_call_item(item["id"], item["call_id"], item["name"], arguments, status)
+            entry.item = function_call_item(item["id"], item["call_id"], item["name"], arguments, status,
+                                            item.get("namespace"))
             entry.done = True
             out += [self._event("response.function_call_arguments.done", item_id=item["id"],
                                 output_index=entry.output_index, name=item["name"], arguments=arguments),
@@ -170,14 +172,15 @@ class ResponseEvents:
                 out += self.text_delta(chunk.text, logprobs_list(list(chunk.logprobs)) if self._logprobs else [])
             for delta in chunk.tool_calls:
                 if delta.index not in self._calls:
-                    out += self.open_call(delta.index, delta.id or new_tool_call_id(), delta.name)
+                    out += self.open_call(delta.index, delta.id or new_tool_call_id(),
+                                          *self._skeleton.call_name(delta.name))
                 if delta.arguments:
                     out += self.call_delta(delta.index, delta.arguments)
         elif kind == "final":
             final = response.final
             if not self._calls:  # the engine did not stream its calls piecewise: each whole
                 for k, call in enumerate(final.tool_calls):
-                    out += self.open_call(k, call.id or new_tool_call_id(), call.name)
+                    out += self.open_call(k, call.id or new_tool_call_id(), *self._skeleton.call_name(call.name))
                     out += self.call_delta(k, call.arguments) if call.arguments else []
             self._status = status_of(finish_reason_name(final.finish_reason))
             out += self.close_items(self._status)
@@ -205,7 +208,7 @@ def replay(response: dict[str, Any]) -> list[bytes]:
                 out += writer.text_delta(part["text"], part.get("logprobs") or [])
             out += writer.close_items(item["status"])
         elif item["type"] == "function_call":
-            out += writer.open_call(k, item["call_id"], item["name"], item["id"])
+            out += writer.open_call(k, item["call_id"], item["name"], item.get("namespace"), item["id"])
             if item["arguments"]:
                 out += writer.call_delta(k, item["arguments"])
             out += writer.close_items(item["status"])

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from flask import Flask, Response, request
+from flask import Flask, Response, after_this_request, request
 
 from .. import sse
 from ..engine_stream import EngineStream
@@ -27,6 +27,7 @@ from .store import ResponseStore
 
 log = logging.getLogger("http_shim")
 RESPONSES_ROUTE = "/v1/responses"
+NOT_OFFERED_HEADER = "Conduit-Tools-Not-Offered"  # hosted tool types accepted and not offered (request.py)
 MAX_LIST_LIMIT = 100
 
 
@@ -63,6 +64,11 @@ def register_responses(app: Flask, relay: Relay, store: ResponseStore | None, li
             prior = stored(previous, "previous_response_id")
             inherited = prior.context + prior.response["output"]
         parsed = parse_responses(body, request_id(), limits, inherited)
+        if parsed.not_offered:
+            @after_this_request
+            def name_not_offered(answer: Response) -> Response:
+                answer.headers[NOT_OFFERED_HEADER] = ", ".join(parsed.not_offered)
+                return answer
         try:
             model, stream = relay.open(parsed.plan.model, parsed.plan.requests)
         except APIError as error:
@@ -97,7 +103,7 @@ def register_responses(app: Flask, relay: Relay, store: ResponseStore | None, li
         if collected is None:
             return Response(status=499)
         choice = collected.ranked(0, 1, 1)[0]
-        response = skeleton.build(status_of(choice.finish_reason), output_items(choice, parsed.logprobs),
+        response = skeleton.build(status_of(choice.finish_reason), output_items(choice, parsed.logprobs, skeleton),
                                   usage_object(collected.usage()))
         keep(response)
         return to_json(response)
