@@ -113,7 +113,7 @@ def scripted_model(folder: Path) -> Path:
     output is SCRIPT then EOS, whatever the prompt: a bigram table in its weights. Each script
     token's embedding is its own basis vector; the one layer is all zeros, so the residual stream
     carries that vector to the head, whose row for the next token reads it. A token off the script
-    (one a grammar forced) has a zero embedding: every logit 0, so a grammar picks freely there."""
+    (one a grammar or a budget forced) has a zero embedding: every logit 0, so a grammar picks freely there."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -136,7 +136,7 @@ def scripted_model(folder: Path) -> Path:
             norm.weight.fill_(1.0)
         for k, (token, following) in enumerate(zip(chain, chain[1:])):
             model.model.embed_tokens.weight[token, k] = 1.0
-            model.lm_head.weight[following, k] = 1.0
+            model.lm_head.weight[following, k] = 4.0  # a logit of 32: greedy even at temperature 1
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

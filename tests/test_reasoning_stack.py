@@ -4,9 +4,11 @@ chat template and writes a fixed script greedily: `<think>` thinking `</think>` 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 
+import anthropic
 import openai
 import pytest
 
@@ -24,11 +26,22 @@ SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "requ
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     folder = scripted_model(tmp_path_factory.mktemp("r1-scripted"))
-    with Stack(model=str(folder), startup_timeout=STARTUP_TIMEOUT_S) as stack:
-        with openai.OpenAI(base_url=stack.base_url, api_key="none", max_retries=0) as sdk:
-            yield sdk
+    with Stack(model=str(folder), startup_timeout=STARTUP_TIMEOUT_S) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(stack: Stack) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=stack.base_url, api_key="none", max_retries=0) as sdk:
+        yield sdk
+
+
+@pytest.fixture(scope="module")
+def claude(stack: Stack) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=stack.shim_url, api_key="none", max_retries=0) as sdk:
+        yield sdk
 
 
 def ask(client: openai.OpenAI, **params):
@@ -108,3 +121,47 @@ def test_a_bad_reasoning_effort_is_a_400_naming_it(client):
     with pytest.raises(openai.BadRequestError) as caught:
         ask(client, reasoning_effort="extreme")
     assert caught.value.body["param"] == "reasoning_effort"
+
+
+# ------------------------------------------------------------------ Messages
+
+
+def model_id(claude: anthropic.Anthropic) -> str:
+    return claude.models.list().data[0].id
+
+
+def test_messages_thinking_block_then_text(claude):
+    message = claude.messages.create(model=model_id(claude), max_tokens=100, messages=QUESTION,
+                                     thinking={"type": "enabled", "budget_tokens": 1024})
+    thinking, text = message.content
+    assert (thinking.type, thinking.thinking, text.type, text.text) == ("thinking", THOUGHT, "text", ANSWER)
+    assert thinking.signature == "conduit-sha256:" + hashlib.sha256(THOUGHT.encode()).hexdigest()
+    assert message.stop_reason == "end_turn"
+
+
+def test_messages_budget_tokens_ends_the_thinking(claude):
+    message = claude.messages.create(model=model_id(claude), max_tokens=100, messages=QUESTION,
+                                     thinking={"type": "enabled", "budget_tokens": 5})
+    thinking, text = message.content
+    assert (thinking.thinking, text.text) == ("Six se", ANSWER)  # 5 tokens: <think>, "\n", 2, </think>
+
+
+def test_messages_stream_thinking_deltas_and_a_signature(claude):
+    with claude.messages.stream(model=model_id(claude), max_tokens=100, messages=QUESTION,
+                                thinking={"type": "enabled", "budget_tokens": 1024}) as stream:
+        deltas = [e.delta for e in stream if e.type == "content_block_delta"]
+        message = stream.get_final_message()
+    assert "".join(d.thinking for d in deltas if d.type == "thinking_delta") == THOUGHT
+    (signature,) = [d.signature for d in deltas if d.type == "signature_delta"]
+    assert message.content[0].signature == signature
+    assert [b.type for b in message.content] == ["thinking", "text"] and message.content[1].text == ANSWER
+
+
+def test_messages_take_thinking_blocks_back(claude):
+    first = claude.messages.create(model=model_id(claude), max_tokens=100, messages=QUESTION,
+                                   thinking={"type": "enabled", "budget_tokens": 1024})
+    again = claude.messages.create(
+        model=model_id(claude), max_tokens=100, thinking={"type": "enabled", "budget_tokens": 1024},
+        messages=[*QUESTION, {"role": "assistant", "content": first.content},
+                  {"role": "user", "content": "And seven times six?"}])
+    assert [b.type for b in again.content] == ["thinking", "text"]
