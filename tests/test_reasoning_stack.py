@@ -165,3 +165,46 @@ def test_messages_take_thinking_blocks_back(claude):
         messages=[*QUESTION, {"role": "assistant", "content": first.content},
                   {"role": "user", "content": "And seven times six?"}])
     assert [b.type for b in again.content] == ["thinking", "text"]
+
+
+# ------------------------------------------------------------------ Responses
+
+
+def test_responses_reasoning_item_then_message(client):
+    model = client.models.list().data[0].id
+    response = client.responses.create(model=model, input="What is six times seven?", reasoning={"effort": "high"})
+    reasoning, message = response.output
+    assert (reasoning.type, reasoning.content[0].text, reasoning.summary) == ("reasoning", THOUGHT, [])
+    assert (message.type, response.output_text) == ("message", ANSWER)
+    assert response.reasoning.effort == "high"
+    assert response.usage.output_tokens_details.reasoning_tokens == THINKING_TOKENS
+
+
+def test_responses_stream_reasoning_events(client):
+    model = client.models.list().data[0].id
+    with client.responses.stream(model=model, input="What is six times seven?") as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    (done,) = [e for e in events if e.type == "response.reasoning_text.done"]
+    assert deltas == done.text == THOUGHT
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    assert added == ["reasoning", "message"]
+    assert [item.type for item in final.output] == ["reasoning", "message"] and final.output_text == ANSWER
+
+
+def test_responses_take_reasoning_items_back_in_input(client):
+    model = client.models.list().data[0].id
+    first = client.responses.create(model=model, input="What is six times seven?", store=False)
+    again = client.responses.create(model=model, input=[
+        {"role": "user", "content": "What is six times seven?"},
+        *[item.model_dump(exclude_none=True) for item in first.output],
+        {"role": "user", "content": "And seven times six?"}])
+    assert [item.type for item in again.output] == ["reasoning", "message"]
+
+
+def test_responses_cut_inside_the_thinking_is_incomplete_with_no_answer(client):
+    model = client.models.list().data[0].id
+    response = client.responses.create(model=model, input="What is six times seven?", max_output_tokens=4)
+    assert response.status == "incomplete"
+    assert response.output[0].content[0].text == "Six se" and response.output_text == ""
