@@ -208,3 +208,13 @@ def test_responses_cut_inside_the_thinking_is_incomplete_with_no_answer(client):
     response = client.responses.create(model=model, input="What is six times seven?", max_output_tokens=4)
     assert response.status == "incomplete"
     assert response.output[0].content[0].text == "Six se" and response.output_text == ""
+
+
+def test_langchain_reads_the_reasoning_through_the_responses_api(stack, client):
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=stack.base_url, api_key="none", model=client.models.list().data[0].id,
+                     use_responses_api=True, reasoning={"summary": "auto"}, max_retries=0)
+    blocks = llm.invoke("What is six times seven?").content_blocks
+    assert [(b["type"], b.get("reasoning") or b.get("text")) for b in blocks] == [("reasoning", THOUGHT),
+                                                                                  ("text", ANSWER)]

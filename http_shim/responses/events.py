@@ -104,7 +104,7 @@ class ResponseEvents:
         if entry is None:
             return []
         text = "".join(entry.pieces)
-        entry.item = reasoning_item(entry.item["id"], status, text)
+        entry.item = reasoning_item(entry.item["id"], status, text, self._skeleton.summarized)
         entry.done = True
         where = {"item_id": entry.item["id"], "output_index": entry.output_index, "content_index": 0}
         return [self._event("response.reasoning_text.done", **where, text=text),

@@ -32,10 +32,13 @@ def message_item(item_id: str, status: str, content: list[dict[str, Any]]) -> di
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
 
 
-def reasoning_item(item_id: str, status: str, text: str | None) -> dict[str, Any]:
-    """A reasoning model's thinking, whole (`text`) or as it starts (None: its part follows)."""
+def reasoning_item(item_id: str, status: str, text: str | None, summarized: bool = False) -> dict[str, Any]:
+    """A reasoning model's thinking, whole (`text`) or as it starts (None: its part follows).
+    `summarized` (the request set reasoning.summary): no model writes a summary here, so the
+    summary is the thinking itself, unabridged (LangChain, for one, reads only summaries)."""
     content = [] if text is None else [{"type": "reasoning_text", "text": text}]
-    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "encrypted_content": None,
+    summary = [{"type": "summary_text", "text": text}] if summarized and text else []
+    return {"id": item_id, "type": "reasoning", "summary": summary, "content": content, "encrypted_content": None,
             "status": status}
 
 
@@ -50,7 +53,7 @@ def output_items(choice: Choice, logprobs: bool, skeleton: ResponseSkeleton) -> 
     """A finished choice's output: its thinking as a reasoning item (a reasoning model's), its text as
     a message (also an empty one when it made no call), then one item per function call."""
     status = "incomplete" if choice.finish_reason == "length" else "completed"
-    items = [reasoning_item(new_id("rs"), status, choice.reasoning)] if choice.reasoning else []
+    items = [reasoning_item(new_id("rs"), status, choice.reasoning, skeleton.summarized)] if choice.reasoning else []
     if choice.text or not choice.tool_calls:
         part = text_part(choice.text, logprobs_list(choice.logprobs) if logprobs else [])
         items.append(message_item(new_id("msg"), status, [part]))
@@ -96,6 +99,11 @@ class ResponseSkeleton:
         self.created_at = int(time.time())
         self.model = model
         self.echo = echo
+
+    @property
+    def summarized(self) -> bool:
+        """Whether the request asked for reasoning summaries (see reasoning_item)."""
+        return bool((self.echo.get("reasoning") or {}).get("summary"))
 
     def call_name(self, model_name: str) -> tuple[str, str | None]:
         """(name, namespace) of a call the model named: a namespace's functions are NAMESPACE__NAME to it."""

@@ -15,10 +15,11 @@ model offered a tool nobody runs would call it in vain. The response echoes `too
 `Conduit-Tools-Not-Offered` header names the tool types left out.
 
 Reasoning models (docs/reasoning.md): `reasoning.effort` is the chat route's `reasoning_effort`; the
-thinking comes back as a `reasoning` output item (its text as a `reasoning_text` part, no summary, no
-encrypted content); `reasoning` items given back in `input` are accepted and dropped from the prompt
-(the templates of DeepSeek-R1 and Qwen3 drop earlier turns' thinking too). `reasoning.summary` is
-accepted and no summary is written.
+thinking comes back as a `reasoning` output item (its text as a `reasoning_text` part, no encrypted
+content); `reasoning` items given back in `input` are accepted and dropped from the prompt (the
+templates of DeepSeek-R1 and Qwen3 drop earlier turns' thinking too). With `reasoning.summary` set,
+the item's summary is the thinking itself (no model here writes summaries; the final item carries
+it, no summary events stream).
 
 Refused with a 400 naming them: item types other than messages, reasoning, function calls and their
 outputs (images, files, hosted tools' calls, item references), content parts other than text,
