@@ -108,23 +108,28 @@ def v4_tokenizer():
 SCRIPT = '<think>\nSix sevens make forty two; I am sure.</think>{"answer": 42}'
 
 
-def scripted_model(folder: Path) -> Path:
+def scripted_model(folder: Path, scripts: dict[str, str] | None = None) -> Path:
     """A model folder (DeepSeek-R1-Distill's tokenizer and template, Llama weights) whose greedy
-    output is SCRIPT then EOS, whatever the prompt: a bigram table in its weights. Each script
-    token's embedding is its own basis vector; the one layer is all zeros, so the residual stream
-    carries that vector to the head, whose row for the next token reads it. A token off the script
-    (one a grammar or a budget forced) has a zero embedding: every logit 0, so a grammar picks freely there."""
+    output is a fixed script then EOS: `scripts` maps the prompt's end (text whose last token starts
+    the script) to the script; default: SCRIPT after the generation prompt `<｜Assistant｜>`. A bigram
+    table in its weights: each script token's embedding is its own basis vector; the one layer is all
+    zeros, so the residual stream carries that vector to the head, whose row for the next token reads
+    it. A token off the scripts (one a grammar or a budget forced) has a zero embedding: every logit 0,
+    so a grammar picks freely there. No token may be followed by two different ones."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = r1_distill_tokenizer()
-    ids = tokenizer.encode(SCRIPT, add_special_tokens=False) + [tokenizer.eos_token_id]
-    first = tokenizer.convert_tokens_to_ids("<｜Assistant｜>")  # the generation prompt's last token
-    chain = [first, *ids]
-    assert len(set(chain)) == len(chain), "a bigram script may not repeat a token"
+    following: dict[int, int] = {}
+    for start, script in (scripts or {"<｜Assistant｜>": SCRIPT}).items():
+        chain = tokenizer.encode(start, add_special_tokens=False)[-1:] + tokenizer.encode(
+            script, add_special_tokens=False) + [tokenizer.eos_token_id]
+        for token, after in zip(chain, chain[1:]):
+            assert following.setdefault(token, after) == after, f"token {token} would have two successors"
     hidden = 64
+    assert len(following) <= hidden, "one basis vector per script token"
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden, num_hidden_layers=1,
-                         num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=1024,
+                         num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=4096,
                          tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id)
     model = LlamaForCausalLM(config)
@@ -134,9 +139,9 @@ def scripted_model(folder: Path) -> Path:
         for norm in (model.model.norm, model.model.layers[0].input_layernorm,
                      model.model.layers[0].post_attention_layernorm):
             norm.weight.fill_(1.0)
-        for k, (token, following) in enumerate(zip(chain, chain[1:])):
+        for k, (token, after) in enumerate(following.items()):
             model.model.embed_tokens.weight[token, k] = 1.0
-            model.lm_head.weight[following, k] = 4.0  # a logit of 32: greedy even at temperature 1
+            model.lm_head.weight[after, k] = 4.0  # a logit of 32: greedy even at temperature 1
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

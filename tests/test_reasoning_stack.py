@@ -218,3 +218,41 @@ def test_langchain_reads_the_reasoning_through_the_responses_api(stack, client):
     blocks = llm.invoke("What is six times seven?").content_blocks
     assert [(b["type"], b.get("reasoning") or b.get("text")) for b in blocks] == [("reasoning", THOUGHT),
                                                                                   ("text", ANSWER)]
+
+
+# ------------------------------------------------------------------ an agent
+
+
+# A second scripted model: after the generation prompt it thinks then calls `lookup`; after the tool's
+# output (the prompt then ends with the template's tool-outputs marker) it answers.
+AGENT_SCRIPTS = {"<｜Assistant｜>": '<think>\nThe lookup tool knows.</think><tool_call>{"name":"lookup","arguments":{}}'
+                                    "</tool_call>",
+                 "<｜tool▁outputs▁end｜>": "It is 42!"}
+
+
+def test_the_agents_sdk_runs_a_tool_calling_agent_on_a_reasoning_model(tmp_path):
+    import asyncio
+
+    import agents
+
+    agents.set_tracing_disabled(True)  # no platform key: the Agents SDK must not try to export traces
+    calls: list[str] = []
+
+    @agents.function_tool
+    def lookup() -> str:
+        """Looks the answer up."""
+        calls.append("lookup")
+        return "42"
+
+    folder = scripted_model(tmp_path / "agent", AGENT_SCRIPTS)
+    with Stack(model=str(folder), engine_args=["--served-model-name", "reasoner"],
+               startup_timeout=STARTUP_TIMEOUT_S) as running:
+        sdk = openai.AsyncOpenAI(base_url=running.base_url, api_key="none", max_retries=0)
+        model = agents.OpenAIResponsesModel(model="reasoner", openai_client=sdk)
+        agent = agents.Agent(name="answerer", model=model, tools=[lookup],
+                             model_settings=agents.ModelSettings(reasoning={"effort": "high"}))
+        result = asyncio.run(agents.Runner.run(agent, "What is six times seven?", max_turns=3))
+    assert calls == ["lookup"]
+    assert result.final_output == "It is 42!"
+    kinds = [item.type for item in result.new_items]
+    assert kinds[:2] == ["reasoning_item", "tool_call_item"], kinds
