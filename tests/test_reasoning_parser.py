@@ -188,3 +188,11 @@ def test_markers_that_are_special_tokens_are_found_by_their_ids():
     assert tokenizer.decode(ids[:1], skip_special_tokens=True) == ""
     output = processor(tokenizer, Phase.UNDECIDED)
     assert run(output, ids)[:2] == ("Hmm.", "Yes.")
+
+
+@real_tokenizer
+@pytest.mark.parametrize("kwargs", ['{"continue_final_message": true}', '{"tokenize": true}'])
+def test_template_kwargs_that_clash_with_the_renderer_are_refused_not_crashed(kwargs):
+    with pytest.raises(InvalidRequest) as caught:
+        prompts.prompt_ids(v4_tokenizer(), pb.GenerateRequest(chat=chat("", kwargs)))
+    assert caught.value.param == "chat.chat_template_kwargs"

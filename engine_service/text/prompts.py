@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import TYPE_CHECKING
 
@@ -69,6 +70,11 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput, answer_f
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
     except TemplateError as exc:
         raise InvalidRequest(f"the chat template rejected these messages: {exc}", "chat.messages") from exc
+    except (TypeError, ValueError) as exc:
+        if not chat.chat_template_kwargs:  # the engine's own fault: INTERNAL, as before
+            raise
+        raise InvalidRequest(f"the chat template failed with these chat_template_kwargs: {exc}",
+                             "chat.chat_template_kwargs") from exc
 
 
 def reasoning_kwargs(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput) -> dict:
@@ -88,7 +94,9 @@ def reasoning_kwargs(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput) -> 
             raise InvalidRequest(f"chat_template_kwargs is not valid JSON: {exc}", "chat.chat_template_kwargs") from exc
         if not isinstance(extra, dict):
             raise InvalidRequest("chat_template_kwargs must be a JSON object", "chat.chat_template_kwargs")
-        reserved = {"messages", "tools", "add_generation_prompt", "tokenize"} & extra.keys()
+        # apply_chat_template's own arguments are not the template's to take.
+        own = set(inspect.signature(tokenizer.apply_chat_template).parameters) - {"kwargs"} | {"messages"}
+        reserved = own & extra.keys()
         if reserved:
             raise InvalidRequest(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}",
                                  "chat.chat_template_kwargs")
