@@ -196,3 +196,14 @@ def test_template_kwargs_that_clash_with_the_renderer_are_refused_not_crashed(kw
     with pytest.raises(InvalidRequest) as caught:
         prompts.prompt_ids(v4_tokenizer(), pb.GenerateRequest(chat=chat("", kwargs)))
     assert caught.value.param == "chat.chat_template_kwargs"
+
+
+def test_effort_maps_onto_the_switches_a_template_reads():
+    variables = reasoning.template_variables(
+        "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+        "{{ reasoning_effort }}{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert {"enable_thinking", "reasoning_effort", "messages"} <= variables
+    assert reasoning.template_kwargs(variables, "none") == {"enable_thinking": False, "reasoning_effort": "none"}
+    assert reasoning.template_kwargs(variables, "low") == {"enable_thinking": True, "reasoning_effort": "low"}
+    assert reasoning.template_kwargs({"thinking"}, "minimal") == {"thinking": False}
+    assert reasoning.template_kwargs({"messages"}, "high") == {}  # DeepSeek-R1's: no switch
