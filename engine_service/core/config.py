@@ -11,10 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from engine_service.model.weight_formats import QUANTIZATIONS
 from engine_service.text.reasoning import PARSER_CHOICES
-
-# Linear weights' formats (model/linear.py says what each runs on and which is the default).
-QUANTIZATIONS = ("none", "int8", "int4")
 
 
 @dataclass(frozen=True)

@@ -102,3 +102,10 @@ class Requests:
     def _forget(self, request: Request) -> None:
         self._live.pop(request.request_id, None)
         self.scheduler.suspects.discard(request.request_id)
+
+
+def deliver(outputs: list[RequestOutput]) -> None:
+    """Each request's events to its sink, on the calling thread: the engine loop's own consumer of
+    outputs unless it was built with another (serving/server.py hops them to the gRPC loop first)."""
+    for output in outputs:
+        output.request.sink(output.events)

@@ -28,6 +28,7 @@ from engine_service.text import prompts, truncation
 from engine_service.serving.convert import EventEncoder, request_params
 from engine_service.serving.many import ManyCalls
 from engine_service.core.engine import Engine
+from engine_service.core.requests import RequestOutput, deliver
 from engine_service.core.params import Draining, InvalidRequest, QueueFull
 from engine_service.core.events import FinalEvent, FinishReason
 from engine_service.core.sequence import Request
@@ -64,13 +65,23 @@ async def abort_invalid(context: grpc.aio.ServicerContext, exc: InvalidRequest, 
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
+def outputs_to(loop: asyncio.AbstractEventLoop) -> Callable[[list[RequestOutput]], None]:
+    """The engine's consumer of outputs for a server on `loop`: each step's outputs cross to it in
+    one hop, where the calls' sinks (queues) take them in turn: every call's messages of a step are
+    ready before anything that waits on them runs, so a GenerateMany stream sends them as one
+    response (many.py)."""
+    return functools.partial(loop.call_soon_threadsafe, deliver)
+
+
 class EngineServicer(pb_grpc.EngineServicer):
+    """Serves an engine built with outputs_to(the server's loop): its calls' sinks are queues of
+    that loop."""
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.loaded = engine.loaded
         self.created = int(time.time())
         self.draining = False
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._cpu = ThreadPoolExecutor(CPU_WORKERS, thread_name_prefix="engine-cpu")
 
     async def _off_loop(self, work: Callable[..., T], *args) -> T:
@@ -81,14 +92,6 @@ class EngineServicer(pb_grpc.EngineServicer):
         call stops waiting; the work finishes and is dropped."""
         run = functools.partial(contextvars.copy_context().run, work, *args)
         return await asyncio.get_running_loop().run_in_executor(self._cpu, run)
-
-    def _take_outputs_on(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Each engine step's outputs cross to this event loop in one hop, where the calls' sinks
-        (queues) take them in turn: every call's messages of a step are ready before anything that
-        waits on them runs, so a GenerateMany stream sends them as one response (many.py)."""
-        if self._loop is not loop:
-            self._loop = loop
-            self.engine.on_outputs = functools.partial(loop.call_soon_threadsafe, Engine.deliver)
 
     def begin_drain(self, deadline: float) -> None:
         """New Generate calls get UNAVAILABLE; the engine finishes the rest by `deadline`."""
@@ -114,7 +117,6 @@ class EngineServicer(pb_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
         await self._check_model(request.model, context)
         queue: asyncio.Queue[list] = asyncio.Queue()
-        self._take_outputs_on(asyncio.get_running_loop())
         try:
             job = await self._submit(request, request_id, log_id, sink=queue.put_nowait)
         except InvalidRequest as exc:
