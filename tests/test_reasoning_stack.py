@@ -60,6 +60,14 @@ def test_thinking_then_answer(client):
         "<think>\n" + THOUGHT + "</think>" + ANSWER, add_special_tokens=False)) + 1  # and EOS
 
 
+def test_an_earlier_turn_given_back_with_its_reasoning_is_taken(client):
+    first = ask(client).choices[0].message
+    model = client.models.list().data[0].id
+    again = client.chat.completions.create(model=model, temperature=0, messages=[
+        *QUESTION, first.model_dump(exclude_none=True), {"role": "user", "content": "And seven times six?"}])
+    assert again.choices[0].message.reasoning_content == THOUGHT
+
+
 def test_streamed_thinking_comes_as_reasoning_content(client):
     thinking = answer = ""
     usage = None
