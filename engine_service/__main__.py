@@ -26,6 +26,7 @@ if __name__ == "__main__":
 
 from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
 from engine_service.core.config import BOUNDS, QUANTIZATIONS, EngineConfig  # noqa: E402
+from engine_service.text.reasoning import PARSER_CHOICES  # noqa: E402
 from engine_service.core.pacing import AUTO_MAX_STREAM_INTERVAL, AUTO_STREAMS_PER_STEP  # noqa: E402
 from conduit.common.cli import EnvArgumentParser, prog_name  # noqa: E402
 from conduit.common.logs import LOG_FORMATS, configure_logging  # noqa: E402
@@ -48,6 +49,10 @@ def build_parser() -> EnvArgumentParser:
                    help="compute dtype; auto: bf16 on GPUs and on CPUs with native bf16 or AVX2, else float32")
     p.add_argument("--chat-template", type=Path, metavar="FILE",
                    help="a Jinja chat template to use instead of the model's (or for a model without one)")
+    p.add_argument("--reasoning-parser", choices=PARSER_CHOICES, default="auto",
+                   help="how a reasoning model's thinking is told from its answer (docs/reasoning.md): auto (from "
+                        "the chat template's markers), none (all output is answer), or a family: deepseek_r1, "
+                        "qwen3 (<think>...</think>), mistral ([THINK]...[/THINK])")
     d = EngineConfig()
     p.add_argument("--max-batch-size", metavar="N", type=bounded("max_batch_size"), default=d.max_batch_size,
                    help="sequences decoded together")
@@ -151,7 +156,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             block_size=args.block_size, kv_cache_tokens=args.kv_cache_tokens, kv_cache_gb=args.kv_cache_gb,
             max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
             quantization=args.quantization, deterministic=args.deterministic, native_kernels=args.native_kernels,
-            stream_interval=args.stream_interval)
+            stream_interval=args.stream_interval, reasoning_parser=args.reasoning_parser)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     return args

@@ -30,6 +30,7 @@ from engine_service.core.sequence import Request
 from engine_service.model.kv_cache import kv_cache_blocks
 from engine_service.model.loader import LoadedModel
 from engine_service.model.runner import ModelRunner
+from engine_service.text import reasoning
 from engine_service.text.constraints import GrammarCompiler
 from engine_service.text.detokenizer import TokenTable
 
@@ -52,6 +53,11 @@ class Engine:
         self.vocab_size = admission.vocab_size
         self.max_model_len = admission.max_model_len
         self.scheduler = core.scheduler  # its block manager: the cache's size, and hooks on its blocks
+        fmt = reasoning.choose(config.reasoning_parser, getattr(loaded.tokenizer, "chat_template", None))
+        # A reasoning model's markers, for its chat requests (None: a model that does not reason).
+        self.reasoning = reasoning.ReasoningTokens.of(fmt, loaded.tokenizer) if fmt is not None else None
+        if fmt is not None:
+            log.info("reasoning: %s (%s...%s)", fmt.name, fmt.start, fmt.end)
 
     def submit(self, request: Request) -> None:
         """Queue a request. Raises InvalidRequest, QueueFull or Draining at once."""

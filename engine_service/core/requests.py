@@ -62,7 +62,8 @@ class Requests:
             if seq.finished and not seq.finish_reason.abnormal and not seq.final_sent:
                 seq.final_sent = True
                 events.append(FinalEvent(seq.index, seq.finish_reason, seq.prompt_len, seq.num_output,
-                                         seq.output.matched_stop, tool_calls=seq.output.tool_calls))
+                                         seq.output.matched_stop, tool_calls=seq.output.tool_calls,
+                                         reasoning_tokens=seq.output.reasoning_tokens))
         if request.finished:
             self._forget(request)
         if events:

@@ -32,6 +32,7 @@ from engine_service.core.requests import RequestOutput, deliver
 from engine_service.core.params import Draining, InvalidRequest, QueueFull
 from engine_service.core.events import FinalEvent, FinishReason
 from engine_service.core.sequence import Request
+from engine_service.text.reasoning import starting_phase
 from engine_service.text.tools import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -183,8 +184,21 @@ class EngineServicer(pb_grpc.EngineServicer):
         ids, tools, grammar, answer = await self._off_loop(self._prepare, request, params.stopping.max_tokens)
         job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
                       max_tokens=0, sink=sink, grammar=grammar, answer_grammar=answer, tools=tools, log_id=log_id)
+        self._reasoning(job, request)
         self.engine.submit(job)
         return job
+
+    def _reasoning(self, job: Request, request: pb.GenerateRequest) -> None:
+        """A reasoning model's chat: where its output starts (read from the prompt's end: the
+        template may have opened or closed the thinking) and its thinking budget. Other inputs
+        (text, token ids) and other models get their output as it comes."""
+        tokens = self.engine.reasoning
+        if tokens is None or request.WhichOneof("input") != "chat":
+            return
+        job.reasoning = tokens
+        job.reasoning_phase = starting_phase(tokens.fmt, self.engine.tokenizer.decode(job.prompt_ids[-16:]))
+        if request.HasField("max_reasoning_tokens"):
+            job.max_reasoning_tokens = request.max_reasoning_tokens
 
     def _prepare(self, request: pb.GenerateRequest,
                  max_tokens: int | None) -> tuple[list[int], ToolSpec | None, str | None, str | None]:
