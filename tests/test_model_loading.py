@@ -66,6 +66,7 @@ print(resolve_model(gguf)[1])
 """
 
 
+@pytest.mark.slow  # two fresh processes importing transformers (~5 s each): kept out of the fast tier
 def test_two_processes_converting_one_gguf_at_once_both_succeed(tmp_path: Path):
     """Two replicas starting together on an empty cache: each converts into a folder of its own and
     the first rename wins; before, they shared one `.partial` folder and one deleted the other's."""
