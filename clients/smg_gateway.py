@@ -78,7 +78,28 @@ class Gateway:
                 raise GatewayError(f"the gateway did not come up with {len(self.worker_urls)} workers; "
                                    f"{self.log_path}:\n{log_tail(self.log_path)}")
             time.sleep(POLL_S)
+        # Workers turn ready before the gateway has fetched their tokenizer (GetTokenizer), and until
+        # then it answers 503 tokenizer_not_ready: ready means a one-token completion is served.
+        while not self.answers():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise GatewayError(f"the gateway did not serve a completion; {self.log_path}:\n"
+                                   f"{log_tail(self.log_path)}")
+            time.sleep(POLL_S)
         return self
+
+    def answers(self) -> bool:
+        """Whether a one-token completion of the first listed model gets a 200."""
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/models", timeout=5.0) as response:
+                model = json.load(response)["data"][0]["id"]
+            body = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 1}).encode()
+            completion = urllib.request.Request(f"{self.base_url}/completions", data=body,
+                                                headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(completion, timeout=30.0) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError):
+            return False
 
     def ready_workers(self) -> int:
         try:

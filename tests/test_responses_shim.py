@@ -223,7 +223,7 @@ def test_allowed_tools_narrow_the_tools_offered(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize("body, param", [
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
      "input[0].content[0].type"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ({"input": [{"type": "item_reference", "id": "rs_1"}]}, "input[0].type"),  # reasoning items: accepted (issue 44)
     ({"input": "hi", "tools": [{"type": "file_search"}]}, "tools[0].type"),
     ({"input": "hi", "tools": [WEATHER, {"type": "namespace", "name": "n", "description": "",
                                          "tools": [{"type": "custom", "name": "x"}]}]}, "tools[1].tools[0].type"),

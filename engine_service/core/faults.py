@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the tests' launchers import the names here without torch
     from engine_service.core.choices import Choices
-    from engine_service.core.scheduler import ScheduledBatch
+    from engine_service.core.scheduler import Scheduler
     from engine_service.core.sequence import Request, Sequence
-    from engine_service.model.runner import ModelRunner, StepLogits
+    from engine_service.model.runner import ModelRunner
+    from engine_service.model.step import StepInput, StepLogits
 
 FAULT_INJECT_ENV = "CONDUIT_FAULT_INJECT_PROMPT"
 FAULT_INJECT_TAKE_ENV = "CONDUIT_FAULT_INJECT_TAKE_PROMPT"
@@ -28,16 +29,20 @@ class InjectedFault(RuntimeError):
 
 
 class FaultInjectingRunner:
-    """`runner`, except that a step holding a prompt with `marker` (as `decode` reads it) raises."""
+    """`runner`, except that a step holding a prompt with `marker` (as `decode` reads it) raises. The
+    step names its sequences only; `scheduler` has them running (with their requests)."""
 
-    def __init__(self, runner: ModelRunner, marker: str, decode: Callable[[list[int]], str]) -> None:
+    def __init__(self, runner: ModelRunner, marker: str, decode: Callable[[list[int]], str],
+                 scheduler: Scheduler) -> None:
         self.runner = runner
         self.marker = marker
         self.decode = decode
+        self.scheduler = scheduler
 
-    def run(self, batch: ScheduledBatch, wants_prompt_logprobs: set[int]) -> StepLogits:
-        logits = self.runner.run(batch, wants_prompt_logprobs)
-        requests = {seq.request.request_id: seq.request for seq in batch.sequences()}
+    def run(self, step: StepInput) -> StepLogits:
+        logits = self.runner.run(step)
+        stepped = {row.seq_id for row in step.decode} | {chunk.seq_id for chunk in step.prefill}
+        requests = {seq.request.request_id: seq.request for seq in self.scheduler.running if seq.seq_id in stepped}
         marked = sorted(r.log_id for r in requests.values() if self.marker in self.decode(r.prompt_ids))
         if marked:
             raise InjectedFault(f"injected fault ({FAULT_INJECT_ENV}) for request(s) {', '.join(marked)}")

@@ -29,7 +29,10 @@ class BackgroundServer:
 
     def __init__(self, servicer: pb_grpc.EngineServicer, host: str, port: int, *,
                  security: ServerSecurity | None = None, description: str = "",
-                 companions: Sequence[Callable[[grpc.aio.Server], str]] = ()) -> None:
+                 companions: Sequence[Callable[[grpc.aio.Server], str]] = (),
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """`loop`: the event loop to serve on (one the engine already sends its outputs to); a new one
+        by default."""
         self.servicer = servicer
         self.companions = companions  # more services on the port: each adds itself, returns its name
         self.address = f"{host}:{port}"
@@ -37,7 +40,7 @@ class BackgroundServer:
         self.description = description
         self.port = port  # the bound port once started (port 0 picks one)
         self.draining = False
-        self._loop = asyncio.new_event_loop()
+        self._loop = loop or asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._health: HealthServicer | None = None
         self._ready = threading.Event()

@@ -28,9 +28,11 @@ from engine_service.text import prompts, truncation
 from engine_service.serving.convert import EventEncoder, request_params
 from engine_service.serving.many import ManyCalls
 from engine_service.core.engine import Engine
+from engine_service.core.requests import RequestOutput, deliver
 from engine_service.core.params import Draining, InvalidRequest, QueueFull
 from engine_service.core.events import FinalEvent, FinishReason
 from engine_service.core.sequence import Request
+from engine_service.text.reasoning import starting_phase
 from engine_service.text.tools import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -63,13 +65,23 @@ async def abort_invalid(context: grpc.aio.ServicerContext, exc: InvalidRequest, 
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
+def outputs_to(loop: asyncio.AbstractEventLoop) -> Callable[[list[RequestOutput]], None]:
+    """The engine's consumer of outputs for a server on `loop`: each step's outputs cross to it in
+    one hop, where the calls' sinks (queues) take them in turn: every call's messages of a step are
+    ready before anything that waits on them runs, so a GenerateMany stream sends them as one
+    response (many.py)."""
+    return functools.partial(loop.call_soon_threadsafe, deliver)
+
+
 class EngineServicer(pb_grpc.EngineServicer):
+    """Serves an engine built with outputs_to(the server's loop): its calls' sinks are queues of
+    that loop."""
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.loaded = engine.loaded
         self.created = int(time.time())
         self.draining = False
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._cpu = ThreadPoolExecutor(CPU_WORKERS, thread_name_prefix="engine-cpu")
 
     async def _off_loop(self, work: Callable[..., T], *args) -> T:
@@ -80,14 +92,6 @@ class EngineServicer(pb_grpc.EngineServicer):
         call stops waiting; the work finishes and is dropped."""
         run = functools.partial(contextvars.copy_context().run, work, *args)
         return await asyncio.get_running_loop().run_in_executor(self._cpu, run)
-
-    def _take_outputs_on(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Each engine step's outputs cross to this event loop in one hop, where the calls' sinks
-        (queues) take them in turn: every call's messages of a step are ready before anything that
-        waits on them runs, so a GenerateMany stream sends them as one response (many.py)."""
-        if self._loop is not loop:
-            self._loop = loop
-            self.engine.on_outputs = functools.partial(loop.call_soon_threadsafe, Engine.deliver)
 
     def begin_drain(self, deadline: float) -> None:
         """New Generate calls get UNAVAILABLE; the engine finishes the rest by `deadline`."""
@@ -113,7 +117,6 @@ class EngineServicer(pb_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
         await self._check_model(request.model, context)
         queue: asyncio.Queue[list] = asyncio.Queue()
-        self._take_outputs_on(asyncio.get_running_loop())
         try:
             job = await self._submit(request, request_id, log_id, sink=queue.put_nowait)
         except InvalidRequest as exc:
@@ -181,8 +184,21 @@ class EngineServicer(pb_grpc.EngineServicer):
         ids, tools, grammar, answer = await self._off_loop(self._prepare, request, params.stopping.max_tokens)
         job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
                       max_tokens=0, sink=sink, grammar=grammar, answer_grammar=answer, tools=tools, log_id=log_id)
+        self._reasoning(job, request)
         self.engine.submit(job)
         return job
+
+    def _reasoning(self, job: Request, request: pb.GenerateRequest) -> None:
+        """A reasoning model's chat: where its output starts (read from the prompt's end: the
+        template may have opened or closed the thinking) and its thinking budget. Other inputs
+        (text, token ids) and other models get their output as it comes."""
+        tokens = self.engine.reasoning
+        if tokens is None or request.WhichOneof("input") != "chat":
+            return
+        job.reasoning = tokens
+        job.reasoning_phase = starting_phase(tokens.fmt, self.engine.tokenizer.decode(job.prompt_ids[-16:]))
+        if request.HasField("max_reasoning_tokens"):
+            job.max_reasoning_tokens = request.max_reasoning_tokens
 
     def _prepare(self, request: pb.GenerateRequest,
                  max_tokens: int | None) -> tuple[list[int], ToolSpec | None, str | None, str | None]:

@@ -41,7 +41,7 @@ FLUSH_POLL_S = 0.05
 
 class VllmWorker(vpb_grpc.VllmEngineServicer):
     def __init__(self, conduit: EngineServicer) -> None:
-        self.conduit = conduit  # its drain state, and the one hop of each step's outputs to this loop
+        self.conduit = conduit  # its drain state; served on its loop, where the engine's outputs arrive
         self.engine: Engine = conduit.engine
         self.started = time.time()
         self.kv_events = KvEventPublisher(self.engine.scheduler.blocks)
@@ -73,7 +73,6 @@ class VllmWorker(vpb_grpc.VllmEngineServicer):
             wanted = constraint(sp)
             if wanted is not None:  # compiling may take ~100 ms: off the event loop
                 job.grammar = await asyncio.to_thread(self._grammar, wanted)
-            self.conduit._take_outputs_on(asyncio.get_running_loop())
             self.engine.submit(job)
         except Unsupported as exc:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, str(exc))

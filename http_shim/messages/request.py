@@ -15,10 +15,13 @@ them into the user turn too.
 
 Refused with a 400 naming them (the engine cannot serve them, and dropping them would answer
 another question): image, document and other non-text blocks, server tools, MCP servers, and a
-final assistant turn (a prefill: the engine starts a new turn). `thinking` of type `adaptive` or
-`enabled` is accepted and the model answers without thinking: none of the served models has a
-reasoning mode yet, adaptive lets the model decide, and `enabled` is decided the same way; earlier
-`thinking` blocks in `messages` are still refused. Accepted and ignored, as hints that do not change
+final assistant turn (a prefill: the engine starts a new turn). `thinking` (docs/reasoning.md): on a
+reasoning model, `enabled` asks for thinking (reasoning effort high) within `budget_tokens`, which
+the engine enforces; `disabled` asks for none (effort none) where the model's template can switch it
+off; `adaptive` leaves it to the template's default. A model that does not reason answers without
+thinking whatever is asked. Earlier `thinking` and `redacted_thinking` blocks given back in
+`messages` are accepted and dropped (DeepSeek-R1's and Qwen3's templates drop earlier turns' thinking
+too); a thinking block without its `signature` is refused, as Anthropic refuses it. Accepted and ignored, as hints that do not change
 the answer: `metadata.user_id`, `output_config.effort`, `context_management` (its edits clear old
 thinking and tool results server-side; nothing is kept here between requests), `cache_control` marks
 (the engine's prefix cache serves every request), `service_tier`, `container`, the `?beta=true` query,
@@ -78,6 +81,7 @@ class ChatParts:
     model: str
     chat: pb.ChatInput
     constraint: pb.Constraint | None
+    thinking_budget: int | None = None  # thinking.budget_tokens, for the engine to enforce
 
 
 # ------------------------------------------------------------------ small readers
@@ -94,7 +98,7 @@ def _cache_control(value: Any, param: str) -> None:
 
 def _unsupported_block(kind: Any, param: str) -> Exception:
     if kind in ("thinking", "redacted_thinking"):
-        return invalid(f"'{param}' is a {kind} block: this model has no extended thinking.", f"{param}.type")
+        return invalid(f"'{param}' is a {kind} block: thinking blocks belong in assistant messages.", f"{param}.type")
     return invalid(
         f"Content blocks of type {json.dumps(kind)} are not supported by this server: it serves text, "
         "tool_use and tool_result blocks.",
@@ -174,6 +178,8 @@ def _turn(value: Any, i: int) -> list[pb.ChatMessage]:
             results.append(_tool_result(block, where))
         elif kind == "tool_use" and role == "assistant":
             calls.append(_tool_use(block, where))
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            _given_back_thinking(block, where)
         elif kind in ("tool_result", "tool_use"):
             raise invalid(f"'{where}': {kind} blocks belong in {'user' if kind == 'tool_result' else 'assistant'} "
                           "messages.", f"{where}.type")
@@ -310,21 +316,32 @@ def _constraint(body: dict) -> pb.Constraint | None:
     return from_config or from_beta
 
 
-def _thinking(body: dict) -> None:
-    """Checked; the model then answers without thinking (see the module's docstring)."""
+def _thinking(body: dict) -> tuple[str, int | None]:
+    """The reasoning effort and thinking budget `thinking` asks for (see the module's docstring)."""
     if body.get("thinking") is None:
-        return
+        return "", None
     thinking = dict_value(body["thinking"], "thinking")
     kind = thinking.get("type")
     if kind not in _THINKING:
         raise invalid(f"'thinking.type' must be 'adaptive', 'enabled' or 'disabled', got {json.dumps(kind)}.",
                       "thinking.type")
     if kind == "enabled":
-        int_field(thinking, "budget_tokens", 1, 2**31 - 1, "thinking.budget_tokens")
+        return "high", int_field(thinking, "budget_tokens", 1, 2**31 - 1, "thinking.budget_tokens")
+    return ("none" if kind == "disabled" else ""), None
+
+
+def _given_back_thinking(block: dict, param: str) -> None:
+    """An earlier turn's thinking: checked, then dropped (see the module's docstring)."""
+    if block["type"] == "redacted_thinking":
+        str_value(block.get("data"), f"{param}.data")
+        return
+    str_value(block.get("thinking"), f"{param}.thinking")
+    if not isinstance(block.get("signature"), str):
+        raise invalid(f"'{param}.signature': a thinking block given back needs the signature it came with.",
+                      f"{param}.signature")
 
 
 def _refuse_unservable(body: dict) -> None:
-    _thinking(body)
     if body.get("mcp_servers"):
         raise invalid("'mcp_servers' is not supported: this server connects to no MCP server.", "mcp_servers")
     _cache_control(body.get("cache_control"), "cache_control")
@@ -334,12 +351,13 @@ def chat_parts(body: dict, limits: RequestLimits = DEFAULT_LIMITS) -> ChatParts:
     """The model, rendered chat and answer format of a Messages (or count_tokens) body."""
     model = _model(body)
     _refuse_unservable(body)
+    effort, budget = _thinking(body)
     messages = _chat_messages(body, limits)
     tools = _tools(body)
     _check_prompt_chars(chat_prompt_chars(messages, tools), "messages", limits)
-    chat = pb.ChatInput(messages=messages, tools=tools)
+    chat = pb.ChatInput(messages=messages, tools=tools, reasoning_effort=effort)
     _tool_choice(body, tools, chat)
-    return ChatParts(model, chat, _constraint(body))
+    return ChatParts(model, chat, _constraint(body), budget)
 
 
 # ------------------------------------------------------------------ requests
@@ -389,6 +407,8 @@ def parse_messages(body: dict, request_id: str, limits: RequestLimits = DEFAULT_
     )
     if parts.constraint is not None:
         request.constraint.CopyFrom(parts.constraint)
+    if parts.thinking_budget is not None:
+        request.max_reasoning_tokens = parts.thinking_budget
     return MessagesPlan(parts.model, request, bool(bool_field(body, "stream")), stops)
 
 

@@ -32,6 +32,16 @@ def message_item(item_id: str, status: str, content: list[dict[str, Any]]) -> di
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
 
 
+def reasoning_item(item_id: str, status: str, text: str | None, summarized: bool = False) -> dict[str, Any]:
+    """A reasoning model's thinking, whole (`text`) or as it starts (None: its part follows).
+    `summarized` (the request set reasoning.summary): no model writes a summary here, so the
+    summary is the thinking itself, unabridged (LangChain, for one, reads only summaries)."""
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    summary = [{"type": "summary_text", "text": text}] if summarized and text else []
+    return {"id": item_id, "type": "reasoning", "summary": summary, "content": content, "encrypted_content": None,
+            "status": status}
+
+
 def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str,
                        namespace: str | None = None) -> dict[str, Any]:
     item = {"id": item_id, "type": "function_call", "call_id": call_id, "name": name, "arguments": arguments,
@@ -40,10 +50,10 @@ def function_call_item(item_id: str, call_id: str, name: str, arguments: str, st
 
 
 def output_items(choice: Choice, logprobs: bool, skeleton: ResponseSkeleton) -> list[dict[str, Any]]:
-    """A finished choice's output: its text as a message (also an empty one when it made no call),
-    then one item per function call."""
+    """A finished choice's output: its thinking as a reasoning item (a reasoning model's), its text as
+    a message (also an empty one when it made no call), then one item per function call."""
     status = "incomplete" if choice.finish_reason == "length" else "completed"
-    items = []
+    items = [reasoning_item(new_id("rs"), status, choice.reasoning, skeleton.summarized)] if choice.reasoning else []
     if choice.text or not choice.tool_calls:
         part = text_part(choice.text, logprobs_list(choice.logprobs) if logprobs else [])
         items.append(message_item(new_id("msg"), status, [part]))
@@ -60,7 +70,8 @@ def usage_object(chat_usage: dict[str, Any]) -> dict[str, Any]:
         "input_tokens": chat_usage["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
         "output_tokens": chat_usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": chat_usage.get("completion_tokens_details", {}).get("reasoning_tokens", 0)},
         "total_tokens": chat_usage["total_tokens"],
     }
 
@@ -88,6 +99,11 @@ class ResponseSkeleton:
         self.created_at = int(time.time())
         self.model = model
         self.echo = echo
+
+    @property
+    def summarized(self) -> bool:
+        """Whether the request asked for reasoning summaries (see reasoning_item)."""
+        return bool((self.echo.get("reasoning") or {}).get("summary"))
 
     def call_name(self, model_name: str) -> tuple[str, str | None]:
         """(name, namespace) of a call the model named: a namespace's functions are NAMESPACE__NAME to it."""

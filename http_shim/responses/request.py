@@ -14,11 +14,18 @@ sends by default, is accepted and not offered to the model: this server cannot s
 model offered a tool nobody runs would call it in vain. The response echoes `tools` as sent, and the
 `Conduit-Tools-Not-Offered` header names the tool types left out.
 
-Refused with a 400 naming them: item types other than messages, function calls and their outputs
-(images, files, reasoning, hosted tools' calls, item references), content parts other than text,
+Reasoning models (docs/reasoning.md): `reasoning.effort` is the chat route's `reasoning_effort`; the
+thinking comes back as a `reasoning` output item (its text as a `reasoning_text` part, no encrypted
+content); `reasoning` items given back in `input` are accepted and dropped from the prompt (the
+templates of DeepSeek-R1 and Qwen3 drop earlier turns' thinking too). With `reasoning.summary` set,
+the item's summary is the thinking itself (no model here writes summaries; the final item carries
+it, no summary events stream).
+
+Refused with a 400 naming them: item types other than messages, reasoning, function calls and their
+outputs (images, files, hosted tools' calls, item references), content parts other than text,
 tools other than functions, namespaces of functions and web search. Tolerated: unknown top-level
 fields and `include` values (as the chat route tolerates unknown fields; `reasoning.encrypted_content`
-asks for reasoning items, and the served models write none), `reasoning`, `store: false`,
+asks for encrypted reasoning, which Conduit does not write), `store: false`,
 `service_tier`, `prompt_cache_key`, `client_metadata` and the like.
 """
 
@@ -45,7 +52,8 @@ _NAMESPACE_JOIN = "__"  # NAMESPACE__NAME: the name the model sees for a functio
 METADATA_MAX_KEYS, METADATA_MAX_KEY_CHARS, METADATA_MAX_VALUE_CHARS = 16, 64, 512
 # Vendor fields (sent through the SDK's extra_body) passed on to the engine as the chat route reads them.
 _VENDOR_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop",
-                  "min_tokens", "ignore_eos", "stop_token_ids", "logit_bias")
+                  "min_tokens", "ignore_eos", "stop_token_ids", "logit_bias", "chat_template_kwargs",
+                  "max_reasoning_tokens")
 
 
 def new_id(prefix: str) -> str:
@@ -99,6 +107,8 @@ def normalize_items(value: Any) -> list[dict[str, Any]]:
         elif kind in ("function_call", "function_call_output"):
             item.setdefault("id", new_id("fc" if kind == "function_call" else "fco"))
             item.setdefault("status", "completed")
+        elif kind == "reasoning":
+            item.setdefault("id", new_id("rs"))
         out.append(item)
     return out
 
@@ -142,6 +152,8 @@ def chat_messages(items: list[dict[str, Any]], first_index: int) -> list[dict[st
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "reasoning":  # an earlier turn's thinking: not part of the prompt
+            list_value(item.get("summary", []), f"{param}.summary", allow_empty=True)
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": str_value(item.get("call_id"), f"{param}.call_id"),
                              "content": _content(item.get("output"), f"{param}.output")})
@@ -273,6 +285,7 @@ _RENAMES = (
     (re.compile(r"^response_format(\.json_schema)?"), "text.format"),
     (re.compile(r"^(max_completion_tokens|max_tokens)$"), "max_output_tokens"),
     (re.compile(r"^logprobs$"), "include"),
+    (re.compile(r"^reasoning_effort$"), "reasoning.effort"),
 )
 
 
@@ -330,6 +343,9 @@ def parse_responses(body: dict, request_id: str, limits: RequestLimits,
         chat["tool_choice"] = tool_choice
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
+    reasoning = dict_value(body["reasoning"], "reasoning") if body.get("reasoning") is not None else {}
+    if reasoning.get("effort") is not None:
+        chat["reasoning_effort"] = reasoning["effort"]
     if (fmt := response_format(body.get("text"))) is not None:
         chat["response_format"] = fmt
     if logprobs:
@@ -359,7 +375,7 @@ def parse_responses(body: dict, request_id: str, limits: RequestLimits,
         "truncation": truncation,
         "user": body.get("user"),
         "store": True if store is None else store,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
         "background": False,
         "service_tier": "default",
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import re
 import sys
 import textwrap
 from collections.abc import Iterator, Sequence
@@ -94,6 +95,7 @@ def _entry(action: argparse.Action, help_text: str) -> list[str]:
     if action.choices is not None and action.metavar is None and not isinstance(action,
                                                                               argparse.BooleanOptionalAction):
         name = f"{', '.join(action.option_strings)} {{{','.join(map(str, action.choices))}}}"
+    help_text = re.sub(r"<(?=[A-Za-z/])", "&lt;", help_text)  # <think> is text, not a tag Markdown would drop
     return textwrap.wrap(f"- `{name}`: {help_text}", WIDTH, subsequent_indent="  ", break_on_hyphens=False,
                          break_long_words=False)
 

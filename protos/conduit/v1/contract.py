@@ -116,6 +116,8 @@ LOGIT_BIAS_RANGE = Range(-100.0, 100.0)
 MAX_N = 16  # GenerateRequest.n is in [1, MAX_N]
 MAX_TOP_LOGPROBS = 20  # GenerateRequest.top_logprobs is in [0, MAX_TOP_LOGPROBS]
 MAX_STOP_STRINGS = 16  # StoppingParams.stop holds at most this many
+# ChatInput.reasoning_effort's values (besides empty: the template's default).
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 # ------------------------------------------------------------------ responses
 
