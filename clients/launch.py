@@ -453,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   shim_port=args.shim_port, engine_args=engine_args, log_dir=args.log_dir,
                   token=args.token, tls=tls, replicas=args.replicas, metrics_port=args.metrics_port,
                   embedding_model=None if args.embedding_model in ("", "none") else args.embedding_model,
-                  embedding_port=args.embedding_port or args.engine_port + args.replicas)
+                  embedding_port=args.embedding_port or (args.engine_port + args.replicas if args.engine_port else 0))
     # Ctrl-C and `kill` stop the stack, even when started from a shell that ignores SIGINT.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
