@@ -109,6 +109,13 @@ soak: $(STAMP)
 
 # One engine step (decode at batch 1/8/32, a 512-token prefill) per weights choice, no server; a few
 # minutes. STEP_ARGS='--threads 1 --deterministic' etc.
+# Embeddings per second (benchmarks/embed.py): Conduit's /v1/embeddings against Infinity (installed apart,
+# benchmarks/install_infinity.sh) and sentence-transformers' encode in one process; 1/8/64 clients; ~5 min.
+.PHONY: bench-embed
+bench-embed: $(STAMP)
+	PIP=$(BIN)/pip benchmarks/install_infinity.sh benchmarks/peers/infinity
+	$(BIN)/python -m benchmarks.embed $(EMBED_ARGS)
+
 .PHONY: bench-step
 bench-step: $(STAMP)
 	$(BIN)/python -m benchmarks.step_time $(STEP_ARGS)
