@@ -104,3 +104,29 @@ def test_run_stack_serves_the_embedding_model_beside_the_chat_model() -> None:
     assert stack.embedding_command()[stack.embedding_command().index("--model") + 1] == "all-MiniLM-L6-v2"
     assert Stack(engine_port=7100).embedding_address is None
     assert build_parser().parse_args(["--embedding-model", "none"]).embedding_model == "none"
+
+
+def test_the_shim_listens_without_nagles_delay(monkeypatch) -> None:
+    """Small responses (an embedding, the model list) took ~40 ms more than their work: headers and
+    body are separate writes, and Nagle's algorithm held the body for the client's delayed ACK.
+    The listener sets TCP_NODELAY, which its accepted connections inherit."""
+    import socket
+
+    import gevent
+
+    from http_shim import server as shim_server
+
+    seen = {}
+
+    def serve_forever(self) -> None:
+        seen["nodelay"] = self.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        self.stop()
+
+    monkeypatch.setattr(shim_server.WSGIServer, "serve_forever", serve_forever)
+    monkeypatch.setattr(gevent, "signal_handler", lambda *args: None)
+
+    class App:
+        state = type("State", (), {"drain": None})()
+
+    shim_server.serve(App(), "127.0.0.1", 0)  # type: ignore[arg-type]
+    assert seen["nodelay"] == 1

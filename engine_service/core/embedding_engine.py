@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,12 +48,12 @@ class EmbedJob:
     arrival: float = 0.0
     finished: bool = False
     vectors: list[torch.Tensor | None] = field(default_factory=list)
-    order: list[int] = field(default_factory=list)  # input indexes not yet run, shortest first
+    order: deque[int] = field(default_factory=deque)  # input indexes not yet run, shortest first
     done: int = 0
 
     def __post_init__(self) -> None:
         self.vectors = [None] * len(self.inputs)
-        self.order = sorted(range(len(self.inputs)), key=lambda i: len(self.inputs[i]))
+        self.order = deque(sorted(range(len(self.inputs)), key=lambda i: len(self.inputs[i])))
 
     @property
     def prompt_tokens(self) -> int:
@@ -176,7 +177,7 @@ class EmbeddingEngine:
                 length = len(job.inputs[job.order[0]])
                 if rows and (len(rows) + 1) * max(longest, length) > self.max_step_tokens:
                     return rows
-                rows.append((job, job.order.pop(0)))
+                rows.append((job, job.order.popleft()))
                 longest = max(longest, length)
             if len(rows) >= self.max_rows:
                 break

@@ -68,9 +68,13 @@ class EmbeddingModel:
     def tokenize(self, text: str, truncate_to: int | None = None) -> list[int]:
         """A text's ids with the special tokens; cut from the end to `truncate_to` tokens (keeping the
         special tokens), as sentence-transformers truncates."""
-        if truncate_to is None:
-            return list(self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"])
-        return list(self.tokenizer(text, add_special_tokens=True, truncation=True, max_length=truncate_to)["input_ids"])
+        return self.tokenize_many([text], truncate_to)[0]
+
+    def tokenize_many(self, texts: list[str], truncate_to: int | None = None) -> list[list[int]]:
+        if not texts:
+            return []
+        cut = {"truncation": True, "max_length": truncate_to} if truncate_to is not None else {}
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=True, verbose=False, **cut)["input_ids"]]
 
     def allows_dimensions(self, dimensions: int) -> bool:
         if dimensions == self.dimensions:

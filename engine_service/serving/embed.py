@@ -53,24 +53,31 @@ def embed_inputs(model: EmbeddingModel, request: pb.EmbedRequest, max_len: int) 
             raise InvalidRequest(f"truncate_prompt_tokens must be from {edges + 1} to this model's maximum context "
                                  f"length {max_len}, or 0 for that length; not {truncate_to}",
                                  "truncate_prompt_tokens")
-    return [_input_ids(model, item, f"inputs[{i}]", max_len, truncate_to) for i, item in enumerate(request.inputs)]
+    texts = {}  # input index -> text, tokenized together below (one call of the Rust tokenizer)
+    given: dict[int, list[int]] = {}
+    for i, item in enumerate(request.inputs):
+        param, kind = f"inputs[{i}]", item.WhichOneof("input")
+        if kind == "text":
+            if not item.text:
+                raise InvalidRequest(f"{param} is an empty string", param)
+            texts[i] = item.text
+        elif kind == "token_ids":
+            given[i] = _own_ids(model, list(item.token_ids.ids), param, truncate_to)
+        else:
+            raise InvalidRequest(f"{param} has neither text nor token_ids", param)
+    given.update(zip(texts, model.tokenize_many(list(texts.values()), truncate_to)))
+    return [_within_context(given[i], f"inputs[{i}]", max_len) for i in range(len(request.inputs))]
 
 
-def _input_ids(model: EmbeddingModel, item: pb.EmbedInput, param: str, max_len: int,
-               truncate_to: int | None) -> list[int]:
-    kind = item.WhichOneof("input")
-    if kind == "text":
-        if not item.text:
-            raise InvalidRequest(f"{param} is an empty string", param)
-        ids = model.tokenize(item.text, truncate_to)
-    elif kind == "token_ids":
-        ids = list(item.token_ids.ids)
-        _check_own_ids(model, ids, param)
-        if truncate_to is not None and len(ids) > truncate_to:
-            cut = truncate_to - len(model.special_suffix)
-            ids = ids[:cut] + list(model.special_suffix)
-    else:
-        raise InvalidRequest(f"{param} has neither text nor token_ids", param)
+def _own_ids(model: EmbeddingModel, ids: list[int], param: str, truncate_to: int | None) -> list[int]:
+    _check_own_ids(model, ids, param)
+    if truncate_to is not None and len(ids) > truncate_to:
+        cut = truncate_to - len(model.special_suffix)
+        ids = ids[:cut] + list(model.special_suffix)
+    return ids
+
+
+def _within_context(ids: list[int], param: str, max_len: int) -> list[int]:
     if len(ids) > max_len:
         raise InvalidRequest(
             f"This model's maximum context length is {max_len} tokens, however you requested {len(ids)} tokens "
@@ -112,8 +119,8 @@ class EmbeddingServicer(EngineServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
         await self._check_model(request.model, context)
         model: EmbeddingModel = self.engine.loaded
-        try:
-            inputs = embed_inputs(model, request, self.engine.max_model_len)
+        try:  # off the event loop: 2048 texts take a while to tokenize
+            inputs = await asyncio.to_thread(embed_inputs, model, request, self.engine.max_model_len)
         except InvalidRequest as exc:
             log.info("invalid: %s", exc)
             await abort_invalid(context, exc, None)
