@@ -162,6 +162,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     configure_logging(args.log_level, args.log_format)
+    if embeds(args):
+        # Before torch (its OpenMP runtime) loads: threads that spin after each op (the default) kept
+        # the cores from the shim and clients between an encoder's short forwards, ~10x slower per
+        # query at one client on 2 cores (benchmarks/RESULTS.md); sleeping at once costs big batches nothing.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch  # after logging is set up; slow to import
 
     from conduit.common.memory import release_freed_memory
@@ -203,7 +208,7 @@ def main() -> None:
 
 
 def embeds(args: argparse.Namespace) -> bool:
-    from engine_service.model.encoder import is_embedding_model
+    from engine_service.model.embedding_wheel import is_embedding_model
 
     return args.task == "embed" or (args.task == "auto" and is_embedding_model(args.model))
 

@@ -155,3 +155,20 @@ def test_a_decoder_embeds_by_its_last_token(tmp_path) -> None:
     with torch.no_grad():
         alone = torch.stack([reference(input_ids=torch.tensor([row])).last_hidden_state[0, -1] for row in ids])
     assert torch.allclose(batched, torch.nn.functional.normalize(alone, dim=-1), atol=1e-5)
+
+
+def test_shorter_vectors_only_where_the_model_was_trained_for_them() -> None:
+    from dataclasses import replace
+
+    from engine_service.model.encoder import EmbeddingModel
+    from engine_service.serving.embed import shorten
+
+    plain = EmbeddingModel(model_id="m", source="", model=None, tokenizer=None, device=torch.device("cpu"),
+                           dtype=torch.float32, max_context_length=8, dimensions=8, pooling=Pooling("mean", True),
+                           matryoshka_dimensions=None, special_prefix=(), special_suffix=())
+    assert plain.allows_dimensions(8) and not plain.allows_dimensions(4)
+    assert replace(plain, matryoshka_dimensions=()).allows_dimensions(3)  # is_matryoshka: any size
+    listed = replace(plain, matryoshka_dimensions=(2, 4))
+    assert listed.allows_dimensions(4) and not listed.allows_dimensions(3) and not listed.allows_dimensions(16)
+    short = shorten(torch.nn.functional.normalize(torch.arange(1.0, 9.0).reshape(1, 8), dim=-1), 2, True)
+    assert torch.allclose(short, torch.nn.functional.normalize(torch.tensor([[1.0, 2.0]]), dim=-1))

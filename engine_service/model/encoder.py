@@ -113,13 +113,6 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
     return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
 
 
-def is_embedding_model(spec: str | None) -> bool:
-    """Whether --model names an embedding model: the default one, or a sentence-transformers folder."""
-    if spec == DEFAULT_EMBEDDING_MODEL_ID:
-        return True
-    return bool(spec) and (Path(spec).expanduser() / "modules.json").is_file()
-
-
 def read_pooling(folder: Path, is_decoder: bool) -> Pooling:
     """The pooling and normalization that the folder's sentence-transformers modules declare."""
     modules_file = folder / "modules.json"
