@@ -72,7 +72,8 @@ def test_tokenize_and_detokenize(http) -> None:
     assert http.post("/tokenize", json={"model": MODEL_ID, "prompt": "a b c"}).json() == {
         "count": 3, "max_model_len": 2048, "tokens": [0, 1, 2]}
     assert http.post("/detokenize", json={"model": MODEL_ID, "tokens": [4, 5]}).json() == {"prompt": "w4 w5"}
-    both = http.post("/tokenize", json={"model": MODEL_ID, "prompt": "a", "messages": [{"role": "user", "content": "b"}]})
+    both = http.post("/tokenize", json={"model": MODEL_ID, "prompt": "a",
+                                        "messages": [{"role": "user", "content": "b"}]})
     assert both.status_code == 400 and both.json()["error"]["param"] == "prompt"
 
 

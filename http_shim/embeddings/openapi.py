@@ -75,7 +75,8 @@ def _schemas() -> dict[str, Schema]:
             "type": "object",
             "required": ["model", "tokens"],
             "properties": {"model": model,
-                           "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": _UINT32_MAX}}},
+                           "tokens": {"type": "array",
+                                      "items": {"type": "integer", "minimum": 0, "maximum": _UINT32_MAX}}},
         },
         "DetokenizeResponse": {"type": "object", "properties": {"prompt": {"type": "string"}}},
     }
@@ -89,7 +90,8 @@ def embeddings_openapi(headers: list[Schema], errors: Callable[..., dict[str, An
             "summary": summary,
             "parameters": headers,
             "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
-            "responses": {"200": {"description": "the answer", "content": {"application/json": {"schema": _ref(response)}}},
+            "responses": {"200": {"description": "the answer",
+                                  "content": {"application/json": {"schema": _ref(response)}}},
                           **errors(400, 401, 404, 413, 429, 500, 502, 503, 504)},
         }}
 
