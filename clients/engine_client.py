@@ -4,7 +4,8 @@ Both wrap the generated `conduit.v1.Engine` stub and the standard health service
 apply a default deadline and metadata to every call, and raise `ConduitError`
 subclasses instead of `grpc.RpcError`. A Generate stream that is closed early
 (or garbage collected) cancels its call, which stops generation in the engine.
-Channels allow the contract's 64 MiB messages unless `options` say otherwise.
+Channels allow the contract's 64 MiB messages and send keepalive pings (an engine that stops
+answering fails its calls within ~10 s: conduit.v1.contract) unless `options` say otherwise.
 The blocking client also serves the HTTP shim, under gevent.
 
 A secured engine: `token=` sends `authorization: Bearer <token>` with every call; `tls_ca=`
@@ -29,7 +30,7 @@ from clients.request_builder import Message, ToolSpec, build_request, embed_requ
 from conduit.common.results import Completion, CompletionBuilder
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
-from conduit.v1.contract import AUTHORIZATION_METADATA_KEY, ENGINE_SERVICE, MESSAGE_SIZE_OPTIONS
+from conduit.v1.contract import AUTHORIZATION_METADATA_KEY, ENGINE_SERVICE, MESSAGE_SIZE_OPTIONS, keepalive_options
 
 Metadata = Sequence[tuple[str, str]]
 ChannelOptions = Sequence[tuple[str, Any]]
@@ -38,10 +39,12 @@ PathLike = str | Path
 
 def _channel_options(target: str, options: ChannelOptions,
                      tls_server_name: str | None = None) -> list[tuple[str, Any]]:
-    """The contract's message size limits and the replica service config (round robin, health
-    checking, retries of calls that produced nothing), overridden by the caller's `options`."""
+    """The contract's message size limits and keepalive (a dead engine fails its calls rather than
+    leaving them waiting), the replica service config (round robin, health checking, retries of
+    calls that produced nothing), overridden by the caller's `options`."""
     extra = {"grpc.ssl_target_name_override": tls_server_name} if tls_server_name else {}
-    return list({**dict(MESSAGE_SIZE_OPTIONS), **dict(replica_options(target)), **extra, **dict(options)}.items())
+    defaults = {**dict(MESSAGE_SIZE_OPTIONS), **dict(keepalive_options()), **dict(replica_options(target))}
+    return list({**defaults, **extra, **dict(options)}.items())
 
 
 def tls_credentials(ca: PathLike | None = None, cert: PathLike | None = None,
@@ -151,15 +154,18 @@ class EngineClient:
         return GenerateStream(call)
 
     def generate_shared(self, request: pb.GenerateRequest, /, *, timeout: float | None = None,
-                        metadata: Metadata | None = None) -> AttemptedCall | GenerateStream:
+                        metadata: Metadata | None = None, retries: bool = True) -> AttemptedCall | GenerateStream:
         """As `generate`, but the call travels with this client's other shared calls on one
         GenerateMany stream: for relays, which then receive one message per engine step rather
         than one per call (clients/many_calls.py). On a channel over several replicas it is a
-        plain Generate call, so that calls still spread over them (one stream reaches one)."""
+        plain Generate call, so that calls still spread over them (one stream reaches one).
+        `retries=False`: a refusal is not sent to this engine again (a router that sends it
+        elsewhere owns the call's retries)."""
         if self._spans_replicas:
             return self.generate(request, timeout=timeout, metadata=metadata)
         options = self._options.call_options(timeout, metadata)
-        return self._many.generate(request, timeout=options["timeout"], metadata=tuple(metadata or ()))
+        return self._many.generate(request, timeout=options["timeout"], metadata=tuple(metadata or ()),
+                                   retries=retries)
 
     def complete(self, request: pb.GenerateRequest | None = None, /, *, timeout: float | None = None,
                  metadata: Metadata | None = None, **params: Any) -> Completion:

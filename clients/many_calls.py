@@ -13,6 +13,7 @@ from `_SameEngine` here:
 - retries: a call that the engine refused UNAVAILABLE before any response (it is draining), or
   that was open without an answer on a stream that broke, is sent again, with RETRY_POLICY's
   codes, attempts and backoff (a stream that never opened was already retried by grpc's own policy);
+  not for a routed call (`retries=False`): the router sends it to another replica at once instead;
 - an engine that predates GenerateMany (UNIMPLEMENTED): the call, and every later one, goes out as
   a plain Generate call instead;
 - the deadline: the engine ends the call DEADLINE_EXCEEDED, and the caller stops waiting then too.
@@ -177,12 +178,13 @@ class _SameEngine:
     """Where one call's attempts go: the channel's GenerateMany stream, sent again after a backoff
     where grpc would retry a Generate call; plain Generate calls for an engine without GenerateMany."""
 
-    def __init__(self, channel: ManyCallsChannel, request: pb.GenerateRequest, metadata: Metadata) -> None:
+    def __init__(self, channel: ManyCallsChannel, request: pb.GenerateRequest, metadata: Metadata,
+                 retries: bool = True) -> None:
         self._channel = channel
         self._request = request
         self._metadata = metadata
         self._log_request_id = dict(metadata).get(REQUEST_ID_METADATA_KEY, "")
-        self._backoffs = iter(_BACKOFF_S)
+        self._backoffs = iter(_BACKOFF_S if retries else ())
 
     def start(self, timeout_s: float | None) -> Attempt:
         if not self._channel.supported:
@@ -220,8 +222,10 @@ class ManyCallsChannel:
         self.supported = True  # False once an engine answered UNIMPLEMENTED
 
     def generate(self, request: pb.GenerateRequest, timeout: float | None = None,
-                 metadata: Metadata = ()) -> AttemptedCall:
-        return AttemptedCall(_SameEngine(self, request, tuple(metadata)), timeout)
+                 metadata: Metadata = (), retries: bool = True) -> AttemptedCall:
+        """`retries=False`: no call is sent again after a refusal or a broken stream (whoever
+        routes it elsewhere owns its retries); an engine without GenerateMany still gets it as Generate."""
+        return AttemptedCall(_SameEngine(self, request, tuple(metadata), retries), timeout)
 
     def start(self, inbox: queue.SimpleQueue, request: pb.GenerateRequest, log_request_id: str,
               timeout_s: float | None) -> tuple[_Stream, int]:

@@ -1,6 +1,16 @@
 # Conduit HTTP shim (OpenAI API on 8000): Flask + gevent, no torch, no model.
 #   docker build -f deploy/shim.Dockerfile -t conduit-shim .
+#   Air-gapped: docker buildx build --network=none --build-context wheelhouse=wheelhouse \
+#                 --build-arg OFFLINE=1 -f deploy/shim.Dockerfile -t conduit-shim .
+
+# The wheels of an air-gapped build (`make wheelhouse`, docs/operations-offline.md), given as a build
+# context of this name; empty otherwise.
+FROM scratch AS wheelhouse
+
 FROM python:3.11-slim-bookworm
+
+# 1: pip takes the wheelhouse's wheels alone (--no-index).
+ARG OFFLINE=""
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -18,7 +28,8 @@ COPY clients ./clients
 # engine_service sources ride along because pyproject.toml lists the package; the shim never imports it.
 # Versions are ranged in pyproject.toml (DL3013).
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir ".[shim]" \
+RUN --mount=type=bind,from=wheelhouse,target=/wheelhouse \
+    pip install --no-cache-dir ${OFFLINE:+--no-index --find-links /wheelhouse} ".[shim]" \
     && python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)"
 
 # Numeric, so Kubernetes' runAsNonRoot can verify it.

@@ -8,6 +8,7 @@ and the process exits 0. A second signal ends the drain at once.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import logging
 import os
@@ -25,6 +26,7 @@ if __name__ == "__main__":
 
 from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
 from engine_service.core.config import BOUNDS, QUANTIZATIONS, EngineConfig  # noqa: E402
+from engine_service.text.reasoning import PARSER_CHOICES  # noqa: E402
 from engine_service.core.pacing import AUTO_MAX_STREAM_INTERVAL, AUTO_STREAMS_PER_STEP  # noqa: E402
 from conduit.common.cli import EnvArgumentParser, prog_name  # noqa: E402
 from conduit.common.logs import LOG_FORMATS, configure_logging  # noqa: E402
@@ -50,6 +52,10 @@ def build_parser() -> EnvArgumentParser:
                    help="compute dtype; auto: bf16 on GPUs and on CPUs with native bf16 or AVX2, else float32")
     p.add_argument("--chat-template", type=Path, metavar="FILE",
                    help="a Jinja chat template to use instead of the model's (or for a model without one)")
+    p.add_argument("--reasoning-parser", choices=PARSER_CHOICES, default="auto",
+                   help="how a reasoning model's thinking is told from its answer (docs/reasoning.md): auto (from "
+                        "the chat template's markers), none (all output is answer), or a family: deepseek_r1, "
+                        "qwen3 (<think>...</think>), mistral ([THINK]...[/THINK])")
     d = EngineConfig()
     p.add_argument("--max-batch-size", metavar="N", type=bounded("max_batch_size"), default=d.max_batch_size,
                    help="sequences decoded together")
@@ -153,7 +159,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             block_size=args.block_size, kv_cache_tokens=args.kv_cache_tokens, kv_cache_gb=args.kv_cache_gb,
             max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
             quantization=args.quantization, deterministic=args.deterministic, native_kernels=args.native_kernels,
-            stream_interval=args.stream_interval)
+            stream_interval=args.stream_interval, reasoning_parser=args.reasoning_parser)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     return args
@@ -170,13 +176,14 @@ def main() -> None:
     import torch  # after logging is set up; slow to import
 
     from conduit.common.memory import release_freed_memory
-    from engine_service.core.engine import Engine
-    from engine_service.core.faults import (FAULT_INJECT_ENV, FAULT_INJECT_TAKE_ENV, FaultInjectingChoices,
-                                            FaultInjectingRunner)
+    from engine_service.core.engine import build_engine
+    from engine_service.core.faults import (FAULT_INJECT_ENV, FAULT_INJECT_TAKE_ENV, HOLD_MARKER, TOKENIZE_HOLD_ENV,
+                                            FaultInjectingChoices, FaultInjectingRunner, TokenizeHold)
     from engine_service.core.metrics import EngineMetrics
     from engine_service.model.loader import load_model
     from engine_service.serving.background import BackgroundServer
-    from engine_service.serving.server import EngineServicer
+    from engine_service.serving.server import EngineServicer, outputs_to
+    from engine_service.serving.vllm_worker import VllmWorker
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -187,24 +194,32 @@ def main() -> None:
     if args.served_model_name:
         loaded = dataclasses.replace(loaded, model_id=args.served_model_name)
     metrics = EngineMetrics(loaded.model_id) if args.metrics_port else None
-    engine = Engine(loaded, args.config, metrics)
+    grpc_loop = asyncio.new_event_loop()  # the gRPC server's: each step's outputs hop there (server.py)
+    engine = build_engine(loaded, args.config, metrics, on_outputs=outputs_to(grpc_loop))
     release_freed_memory()  # what loading and quantizing freed (~350 MB for the default model)
     if marker := os.environ.get(FAULT_INJECT_ENV):  # tests of failure handling only
         logging.getLogger(__name__).warning("fault injection is ON (%s): steps holding a prompt with %r will fail",
                                             FAULT_INJECT_ENV, marker)
-        engine.runner = FaultInjectingRunner(engine.runner, marker, engine.tokenizer.decode)
+        engine.core.runner = FaultInjectingRunner(engine.core.runner, marker, engine.tokenizer.decode,
+                                                  engine.scheduler)
     if marker := os.environ.get(FAULT_INJECT_TAKE_ENV):  # tests of failure handling only
         logging.getLogger(__name__).warning("fault injection is ON (%s): requests with %r will fail to start",
                                             FAULT_INJECT_TAKE_ENV, marker)
-        engine.choices = FaultInjectingChoices(engine.choices, marker, engine.tokenizer.decode)
+        engine.core.choices = FaultInjectingChoices(engine.core.choices, marker, engine.tokenizer.decode)
+    if gate := os.environ.get(TOKENIZE_HOLD_ENV):  # tests of what tokenization blocks only
+        logging.getLogger(__name__).warning("fault injection is ON (%s): tokenizing a text with %r waits on %s",
+                                            TOKENIZE_HOLD_ENV, HOLD_MARKER, gate)
+        engine.tokenizer = TokenizeHold(engine.tokenizer, Path(gate))
     if metrics is not None:
         metrics.serve(args.metrics_port, args.metrics_host)
         logging.getLogger(__name__).info("metrics on http://%s:%d/metrics", args.metrics_host, args.metrics_port)
-    server = BackgroundServer(EngineServicer(engine), args.host, args.port, security=args.security,
-                              description=loaded.model_id)
+    servicer = EngineServicer(engine)
+    server = BackgroundServer(servicer, args.host, args.port, security=args.security, description=loaded.model_id,
+                              companions=[VllmWorker(servicer).add_to],  # the Shepherd gateway's protocol
+                              loop=grpc_loop)
     server.start()
 
-    serve_until_drained(engine, server, args.drain_seconds)
+    serve_until_drained(engine.loop.run, server, args.drain_seconds)
 
 
 def embeds(args: argparse.Namespace) -> bool:
@@ -233,11 +248,11 @@ def serve_embeddings(args: argparse.Namespace) -> None:
     server = BackgroundServer(EmbeddingServicer(engine), args.host, args.port, security=args.security,
                               description=loaded.model_id)
     server.start()
-    serve_until_drained(engine, server, args.drain_seconds)
+    serve_until_drained(engine.run, server, args.drain_seconds)
 
 
-def serve_until_drained(engine, server, drain_seconds: float) -> None:
-    """Run the engine's loop on this thread until a signal's drain is over, then stop the server."""
+def serve_until_drained(run_loop: Callable[[], None], server, drain_seconds: float) -> None:
+    """`run_loop()` (the engine's loop) on this thread until a signal's drain is over, then stop the server."""
     signals: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -250,7 +265,7 @@ def serve_until_drained(engine, server, drain_seconds: float) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     try:
-        engine.run()  # the main thread, until the drain is over: see Engine.run
+        run_loop()  # the main thread, until the drain is over: see EngineLoop.run
     finally:
         server.stop(grace=5.0)
     logging.getLogger(__name__).info("engine stopped")

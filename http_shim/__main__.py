@@ -40,14 +40,16 @@ from .server import serve  # noqa: E402
 
 
 def _engine_connector(args: argparse.Namespace) -> Callable[[str | Sequence[str]], EngineClient]:
-    """Makes the shim's engine clients (one per engine address), all with the engine flags' security."""
+    """Makes the shim's engine clients (one per engine address), all with the engine flags' security
+    and keepalive."""
 
     tls = bool(args.engine_tls_ca or args.engine_tls_cert or args.engine_tls_key)
+    options = (*ENGINE_CHANNEL_OPTIONS, *args.keepalive)
 
     def connect(target: str | Sequence[str], server_name: str | None = None) -> EngineClient:
         """`server_name`: the name the engine's certificate carries, for an address a dns:/// name
         resolved to (the shim dials each replica behind a name by its address)."""
-        return EngineClient(target, options=ENGINE_CHANNEL_OPTIONS, token=args.engine_token or None,
+        return EngineClient(target, options=options, token=args.engine_token or None,
                             tls_ca=args.engine_tls_ca, tls_cert=args.engine_tls_cert, tls_key=args.engine_tls_key,
                             tls_server_name=server_name if tls else None)
 
@@ -73,7 +75,8 @@ def main() -> None:
         print(f"{prog_name('conduit-shim', 'http_shim')}: error: {error}", file=sys.stderr)
         sys.exit(2)
     # SIGTERM/SIGINT drain: running generations finish (up to --drain-seconds), then exit 0.
-    serve(app, args.host, args.port, args.drain_seconds, listening)
+    serve(app, args.host, args.port, args.drain_seconds, listening,
+          read_timeout_s=args.read_timeout or None, max_connections=args.max_connections)
 
 
 if __name__ == "__main__":

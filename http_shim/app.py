@@ -29,7 +29,7 @@ from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import REQUEST_ID_METADATA_KEY
 
 from .auth import KeyChecker
-from .connection import ABANDON_BODY_KEY
+from .connection import ABANDON_BODY_KEY, READ_DONE_KEY, request_timeout_error
 from .cors import CorsPolicy, install_cors
 from .drain import Drain
 from .embeddings import register_embeddings
@@ -133,10 +133,15 @@ def _read_body(limit: int) -> bytes:
         raise RequestEntityTooLarge()
     stream = request.environ["wsgi.input"]  # gevent's: ends at Content-Length, or at a chunked body's end
     data = bytearray()
-    while piece := stream.read(min(64 * 1024, limit + 1 - len(data))):
-        data += piece
-        if len(data) > limit:
-            raise RequestEntityTooLarge()
+    try:
+        while piece := stream.read(min(64 * 1024, limit + 1 - len(data))):
+            data += piece
+            if len(data) > limit:
+                raise RequestEntityTooLarge()
+    except TimeoutError:  # the server's read timeout (connection.py): a body sent too slowly
+        request.environ[ABANDON_BODY_KEY] = True
+        raise request_timeout_error() from None
+    request.environ.get(READ_DONE_KEY, lambda: None)()
     return bytes(data)
 
 
@@ -176,7 +181,7 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
     relay = Relay(models, drain, metrics, config.heartbeat_s, config.request_timeout_s, _metadata)
     store_dir = default_store_dir() if config.responses_store_dir is None else config.responses_store_dir
     store = ResponseStore(store_dir, config.responses_store_limits) if store_dir else None
-    register_responses(app, relay, models, store, config.limits, _body, _request_id, _json, _metadata)
+    register_responses(app, relay, store, config.limits, _body, _request_id, _json)
 
     @app.errorhandler(APIError)
     def on_api_error(error: APIError) -> Response:

@@ -5,12 +5,16 @@ never a 500 and never a surprise inside the engine.
 
 Accepted and ignored (the openai SDK and frameworks send them; they have no engine meaning):
 `user`, `metadata`, `store`, `service_tier`, `modalities`, `audio`, `prediction`,
-`reasoning_effort`, `web_search_options`, `verbosity`, `prompt_cache_key`, `safety_identifier`,
+`web_search_options`, `verbosity`, `prompt_cache_key`, `safety_identifier`,
 and any other unknown top-level field. `stream_options` is read only when `stream` is true.
 
 Vendor fields (sent through the SDK's `extra_body`): `top_k` (-1 or 0 = off), `min_p`,
 `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`, and `structured_outputs`
 ({"regex": str} | {"grammar": str} | {"json": schema}) for constraints OpenAI has no field for.
+
+Reasoning models (docs/reasoning.md): `reasoning_effort`, and the vendor fields `chat_template_kwargs`
+(an object for the chat template, as vLLM and SGLang take it) and `max_reasoning_tokens` (a thinking
+budget the engine enforces).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from typing import Any
 
 from clients.request_builder import TOOL_CHOICE_MODES
 from conduit.v1 import engine_pb2 as pb
-from conduit.v1.contract import LOGIT_BIAS_RANGE, MAX_N, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, SAMPLING_RANGES
+from conduit.v1.contract import (LOGIT_BIAS_RANGE, MAX_N, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, REASONING_EFFORTS,
+                                  SAMPLING_RANGES)
 
 from .errors import APIError, invalid
 from .fields import (UINT32_MAX, bool_field, dict_value, int_field, is_int, is_number, list_value, number_field, str_value,
@@ -360,6 +365,19 @@ def _check_prompt_chars(chars: int, param: str, limits: RequestLimits) -> None:
         )
 
 
+def reasoning_options(chat: pb.ChatInput, effort: Any, kwargs: Any, prefix: str) -> None:
+    """reasoning_effort and chat_template_kwargs onto the chat (`prefix`: where they sit in the body,
+    for error params: "" or "reasoning.")."""
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise invalid(f"'{prefix}{'effort' if prefix else 'reasoning_effort'}' must be one of "
+                          f"{', '.join(REASONING_EFFORTS)}, got {json.dumps(effort)}.",
+                          f"{prefix}effort" if prefix else "reasoning_effort")
+        chat.reasoning_effort = effort
+    if kwargs is not None:
+        chat.chat_template_kwargs = json.dumps(dict_value(kwargs, "chat_template_kwargs"))
+
+
 def chat_prompt_chars(messages: list[pb.ChatMessage], tools: list[pb.Tool]) -> int:
     """Characters the chat prompt is rendered from: message contents, names and tool-call
     arguments, and the tools' names, descriptions and parameter schemas."""
@@ -386,6 +404,7 @@ def parse_chat(body: dict, request_id: str, limits: RequestLimits = DEFAULT_LIMI
     parallel = bool_field(body, "parallel_tool_calls")
     if parallel is not None:
         chat.parallel_tool_calls = parallel
+    reasoning_options(chat, body.get("reasoning_effort"), body.get("chat_template_kwargs"), "")
     stream, include_usage = _stream(body)
     n = _n(body, "n", limits) or 1
     logprobs = bool(bool_field(body, "logprobs"))
@@ -405,6 +424,9 @@ def parse_chat(body: dict, request_id: str, limits: RequestLimits = DEFAULT_LIMI
         logprobs=logprobs,
         top_logprobs=top_logprobs,
     )
+    budget = int_field(body, "max_reasoning_tokens", 0, UINT32_MAX)
+    if budget is not None:
+        request.max_reasoning_tokens = budget
     constraint = _constraint(body)
     if constraint is not None:
         request.constraint.CopyFrom(constraint)

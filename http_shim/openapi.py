@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conduit.v1.contract import LOGIT_BIAS_RANGE, MAX_TOP_LOGPROBS, SAMPLING_RANGES
+from conduit.v1.contract import LOGIT_BIAS_RANGE, MAX_TOP_LOGPROBS, REASONING_EFFORTS, SAMPLING_RANGES
 
 from .embeddings.openapi import embeddings_openapi
 from .messages.openapi import messages_openapi
@@ -193,6 +193,10 @@ def _request_schemas(limits: RequestLimits) -> dict[str, Schema]:
             "parallel_tool_calls": _nullable({"type": "boolean"}),
             "metadata": _nullable({"type": "object"}),
             "store": _nullable({"type": "boolean"}),
+            # Reasoning models (docs/reasoning.md); the last two are vendor fields, as vLLM's.
+            "reasoning_effort": _nullable({"type": "string", "enum": list(REASONING_EFFORTS)}),
+            "chat_template_kwargs": _nullable({"type": "object"}),
+            "max_reasoning_tokens": _nullable({"type": "integer", "minimum": 0, "maximum": _UINT32_MAX}),
         }
     )
     token_ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": _UINT32_MAX}}

@@ -16,7 +16,8 @@ from clients.replicas import split_addresses
 
 from conduit.common.cli import EnvArgumentParser, prog_name
 from conduit.common.logs import LOG_FORMATS
-from conduit.v1.contract import ENGINE_TOKEN_ENV, MAX_N, MAX_STOP_STRINGS
+from conduit.v1.contract import (ENGINE_TOKEN_ENV, KEEPALIVE_TIME_S, KEEPALIVE_TIMEOUT_S, MAX_N, MAX_STOP_STRINGS,
+                                 MIN_PING_INTERVAL_S, keepalive_options)
 
 from .app import DEFAULT_MAX_BODY_BYTES
 from .auth import KEY_ENV, KEYS_ENV, collect_keys
@@ -24,7 +25,7 @@ from .cors import CorsPolicy, normal_origin
 from .openai_to_proto import DEFAULT_LIMITS, RequestLimits
 from .responses import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RESPONSES, IN_MEMORY, StoreLimits
 from .routing import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, POLICIES, RoutingConfig
-from .server import DEFAULT_DRAIN_S
+from .server import DEFAULT_DRAIN_S, DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
 
 DEFAULT_ENGINE = "127.0.0.1:50051"
 # A browser's Origin header: scheme, host and an optional port, nothing after.
@@ -37,6 +38,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.engine = split_addresses(args.engine or [DEFAULT_ENGINE])
+    args.keepalive = keepalive_config(parser, args)
     args.hardening = {**hardening_config(parser, args), **responses_store_config(parser, args),
                       **routing_config(parser, args)}
     return args
@@ -58,6 +60,7 @@ def build_parser() -> EnvArgumentParser:
     parser.add_argument("--log-level", default="INFO", help="Python logging level")
     add_hardening_args(parser)
     add_engine_security_args(parser)
+    add_engine_keepalive_args(parser)
     add_responses_store_args(parser)
     add_routing_args(parser)
     return parser
@@ -129,6 +132,12 @@ def add_hardening_args(parser: EnvArgumentParser) -> None:
                              "completions: prompts)")
     parser.add_argument("--drain-seconds", type=float, metavar="S", default=DEFAULT_DRAIN_S, env="CONDUIT_DRAIN_S",
                         help="on SIGTERM/SIGINT, how long running generations may finish before they are cut")
+    parser.add_argument("--read-timeout", type=float, metavar="S", default=DEFAULT_READ_TIMEOUT_S,
+                        help="seconds a client may take to send a request's headers and body (else 408 and the "
+                             "connection closes; idle keep-alive connections close too); responses, SSE streams "
+                             "included, are not bounded; 0 means no bound")
+    parser.add_argument("--max-connections", type=int, metavar="N", default=DEFAULT_MAX_CONNECTIONS,
+                        help="connections served at once (each stream holds one); more wait to be accepted")
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="json: one object per line")
     parser.add_argument("--cors-allow-origin", action="append", default=[], metavar="ORIGIN",
                         help="let web pages on ORIGIN (scheme://host[:port], or * for any, never with "
@@ -143,6 +152,25 @@ def add_engine_security_args(parser: EnvArgumentParser) -> None:
     group.add_argument("--engine-tls-ca", metavar="PEM", help="TLS to the engine, verified with this CA's PEM")
     group.add_argument("--engine-tls-cert", metavar="PEM", help="mutual TLS: the shim's client certificate")
     group.add_argument("--engine-tls-key", metavar="PEM", help="its private key")
+
+
+def add_engine_keepalive_args(parser: EnvArgumentParser) -> None:
+    """How soon a dead or frozen engine's calls fail (conduit/v1/contract.py: keepalive)."""
+    group = parser.add_argument_group("dead engines", "an engine that stops answering (host gone, process frozen) "
+                                      "fails its calls within about keepalive + timeout seconds of its last message")
+    group.add_argument("--engine-keepalive", type=float, metavar="S", default=KEEPALIVE_TIME_S,
+                       help=f"seconds between keepalive pings to each engine (>= {MIN_PING_INTERVAL_S:g})")
+    group.add_argument("--engine-keepalive-timeout", type=float, metavar="S", default=KEEPALIVE_TIMEOUT_S,
+                       help="seconds a ping may go unanswered before the engine's connection is dropped and its "
+                            "calls fail (those that answered nothing yet are tried on another replica)")
+
+
+def keepalive_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[tuple[str, int], ...]:
+    """The engine channels' keepalive options; bad values end the program with a usage error."""
+    try:
+        return keepalive_options(args.engine_keepalive, args.engine_keepalive_timeout)
+    except ValueError as error:
+        parser.error(f"--engine-keepalive, --engine-keepalive-timeout: {error}")
 
 
 def hardening_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
@@ -161,6 +189,8 @@ def hardening_config(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error(str(error))
     if args.max_body_bytes < 1:
         parser.error("--max-body-bytes must be positive")
+    if args.read_timeout < 0 or args.max_connections < 1:
+        parser.error("--read-timeout must be >= 0 and --max-connections positive")
     for origin in args.cors_allow_origin:
         if origin != "*" and not _ORIGIN.fullmatch(origin):
             parser.error(f"--cors-allow-origin {origin!r}: an origin is scheme://host[:port] with no path, or *")

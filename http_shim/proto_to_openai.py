@@ -75,13 +75,22 @@ def echo_text(plan: GenerationPlan, prompt_index: int, prompt: pb.PromptInfo) ->
     return prompt.prompt_text or request.text or "".join(t.token for t in prompt.prompt_logprobs)
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, reasoning_tokens: int = 0) -> dict[str, Any]:
+    out = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+    if reasoning_tokens:  # a model that thought (others' usage is as it always was)
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return out
+
+
+def reasoning_fields(reasoning: str) -> dict[str, str]:
+    """A message's (or delta's) thinking: `reasoning_content` as DeepSeek names it (most clients
+    read that), and `reasoning` as vLLM now does. Nothing for a model that did not think."""
+    return {"reasoning_content": reasoning, "reasoning": reasoning} if reasoning else {}
 
 
 # ------------------------------------------------------------------ whole responses
@@ -94,6 +103,7 @@ class UsageTally:
     def __init__(self) -> None:
         self._prompts: dict[int, pb.PromptInfo] = {}
         self._completion_tokens: dict[tuple[int, int], int] = {}
+        self._reasoning_tokens: dict[tuple[int, int], int] = {}
 
     def add(self, prompt_index: int, response: pb.GenerateResponse) -> None:
         kind = response.WhichOneof("kind")
@@ -102,10 +112,12 @@ class UsageTally:
         elif kind in ("chunk", "final"):
             part = response.chunk if kind == "chunk" else response.final
             self._completion_tokens[prompt_index, part.index] = part.completion_tokens
+            if kind == "final":
+                self._reasoning_tokens[prompt_index, part.index] = part.reasoning_tokens
 
     def usage(self) -> dict[str, Any]:
         return usage(sum(p.prompt_tokens for p in self._prompts.values()), sum(self._completion_tokens.values()),
-                     sum(p.cached_tokens for p in self._prompts.values()))
+                     sum(p.cached_tokens for p in self._prompts.values()), sum(self._reasoning_tokens.values()))
 
 
 class Collector:
@@ -155,8 +167,10 @@ def chat_response(
         tool_calls = [tool_call_object(c) for c in choice.tool_calls]
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": choice.text or (None if tool_calls else ""),
+            # No answer after thinking (cut by max_tokens inside it): null, not the thinking.
+            "content": choice.text or (None if tool_calls or choice.reasoning else ""),
             "refusal": None,
+            **reasoning_fields(choice.reasoning),
         }
         if tool_calls:
             message["tool_calls"] = tool_calls
@@ -305,7 +319,7 @@ class ChatStreamTranslator(_StreamTranslator):
 
     def on_chunk(self, prompt_index: int, chunk: pb.Chunk) -> list[dict[str, Any]]:
         state = self.state(prompt_index, chunk.index)
-        delta: dict[str, Any] = {}
+        delta: dict[str, Any] = reasoning_fields(chunk.reasoning_text)
         if chunk.text:
             delta["content"] = chunk.text
         if chunk.tool_calls:

@@ -4,6 +4,8 @@ SIGTERM or SIGINT starts a drain (drain.py): /health and new generations answer 
 running generations finish, then the server stops and the process exits 0. Past `drain_s` the
 generations still running are cut (each ends with an OpenAI error, a stream without [DONE]); a
 second signal cuts them at once (Ctrl-C twice, or a launcher escalating SIGINT to SIGTERM).
+Reading a request is bounded in time and the connections served at once in number, so slow
+senders cannot hold the server (connection.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import socket
 from collections.abc import Callable
 
 import gevent
+from gevent.pool import Pool
 from gevent.pywsgi import WSGIServer
 
 from .connection import SocketExposingHandler
@@ -22,6 +25,12 @@ from .observe import ObservedApp
 log = logging.getLogger("http_shim.server")
 
 DEFAULT_DRAIN_S = 30.0
+# Reading one request (line, headers, body) may take this long (connection.py): a slow sender
+# cannot hold a connection. Writing the response has no bound.
+DEFAULT_READ_TIMEOUT_S = 30.0
+# Connections served at once (each SSE stream holds one); more wait in the listen backlog until
+# one closes. Under the usual limit of 1024 open files, with room for the engine channels.
+DEFAULT_MAX_CONNECTIONS = 1000
 # After a cut, how long the cut streams get to write their error event before the server stops.
 CUT_GRACE_S = 2.0
 # How long server.stop waits for connection handlers (idle keep-alive ones) before killing them.
@@ -34,15 +43,19 @@ def serve(
     port: int,
     drain_s: float = DEFAULT_DRAIN_S,
     on_listening: Callable[[int], None] | None = None,
+    read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> None:
     """Serves until a signal's drain ends. `on_listening` gets the bound port."""
     server = WSGIServer(
         (host, port),
         app,
         handler_class=SocketExposingHandler,
+        spawn=Pool(max_connections),  # full: no more connections are accepted until one closes
         log=None,  # the access log is the app's (observe.py): it carries the request id
         error_log=logging.getLogger("http_shim.wsgi"),
     )
+    server.read_timeout_s = read_timeout_s  # the handler's (connection.py)
     server.start()
     # Each response's headers and body go out in separate writes: with Nagle's algorithm the body
     # waited for the client's delayed ACK of the headers, ~40 ms a small response (an embedding, a

@@ -233,10 +233,13 @@ def fake() -> Iterator[FakeEngineServer]:
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
     """The default stack; its `base_url` is for the openai SDK, `engine_address` for gRPC, and
-    `metrics_url` shows what the engine is doing."""
+    `metrics_url` shows what the engine is doing. Its engine holds the tokenization of a text with
+    faults.HOLD_MARKER until a test releases it (in the folder `engine_env[TOKENIZE_HOLD_ENV]`)."""
     from clients.launch import Stack, free_port
+    from engine_service.core.faults import TOKENIZE_HOLD_ENV
 
-    with Stack(metrics_port=free_port(), startup_timeout=STARTUP_TIMEOUT_S) as running:
+    with Stack(metrics_port=free_port(), engine_env={TOKENIZE_HOLD_ENV: tempfile.mkdtemp(prefix="conduit-hold-")},
+               startup_timeout=STARTUP_TIMEOUT_S) as running:
         yield running
 
 

@@ -6,11 +6,12 @@ The script is chosen by the input's last text (the last chat message, or the pro
   "echo-request"        the output text is the received GenerateRequest as JSON
   "error:CODE:message"  the call fails with grpc.StatusCode.CODE before any response
   "bad-field:PATH"      INVALID_ARGUMENT naming the GenerateRequest field PATH (trailing metadata)
+  "too-long:N"          the real engine's refusal of an N-token prompt on a 64-token context
   "midstream-error"     PromptInfo and one chunk, then INTERNAL
   "hang"                PromptInfo, then nothing until the caller cancels
   "slow:SECONDS"        PromptInfo, a pause, then the default answer
   "long:N"              N tokens, 20 ms apart (for disconnects mid-stream)
-  "tools"               a streamed get_weather tool call, finish TOOL_CALLS
+  "tools"               a streamed get_weather tool call, finish TOOL_CALLS ("tools:NAME": a call to NAME)
   "unicode"             multi-byte text
   "markdown"            MARKDOWN_ANSWER (Markdown, code blocks and HTML that must not run), in pieces
   anything else         "Hello from choice {i}." in five tokens, honouring max_tokens
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import IO
 from collections.abc import AsyncIterator, Iterator
@@ -48,7 +50,9 @@ import forked
 from conduit.common.lifetime import child_env
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
-from conduit.v1.contract import ENGINE_SERVICE, PARAM_METADATA_KEY
+from conduit.v1.contract import ENGINE_SERVICE, ERROR_CODE_METADATA_KEY, PARAM_METADATA_KEY
+from engine_service.core.admission import Admission
+from engine_service.core.params import InvalidRequest
 from engine_service.serving.background import BackgroundServer
 from engine_service.serving.many import ManyCalls
 
@@ -97,6 +101,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.running = 0  # Generate calls open now: the load GetLoad reports
         self.queued = 0  # waiting requests GetLoad adds (as if other shims kept this replica busy)
         self.refuse: grpc.StatusCode | None = None  # every call fails with it before any response
+        self.list_failures = 0  # ListModels calls that fail first (an engine just up, too busy to answer)
 
     # -------------------------------------------------------------- observation
 
@@ -112,6 +117,9 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
     # -------------------------------------------------------------- RPCs
 
     async def ListModels(self, request, context):
+        if self.list_failures > 0:
+            self.list_failures -= 1
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the fake engine is too busy to answer in time")
         return pb.ListModelsResponse(models=[self._info()])
 
     async def GetModelInfo(self, request, context):
@@ -183,6 +191,14 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             path = script.split(":", 1)[1]
             context.set_trailing_metadata(((PARAM_METADATA_KEY, path),))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the engine refuses {path}")
+        if script.startswith("too-long:"):
+            prompt = types.SimpleNamespace(prompt_ids=[1] * int(script.split(":")[1]))
+            try:
+                Admission(max_model_len=64, kv_capacity_tokens=64, vocab_size=100, max_batch_size=1).check(prompt)
+            except InvalidRequest as exc:  # as the engine's servicer words it (serving/server.py)
+                context.set_trailing_metadata(((PARAM_METADATA_KEY, "chat.messages"),
+                                               (ERROR_CODE_METADATA_KEY, exc.code)))
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         n = request.n if request.HasField("n") else 1
         prompt_tokens = len(script.split()) or 1
         yield pb.GenerateResponse(request_id=rid, prompt=self._prompt_info(request, script, prompt_tokens))
@@ -196,8 +212,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                 chunk=pb.Chunk(index=0, text="partial", prompt_tokens=prompt_tokens, completion_tokens=1),
             )
             await context.abort(grpc.StatusCode.INTERNAL, "the fake engine broke mid-stream")
-        if script == "tools":
-            for response in self._tool_call(rid, prompt_tokens):
+        if script == "tools" or script.startswith("tools:"):
+            for response in self._tool_call(rid, prompt_tokens, script[6:] or "get_weather"):
                 yield response
             return
         for i in range(n):
@@ -248,9 +264,9 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             return [f" t{k}" for k in range(int(script.split(":")[1]))]
         return ["Hello", " from", " choice", f" {choice}", "."]
 
-    def _tool_call(self, rid: str, prompt_tokens: int) -> Iterator[pb.GenerateResponse]:
+    def _tool_call(self, rid: str, prompt_tokens: int, name: str) -> Iterator[pb.GenerateResponse]:
         pieces = [
-            pb.ToolCallDelta(index=0, id="call_fake1", name="get_weather", arguments='{"city": '),
+            pb.ToolCallDelta(index=0, id="call_fake1", name=name, arguments='{"city": '),
             pb.ToolCallDelta(index=0, arguments='"Paris"}'),
         ]
         for k, piece in enumerate(pieces):
@@ -258,7 +274,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                 request_id=rid,
                 chunk=pb.Chunk(index=0, tool_calls=[piece], prompt_tokens=prompt_tokens, completion_tokens=k + 1),
             )
-        call = pb.ToolCall(id="call_fake1", name="get_weather", arguments='{"city": "Paris"}')
+        call = pb.ToolCall(id="call_fake1", name=name, arguments='{"city": "Paris"}')
         yield pb.GenerateResponse(
             request_id=rid,
             final=pb.Final(

@@ -376,6 +376,21 @@ def test_shim_image_has_no_torch() -> None:
     assert dockerfile_json_array(text, "ENTRYPOINT")[:3] == ["python", "-m", "http_shim"]
 
 
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_image_builds_from_a_wheelhouse_without_an_index(dockerfile: Path) -> None:
+    """docs/operations-offline.md: an empty `wheelhouse` stage that `--build-context wheelhouse=DIR`
+    replaces, and OFFLINE=1 turns every pip install into --no-index on it."""
+    text = dockerfile.read_text()
+    assert re.search(r"^FROM scratch AS wheelhouse$", text, re.MULTILINE)
+    assert re.search(r'^ARG OFFLINE=""$', text, re.MULTILINE)
+    runs = re.findall(r"^RUN (.*?[^\\])$", text, re.MULTILINE | re.DOTALL)
+    installs = [run for run in runs if "pip install" in run]
+    assert installs
+    for run in installs:
+        assert run.startswith("--mount=type=bind,from=wheelhouse,target=/wheelhouse "), run
+        assert "--no-index --find-links /wheelhouse" in run and "OFFLINE" in run, run
+
+
 def test_dockerignore_keeps_the_context_small() -> None:
     lines = set((ROOT / ".dockerignore").read_text().split())
     assert {".git", ".venv", "benchmarks", "**/__pycache__"} <= lines

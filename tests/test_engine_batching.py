@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
@@ -16,6 +17,7 @@ from conftest import STARTUP_TIMEOUT_S
 from clients.launch import Stack
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc as pb_grpc
+from engine_service.core.faults import HOLD_MARKER, TOKENIZE_HOLD_ENV
 
 pytestmark = pytest.mark.model
 
@@ -209,8 +211,12 @@ def test_queue_full_is_resource_exhausted(single_slot_stack: Stack):
         waiting = [long_running(stub) for _ in range(2)]  # fill the two-place queue
         for call in waiting:
             threading.Thread(target=drain_until_cancelled, args=(call,), daemon=True).start()
-        codes = []
+        # Queued before the probes: requests are tokenized side by side, so a later short one may
+        # otherwise be queued first (the engine's load report is as of its last step).
         deadline = time.monotonic() + 60
+        while stub.GetLoad(pb.GetLoadRequest()).waiting_requests < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        codes = []
         while time.monotonic() < deadline and grpc.StatusCode.RESOURCE_EXHAUSTED not in codes:
             try:
                 collect(stub, chat("hi", max_tokens=1))
@@ -248,6 +254,53 @@ def test_a_long_prompt_does_not_stall_running_streams(stub):
     # 3000 words take at least six steps of the default 512-token budget (the stream got 9 tokens
     # meanwhile when measured); the stream advances on each (unchunked, the prompt would be one step).
     assert during >= 3
+
+
+@pytest.mark.parametrize("call", ["Generate", "Tokenize"])
+def test_a_long_prompt_in_tokenization_does_not_stall_running_streams(stub, stack: Stack, call: str):
+    """Chat templates and tokenization run off the gRPC loop that delivers every stream's tokens
+    (a 100k-character prompt takes ~0.1-1 s there: benchmarks/RESULTS.md). The engine's fault hook
+    holds the marked request's tokenization until released: a running stream keeps getting tokens
+    meanwhile (on the loop, the hold blocked it whole)."""
+    gate = Path(stack.engine_env[TOKENIZE_HOLD_ENV])
+    held, release = gate / "held", gate / "release"
+    runner = stub.Generate(chat("Tell me a long story.", stopping=pb.StoppingParams(max_tokens=400, ignore_eos=True)))
+    stream = iter(runner)
+    next(stream)  # PromptInfo: the stream is running
+    messages = [pb.ChatMessage(role="user", content=f"{HOLD_MARKER} " + "word " * 2000)]
+    if call == "Generate":
+        sender = threading.Thread(target=lambda: collect(stub, pb.GenerateRequest(
+            chat=pb.ChatInput(messages=messages), stopping=pb.StoppingParams(max_tokens=1))))
+    else:
+        sender = threading.Thread(target=lambda: stub.Tokenize(pb.TokenizeRequest(chat=pb.ChatInput(messages=messages)),
+                                                               timeout=300))
+    sender.start()
+    deadline = time.monotonic() + 60
+    while not held.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert held.exists(), "the marked request never reached tokenization"
+    # Held on the loop, nothing would come until this timer released it (then `held` is gone).
+    unblock = threading.Timer(30, release.touch)
+    unblock.start()
+    during = 0
+    for msg in stream:
+        if not held.exists() or during >= 5:
+            break
+        during += msg.WhichOneof("kind") == "chunk"
+    release.touch()
+    unblock.cancel()
+    runner.cancel()
+    sender.join()
+    # A chunk or two may have been on the wire when the hold began; five more came during it.
+    assert during >= 5
+
+
+def test_dropping_the_oldest_messages_needs_chat_input(stub):
+    with pytest.raises(grpc.RpcError) as err:
+        collect(stub, pb.GenerateRequest(text="hi", drop_oldest_messages=True, stopping=pb.StoppingParams(max_tokens=1)))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "chat input" in err.value.details()
+    trailing = dict(err.value.trailing_metadata())
+    assert trailing.get("conduit-param") == "drop_oldest_messages"
 
 
 def test_echo_with_zero_max_tokens_only_scores_the_prompt(stub):

@@ -10,6 +10,7 @@ import torch
 
 from engine_service.model.loader import DEFAULT_MODEL_ID, resolve_model
 from engine_service.text.detokenizer import IncrementalDetokenizer, TokenTable
+from engine_service.core.admission import Admission
 from engine_service.core.params import InvalidRequest, RequestParams, SamplingParams, StoppingParams
 from engine_service.core.sampler import sample
 from engine_service.core.sequence import Request, Sequence
@@ -105,6 +106,26 @@ def test_min_tokens_masks_eos():
     logits[0, 2] = 50.0  # EOS would win
     tokens, _ = sample(logits, [seq])
     assert tokens[0] != 2
+
+
+def test_max_tokens_beyond_the_context_is_capped_and_only_an_oversized_prompt_refused():
+    """An agent's default budget (Claude Code's 32000) on a short prompt runs, capped to the room the
+    context leaves; a prompt that leaves no room for one token is refused."""
+    admission = Admission(max_model_len=64, kv_capacity_tokens=1000, vocab_size=100, max_batch_size=4)
+
+    def admitted(prompt_len: int, max_tokens: int | None) -> Request:
+        params = RequestParams(SamplingParams(), StoppingParams(max_tokens=max_tokens))
+        request = Request("r", [1] * prompt_len, params, max_tokens=0, sink=lambda events: None)
+        admission.check(request)
+        return request
+
+    assert admitted(10, 32000).max_tokens == 54
+    assert admitted(10, 20).max_tokens == 20
+    assert admitted(10, None).max_tokens == 54
+    assert admitted(63, 32000).max_tokens == 1
+    with pytest.raises(InvalidRequest, match="maximum context length is 64 tokens") as refused:
+        admitted(64, 1)
+    assert (refused.value.param, refused.value.code) == ("input", "context_length_exceeded")
 
 
 def test_params_validation_rejects_out_of_range():

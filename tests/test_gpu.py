@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine_service.core.config import EngineConfig
-from engine_service.core.engine import Engine
+from engine_service.core.engine import Engine, build_engine
 from engine_service.core.events import PromptEvent
 from engine_service.model.loader import load_model, resolve_model
 from test_model_families import NEW_TOKENS, SHORT_TEXT, Completion, engine_greedy, long_text, random_prompts
@@ -27,13 +27,13 @@ LOGPROB_TOLERANCE = 1e-3
 
 @contextmanager
 def cuda_engine(dtype: str) -> Iterator[Engine]:
-    engine = Engine(load_model(None, device="cuda", dtype=dtype),
-                    EngineConfig(quantization="none", kv_cache_gb=1.0, max_batch_size=16))
-    engine.start()
+    engine = build_engine(load_model(None, device="cuda", dtype=dtype),
+                          EngineConfig(quantization="none", kv_cache_gb=1.0, max_batch_size=16))
+    engine.loop.start()
     try:
         yield engine
     finally:
-        engine.stop()
+        engine.loop.stop()
 
 
 def prompts(engine: Engine) -> list[list[int]]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conduit.v1 import engine_pb2 as pb
 from engine_service.text.json_schemas import closed_objects, placed_at
 from engine_service.text.tools import ToolSpec
@@ -90,3 +92,16 @@ def test_a_json_answer_streams_once_its_first_key_is_no_call() -> None:
     assert tools.may_be_call('[{"arguments"')
     assert not tools.may_be_call('{"answer": ')
     assert tools.may_be_call("<tool_")
+
+
+def test_the_calls_branch_alone_is_the_calls_grammar_without_the_answer() -> None:
+    """What the matcher follows to know whether an output on calls-or-answer took the calls."""
+    answer = json.dumps({"grammars": [{"json_schema": {"type": "object"}}]})
+    both = json.loads(spec().grammar(answer))
+    calls = json.loads(ToolSpec.calls_only(json.dumps(both)))
+    assert len(both["grammars"]) == 2 and len(calls["grammars"]) == 1
+    lark = calls["grammars"][0]["lark_grammar"]
+    assert lark.startswith("start: calls\n") and "@answer" not in lark
+    assert lark.split("\n", 1)[1] == both["grammars"][0]["lark_grammar"].split("\n", 1)[1]
+    with pytest.raises(ValueError):
+        ToolSpec.calls_only(spec(pb.ToolChoice.MODE_REQUIRED).grammar())

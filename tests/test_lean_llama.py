@@ -38,7 +38,8 @@ def runners(model: torch.nn.Module, dtype: torch.dtype, **options) -> tuple[Mode
 
 def run_both(lean: ModelRunner, plain: ModelRunner, scheduled: ScheduledBatch, exact: bool) -> int:
     """One step on both; asserts every logits row is identical (or close) and returns how many there were."""
-    got, want = lean.run(scheduled, set()), plain.run(scheduled, set())
+    step = scheduled.step_input()
+    got, want = lean.run(step), plain.run(step)
     assert got.next_token.keys() == want.next_token.keys()
     for seq_id, row in want.next_token.items():
         if exact:

@@ -25,7 +25,7 @@ from clients.launch import Stack
 from conduit.common.memory import release_freed_memory
 from conduit.v1 import engine_pb2 as pb
 from engine_service.core.config import EngineConfig
-from engine_service.core.engine import Engine
+from engine_service.core.engine import Engine, build_engine
 from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReason
 from engine_service.core.params import InvalidRequest, RequestParams, SamplingParams, StoppingParams
 from engine_service.core.sequence import Request
@@ -110,12 +110,12 @@ def hand_back_each_tests_models() -> Iterator[None]:
 @contextmanager
 def running_engine(spec: str, **config: int) -> Iterator[Engine]:
     """The model in float32 with full-precision weights, as transformers runs it."""
-    engine = Engine(load_model(spec, device="cpu", dtype="float32"), EngineConfig(quantization="none", **config))
-    engine.start()
+    engine = build_engine(load_model(spec, device="cpu", dtype="float32"), EngineConfig(quantization="none", **config))
+    engine.loop.start()
     try:
         yield engine
     finally:
-        engine.stop()
+        engine.loop.stop()
 
 
 def reference_greedy_all(reference: PreTrainedModel, prompts: list[list[int]]) -> list[Completion]:
@@ -183,10 +183,12 @@ def test_tiny_family_matches_transformers(family: str, default_tokenizer, tmp_pa
 def test_length_dependent_rope_is_served_below_its_switch_and_refused_past_it(default_tokenizer, tmp_path: Path):
     folder = str(build_tiny_model(LONGROPE_PHI3, tmp_path, default_tokenizer))
     with pytest.raises(UnsupportedModel, match=f"longrope.*--max-model-len {LONGROPE_SWITCH}"):
-        Engine(load_model(folder, device="cpu", dtype="float32"), EngineConfig(max_model_len=256, kv_cache_tokens=1024))
+        build_engine(load_model(folder, device="cpu", dtype="float32"),
+                     EngineConfig(max_model_len=256, kv_cache_tokens=1024))
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     short, long, filler = random_prompts(7, LONGROPE_SWITCH - NEW_TOKENS, 20)
-    with running_engine(folder, max_step_tokens=20, kv_cache_tokens=1024, max_model_len=LONGROPE_SWITCH) as engine:
+    with running_engine(folder, max_batch_size=8, max_step_tokens=20, kv_cache_tokens=1024,
+                        max_model_len=LONGROPE_SWITCH) as engine:
         check_matches_transformers(engine, [short, long], reference_greedy_all(reference, [short, long]), [filler])
 
 

@@ -14,7 +14,7 @@ import torch
 from engine_service.model.attention import causal_mask
 from clients.launch import REPO_ROOT
 from conduit.common.lifetime import child_env
-from engine_service.model.loader import default_gguf_path, gguf_cache_folder, resolve_model
+from engine_service.model.loader import gguf_cache_folder, resolve_model
 
 pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)
 
@@ -37,12 +37,22 @@ def test_a_missing_gguf_file_is_named(tmp_path: Path):
 
 
 # A converter process whose saves wait until both converters have reached theirs (a barrier of files in
-# sys.argv[1]): their writes then overlap every time, as two replicas' may on a first start.
+# sys.argv[1]): their writes then overlap every time, as two replicas' may on a first start. What it
+# converts is a tiny random Llama with a one-word tokenizer in place of the GGUF's (dequantizing the
+# real one costs ~20 s a process): the race is in where the folder is written, not in what is in it.
 CONVERTER = """
 import os, sys, time
 from pathlib import Path
 import transformers
+from tokenizers import Tokenizer, models
 barrier, gguf = Path(sys.argv[1]), sys.argv[2]
+config = transformers.LlamaConfig(vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1)
+tiny_model = transformers.LlamaForCausalLM(config)
+tiny_tokenizer = transformers.PreTrainedTokenizerFast(
+    tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]")), unk_token="[UNK]")
+transformers.AutoModelForCausalLM.from_pretrained = lambda *args, **kwargs: tiny_model
+transformers.AutoTokenizer.from_pretrained = lambda *args, **kwargs: tiny_tokenizer
 save = transformers.PreTrainedModel.save_pretrained
 def save_together(self, *args, **kwargs):
     (barrier / str(os.getpid())).touch()
@@ -56,11 +66,12 @@ print(resolve_model(gguf)[1])
 """
 
 
-@pytest.mark.model
+@pytest.mark.slow  # two fresh processes importing transformers (~5 s each): kept out of the fast tier
 def test_two_processes_converting_one_gguf_at_once_both_succeed(tmp_path: Path):
     """Two replicas starting together on an empty cache: each converts into a folder of its own and
     the first rename wins; before, they shared one `.partial` folder and one deleted the other's."""
-    gguf = default_gguf_path()
+    gguf = tmp_path / "tiny-model.gguf"
+    gguf.write_bytes(b"GGUF stand-in: the converters load a tiny model instead")
     env = {**child_env(), "CONDUIT_CACHE_DIR": str(tmp_path / "cache"), "CONDUIT_THREADS": "1"}
     (tmp_path / "barrier").mkdir()
     command = [sys.executable, "-c", CONVERTER, str(tmp_path / "barrier"), str(gguf)]

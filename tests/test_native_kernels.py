@@ -351,9 +351,9 @@ def test_the_runner_attends_decode_rows_with_it(ops: native.Kernels) -> None:
     logits = {}
     for native_kernels, runner in runners.items():
         seq = RunnerSeq(0, list(range(3, 43)), block_table=[0, 1, 2])
-        runner.run(ScheduledBatch(prefill=[(seq, 39)]), set())  # all but the last token, cached
+        runner.run(ScheduledBatch(prefill=[(seq, 39)]).step_input())  # all but the last token, cached
         seq.num_cached = 39
-        logits[native_kernels] = runner.run(ScheduledBatch(decode=[seq]), set()).next_token[0]
+        logits[native_kernels] = runner.run(ScheduledBatch(decode=[seq]).step_input()).next_token[0]
     assert len(calls) == config.num_hidden_layers
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-4, atol=1e-4)
 

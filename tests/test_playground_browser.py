@@ -19,14 +19,25 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.launch import Stack
 from common import MODEL
 from fake_engine import MARKDOWN_ANSWER, REPO_ROOT, start_shim, stop_process
+
+# Playwright only where a browser runs: this module's fast test (and test_shim_cors.py's) need no
+# browser, and the offline wheelhouse leaves out its 50 MB wheel (docs/operations-offline.md).
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, LocatorAssertions, Page
+
+
+def expect(actual) -> LocatorAssertions:
+    from playwright.sync_api import expect as playwright_expect
+
+    return playwright_expect(actual)
 
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
 SCREENSHOT = REPO_ROOT / "docs" / "playground.png"

@@ -134,10 +134,10 @@ def test_a_step_that_keeps_no_logits_runs_with_every_weights_choice(quantization
     runner = ModelRunner(tiny_in_memory(config, torch.bfloat16), CPU, torch.bfloat16, 16, 32, 256,
                          quantization=quantization)
     prompt = RunnerSeq(0, list(range(3, 43)), block_table=[0, 1, 2])
-    first = runner.run(ScheduledBatch(prefill=[(prompt, 24)]), set())
+    first = runner.run(ScheduledBatch(prefill=[(prompt, 24)]).step_input())
     assert first.next_token == {}
     prompt.num_cached = 24
-    rest = runner.run(ScheduledBatch(prefill=[(prompt, 16)]), set())
+    rest = runner.run(ScheduledBatch(prefill=[(prompt, 16)]).step_input())
     assert rest.next_token[0].shape == (config.vocab_size,)
 
 
@@ -151,9 +151,9 @@ def test_a_prefix_cache_hit_gives_the_cold_prefills_logits_with_int8_weights(lef
     model = tiny_in_memory(config, torch.bfloat16)
     runner = ModelRunner(model, CPU, torch.bfloat16, 16, 16, 256, quantization="int8", deterministic=deterministic)
     tokens = list(range(3, 35 + leftover))
-    cold = runner.run(ScheduledBatch(prefill=[(RunnerSeq(0, tokens, block_table=[0, 1, 2]), len(tokens))]), set())
+    cold = runner.run(ScheduledBatch(prefill=[(RunnerSeq(0, tokens, block_table=[0, 1, 2]), len(tokens))]).step_input())
     warm_seq = RunnerSeq(1, tokens, num_cached=32, block_table=[0, 1, 3])  # blocks 0-1 shared, as on a hit
-    warm = runner.run(ScheduledBatch(prefill=[(warm_seq, leftover)]), set())
+    warm = runner.run(ScheduledBatch(prefill=[(warm_seq, leftover)]).step_input())
     assert torch.equal(cold.next_token[0], warm.next_token[1])
 
 

@@ -169,6 +169,47 @@ def test_the_request_reaches_the_engine_as_chat(client: openai.OpenAI) -> None:
     assert sent["stopping"]["max_tokens"] == 50
 
 
+AGENTS = {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+          "tools": [{"type": "function", "name": "spawn_agent", "description": "Start one.",
+                     "parameters": {"type": "object", "properties": {"task": {"type": "string"}}}}]}
+
+
+def test_a_namespace_offers_its_functions_and_its_calls_name_it(client: openai.OpenAI, shim: str) -> None:
+    """Codex groups its sub-agent tools in a namespace: the model sees NAMESPACE__NAME, the client gets
+    `name` and `namespace` apart (whole, streamed and replayed), and sends them back so in `input`."""
+    sent = json.loads(client.responses.create(model=MODEL_ID, input="echo-request", tools=[WEATHER, AGENTS])
+                      .output_text)
+    assert [(t["name"], t.get("description")) for t in sent["chat"]["tools"]] == [
+        ("get_weather", None), ("multi_agent_v1__spawn_agent", "(multi_agent_v1: Sub-agents.) Start one.")]
+    body = {"model": MODEL_ID, "input": "tools:multi_agent_v1__spawn_agent", "tools": [AGENTS]}
+    whole = client.responses.create(**body)
+    assert [(o.type, o.name, o.namespace) for o in whole.output] == [
+        ("function_call", "spawn_agent", "multi_agent_v1")]
+    events = check_framing(raw_events(shim, {**body, "stream": True}))
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [(i["name"], i["namespace"]) for i in done] == [("spawn_agent", "multi_agent_v1")]
+    assert events[-1]["response"]["output"] == done
+    replayed = parse_sse(httpx.get(f"{shim}/v1/responses/{whole.id}", params={"stream": "true"}).text)
+    added = [e["item"] for _, e in replayed if e["type"] == "response.output_item.added"]
+    assert [i["namespace"] for i in added] == ["multi_agent_v1"]
+    history = [{"type": "function_call", "call_id": "c1", "name": "spawn_agent", "namespace": "multi_agent_v1",
+                "arguments": "{}"}, {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+               {"role": "user", "content": "echo-request"}]
+    sent = json.loads(client.responses.create(model=MODEL_ID, input=history, tools=[AGENTS]).output_text)
+    assert sent["chat"]["messages"][0]["tool_calls"][0]["name"] == "multi_agent_v1__spawn_agent"
+
+
+def test_hosted_web_search_is_accepted_and_not_offered(client: openai.OpenAI) -> None:
+    """Codex sends web_search by default: this server cannot search, so the model is not offered it; the
+    response echoes the tools as sent and a header names what was left out."""
+    web = {"type": "web_search", "external_web_access": False}
+    raw = client.responses.with_raw_response.create(model=MODEL_ID, input="echo-request", tools=[WEATHER, web])
+    sent = json.loads(raw.parse().output_text)
+    assert [t["name"] for t in sent["chat"]["tools"]] == ["get_weather"]
+    assert raw.headers["conduit-tools-not-offered"] == "web_search"
+    assert raw.parse().tools[1].type == "web_search"
+
+
 def test_allowed_tools_narrow_the_tools_offered(client: openai.OpenAI) -> None:
     other = {**WEATHER, "name": "get_time"}
     answer = client.responses.create(
@@ -182,8 +223,10 @@ def test_allowed_tools_narrow_the_tools_offered(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize("body, param", [
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
      "input[0].content[0].type"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
-    ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"input": [{"type": "item_reference", "id": "rs_1"}]}, "input[0].type"),  # reasoning items: accepted (issue 44)
+    ({"input": "hi", "tools": [{"type": "file_search"}]}, "tools[0].type"),
+    ({"input": "hi", "tools": [WEATHER, {"type": "namespace", "name": "n", "description": "",
+                                         "tools": [{"type": "custom", "name": "x"}]}]}, "tools[1].tools[0].type"),
     ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice.type"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "hi", "text": {"format": {"type": "yaml"}}}, "text.format.type"),

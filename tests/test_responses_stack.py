@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import openai
 import pydantic
 import pytest
 
+from clients import EngineClient
 from clients.launch import Stack
 from common import ANSWER, ASK_MAX_TOKENS, MODEL, QUESTION, lazy_module
 from fake_engine import start_shim, stop_process
@@ -237,3 +239,45 @@ def test_truncation_auto_drops_the_oldest_turns_and_disabled_refuses(openai_clie
     answer = openai_client.responses.create(**greedy(input=history, truncation="auto"))
     assert answer.truncation == "auto" and answer.status in ("completed", "incomplete") and answer.output_text
     assert answer.usage.input_tokens < 100
+
+
+def test_truncation_auto_counts_the_exact_prompt_with_tools_and_format_in_one_call(
+        openai_client: openai.OpenAI, engine_client: EngineClient, stack: Stack) -> None:
+    """The engine drops the oldest turns itself (GenerateRequest.drop_oldest_messages), counting the
+    prompt it generates from: the tool prompt with its tool choice and answer format included (the
+    shim once counted it without them, with a Tokenize call per dropped turn, and a prompt it
+    judged to fit was refused). A call goes with its output; the instructions stay."""
+    limit = engine_client.model_info().max_context_length
+    history = [{"role": "user", "content": "lighthouse " * (limit + 100)},  # alone more than the context
+               {"role": "assistant", "content": "Let me check."},
+               {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+               {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 21 C."},
+               {"role": "user", "content": "So, what should I wear in Paris today?"}]
+    common = {"model": MODEL, "temperature": 0, "instructions": "You are a weather assistant.", "tools": [WEATHER],
+              "parallel_tool_calls": False, "text": {"format": {"type": "json_schema", "name": "weather",
+                                                             "schema": Weather.model_json_schema(), "strict": True}}}
+
+    def prompt_tokens(items: list[dict]) -> int:  # as generated from, untruncated
+        return openai_client.responses.create(**common, input=items, max_output_tokens=1).usage.input_tokens
+
+    without_first, last_only = prompt_tokens(history[1:]), prompt_tokens(history[4:])
+    # Exactly full: the prompt without the first turn and max_output_tokens fill the context.
+    request_id = f"trunc-{uuid.uuid4().hex}"
+    exact = openai_client.responses.create(**common, input=history, truncation="auto",
+                                           max_output_tokens=limit - without_first,
+                                           extra_headers={"x-request-id": request_id})
+    assert exact.status == "completed" and exact.usage.input_tokens == without_first
+    # One token more: the call and its output go too (together), the instructions stay.
+    over = openai_client.responses.create(**common, input=history, truncation="auto",
+                                          max_output_tokens=limit - without_first + 1)
+    assert over.status == "completed" and over.usage.input_tokens == last_only
+    # One engine call did it: a Generate, no Tokenize.
+    lines = [line for line in stack.engine_log.read_text().splitlines() if f"[{request_id}]" in line]
+    assert sum("generate:" in line for line in lines) == 1
+    assert not [line for line in lines if "tokenize:" in line]
+    assert [line for line in lines if "dropped the 1 oldest messages" in line]
+    # Even the last turn alone does not fit: a 400 naming the input.
+    with pytest.raises(openai.BadRequestError) as raised:
+        openai_client.responses.create(**common, input=history, truncation="auto",
+                                       max_output_tokens=limit - last_only + 1)
+    assert raised.value.body["param"] == "input" and raised.value.body["code"] == "context_length_exceeded"

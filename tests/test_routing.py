@@ -2,7 +2,8 @@
 fake engines (tests/fake_engine.py), plus the policies' rules on stand-in replicas.
 
 - A replica that becomes ready after the shim started gets work at once; killing the first one
-  then loses no request (refused calls go to the live replica).
+  then loses no request (refused calls go to the live replica). Another model's engine that comes
+  up late, failing its first listings, is listed as soon as it answers.
 - cache_aware: requests sharing a long prefix stay on the replica that served it, unless that
   replica is loaded well beyond the other, by the engine's report (other shims' work) or by this
   shim's own streams (load override); round_robin spreads them.
@@ -12,8 +13,9 @@ fake engines (tests/fake_engine.py), plus the policies' rules on stand-in replic
 - A replica back under another name serves the first request for that name.
 - The shim's router metrics: requests by replica and decision, replica health.
 - A routed call (in this process) refused before its first answer goes to another replica (and
-  is counted), a refusal with nowhere left stands, one that answered is never sent elsewhere, and
-  with no healthy replica the others are tried anyway.
+  is counted), a refusal with nowhere left stands, one that answered is never sent elsewhere, one
+  refused by a draining replica is not tried there again first, and with no healthy replica the
+  others are tried anyway.
 Which replica served a request is read from the fakes' own records.
 """
 
@@ -108,6 +110,27 @@ def test_a_late_replica_gets_work_at_once_and_killing_the_first_loses_no_request
         first.kill()
         if late is not None:
             late.stop()
+
+
+def test_a_late_engine_of_another_model_is_listed_once_it_answers(pair) -> None:
+    """Several models: one whose engine comes up after the shim's first listing, and fails its
+    first listings (busy as it starts), is listed and served as soon as it answers, not after the
+    model list's 30 s."""
+    late_port = free_port()
+    shim, url = start_shim(f"{pair[0].address},127.0.0.1:{late_port}")
+    late = FakeEngineServer(port=late_port, model_id=OTHER_MODEL)
+    late.engine.list_failures = 2
+    try:
+        status, _, body = request(url, "GET", "/v1/models")
+        assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == [MODEL_ID]
+        late.start()
+        wait_until(lambda: OTHER_MODEL in [m["id"] for m in json.loads(request(url, "GET", "/v1/models")[2])["data"]],
+                   SETTLE_S)
+        status, _, raw = post(url, "/v1/chat/completions", {"model": OTHER_MODEL, "messages": say("hi")})
+        assert status == 200 and json.loads(raw)["model"] == OTHER_MODEL
+    finally:
+        stop_process(shim)
+        late.stop()
 
 
 def test_a_shared_prefix_sticks_to_its_replica_unless_that_one_is_loaded_well_beyond(pair) -> None:
@@ -236,6 +259,19 @@ def test_a_routed_call_goes_elsewhere_only_before_its_first_answer(pair, routed)
     with pytest.raises(Unavailable):
         list(call)
     assert not any(r.request_id == "answered" for r in other.engine.requests)  # its output was seen: not replayed
+
+
+def test_a_routed_call_refused_by_a_draining_replica_goes_elsewhere_without_trying_it_again(pair, routed) -> None:
+    """One owner of a routed call's retries, the router: the replica's own stream does not send it
+    there again (with a backoff) before the router fails it over."""
+    router, metrics = routed
+    draining, serving = pair
+    draining.engine.refuse = grpc.StatusCode.UNAVAILABLE  # as a draining engine refuses, before its poll says so
+    engine = router.engine(MODEL_ID)
+    for k in range(2):  # dealt in turn: one of them is sent to the draining replica first
+        assert list(engine.generate_shared(pb.GenerateRequest(text="hi", request_id=f"d{k}")))[-1].HasField("final")
+    assert counts(draining, serving) == [1, 2]  # asked once, not once per retry of its stream
+    assert retries(metrics, draining) == 1
 
 
 def test_with_no_healthy_replica_a_routed_call_tries_the_others_anyway(pair, routed) -> None:

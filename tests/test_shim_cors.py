@@ -15,15 +15,18 @@ from __future__ import annotations
 import http.server
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-from playwright.sync_api import Browser
 
 from fake_engine import MODEL_ID, start_shim, stop_process
 from http_shim import options
 from http_shim.cors import normal_origin
 from test_playground_browser import TIMEOUT_MS
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser  # imported where a browser runs (test_playground_browser.py)
 
 ORIGIN = "http://allowed.test:1234"
 OTHER_ORIGIN = "http://other.test:1234"

@@ -126,6 +126,48 @@ def test_the_request_reaching_the_engine(client):
     assert sent["stopping"] == {"max_tokens": 50, "stop": ["END"]}
 
 
+def test_claude_code_fields_are_accepted_as_hints(shim):
+    """What Claude Code sends on every request: thinking adaptive (or enabled: the model answers without
+    thinking), context_management, output_config.effort, the ?beta=true query, a deferred tool (left out
+    of the prompt, as Anthropic leaves it out of the model's context)."""
+    deferred = {"name": "Placeholder", "input_schema": {"type": "object"}, "defer_loading": True}
+    for thinking in ({"type": "adaptive", "display": "omitted"}, {"type": "enabled", "budget_tokens": 1024}):
+        body = {"model": MODEL_ID, "max_tokens": 32000, "messages": user("echo-request"), "thinking": thinking,
+                "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+                "output_config": {"effort": "high"}, "tools": [WEATHER_TOOL, deferred]}
+        status, _, raw = post(shim, "/v1/messages?beta=true", body,
+                              {**HEADERS, "anthropic-beta": "context-management-2025-06-27,effort-2025-11-24"})
+        assert status == 200, raw
+        sent = json.loads(json.loads(raw)["content"][0]["text"])
+        assert [t["name"] for t in sent["chat"]["tools"]] == ["get_weather"]
+        assert sent["stopping"]["max_tokens"] == 32000  # the engine caps it to what the context leaves
+
+
+def test_system_messages_in_the_turns_fold_into_the_user_turn_they_touch(client):
+    """Claude Code sends its environment as a system message after the user's; the chat templates of most
+    models refuse a second system turn, so it joins the user text before it (or the next one)."""
+    messages = [{"role": "system", "content": "First."},
+                {"role": "user", "content": "Weather?"},
+                {"role": "system", "content": [{"type": "text", "text": "Env."}]},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                                   "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"}]},
+                {"role": "system", "content": "Reminder."}, {"role": "assistant", "content": "Sunny."},
+                {"role": "user", "content": "echo-request"}]
+    sent = json.loads(client.messages.create(model=MODEL_ID, max_tokens=5, system="Top.", messages=messages,
+                                             tools=[WEATHER_TOOL]).content[0].text)
+    assert [(m["role"], m.get("content", "")) for m in sent["chat"]["messages"]] == [
+        ("system", "Top."), ("user", "First.\n\nWeather?\n\nEnv."), ("assistant", ""), ("tool", "Sunny"),
+        ("user", "Reminder."), ("assistant", "Sunny."), ("user", "echo-request")]
+
+
+def test_a_prompt_over_the_context_is_worded_as_anthropic_words_it(client):
+    """Claude Code compacts the conversation when the error reads "prompt is too long: N tokens > M maximum"."""
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model=MODEL_ID, max_tokens=5, messages=user("too-long:70"))
+    assert refused.value.body["error"]["message"] == "prompt is too long: 70 tokens > 64 maximum"
+
+
 def test_tool_choice_by_name_and_none(client, fake):
     for choice, expected in [({"type": "tool", "name": "get_weather"}, {"mode": "MODE_FUNCTION",
                                                                         "function_name": "get_weather"}),
@@ -213,7 +255,7 @@ def test_client_leaving_a_stream_cancels_the_engine_call(client, fake):
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, '"image"'),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
      '"document"'),
-    ({"max_tokens": 5, "messages": user("hi"), "thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+    ({"max_tokens": 5, "messages": user("hi"), "thinking": {"type": "sometimes"}}, "thinking.type"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"},
                                     {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"}]},
                                     {"role": "user", "content": "go"}]}, "thinking"),
@@ -224,7 +266,7 @@ def test_client_leaving_a_stream_cancels_the_engine_call(client, fake):
                                                                                        "name": "nope"}}, "nope"),
     ({"max_tokens": 5, "messages": user("hi"), "tool_choice": {"type": "any"}}, "tools"),
     ({"max_tokens": 5, "messages": user("hi"), "temperature": 1.5}, "temperature"),
-    ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "role"),
+    ({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role: Input should be"),
     ({"max_tokens": 5, "messages": user("hi"), "output_config": {"format": {"type": "xml"}}}, "output_config"),
 ])
 def test_bad_bodies_are_400_naming_the_field(shim, body, named):

@@ -2,6 +2,9 @@
 
 - Requests sharing a long prompt prefix stay on one replica (the shim's cache-aware routing), whose
   prefix cache then serves it (cached_tokens); short prompts are spread over both replicas.
+- One replica frozen with SIGSTOP (its kernel still ACKs TCP) under 8 streams: its streams end with
+  an error event within the shim's keepalive bound, the other's stream on, and new requests are
+  served there; SIGCONT brings it back.
 - One replica SIGKILLed while streams run on both: its streams end with an error event (the SDK
   raises; never a [DONE]), the survivor's streams finish, and new requests all succeed on the
   survivor.
@@ -14,6 +17,7 @@ request id (the shim forwards the client's X-Request-Id).
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import uuid
@@ -33,11 +37,17 @@ WAIT_S = 120.0
 STREAMS = 4
 STREAM_TOKENS = 96  # long enough to be mid-stream on both replicas when the signal lands
 RENAMED = "smol-renamed"
+FROZEN_STREAMS = 8
+# The shim's keepalive: a frozen engine's calls fail within about 1 + 1 s of its last message.
+KEEPALIVE_ARGS = ["--engine-keepalive", "1", "--engine-keepalive-timeout", "1"]
+# Far beyond that bound, for a loaded machine; a shim without keepalive leaves the streams open past it.
+FROZEN_STREAM_END_S = 30.0
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with Stack(replicas=2, log_dir=tmp_path_factory.mktemp("logs"), startup_timeout=STARTUP_TIMEOUT_S) as running:
+    with Stack(replicas=2, log_dir=tmp_path_factory.mktemp("logs"), startup_timeout=STARTUP_TIMEOUT_S,
+               shim_args=KEEPALIVE_ARGS) as running:
         yield running
 
 
@@ -74,6 +84,81 @@ def test_a_shared_prefix_stays_on_one_replica_and_is_served_from_its_cache(stack
     assert usages[0].prompt_tokens > 300
     for usage in usages[1:]:  # the system prompt's blocks, at least
         assert usage.prompt_tokens_details.cached_tokens >= 256, usage
+
+
+def test_a_frozen_replica_fails_its_streams_within_the_keepalive_bound(stack: Stack) -> None:
+    client = openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=WAIT_S)
+    tag = uuid.uuid4().hex[:8]
+    stream_ids = [f"frozen-{tag}-{i}" for i in range(FROZEN_STREAMS)]
+    started = [threading.Event() for _ in stream_ids]
+    ended = {request_id: threading.Event() for request_id in stream_ids}
+    outcomes: dict[str, str] = {}
+    last_token_at: dict[str, float] = {}
+
+    def run_stream(k: int) -> None:
+        request_id = stream_ids[k]
+        try:
+            stream = client.chat.completions.create(model=MODEL, messages=STORY, max_tokens=4096, temperature=0,
+                                                    stream=True, extra_headers={"X-Request-Id": request_id})
+            for chunk in stream:
+                last_token_at[request_id] = time.monotonic()
+                started[k].set()
+                if ended[request_id].is_set():  # the test is done with it
+                    stream.close()
+                    return
+            outcomes[request_id] = "finished"
+        except openai.APIError as error:
+            outcomes[request_id] = f"error:{error}"
+        finally:
+            started[k].set()
+            ended[request_id].set()
+
+    threads = [threading.Thread(target=run_stream, args=(k,), daemon=True) for k in range(FROZEN_STREAMS)]
+    frozen = stack.engines[1]
+    assert frozen is not None
+    try:
+        for thread in threads:
+            thread.start()
+        for event in started:
+            assert event.wait(WAIT_S), "a stream never started"
+        assert not outcomes, f"streams ended before the freeze: {outcomes}"
+        frozen.send_signal(signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        deadline = frozen_at + FROZEN_STREAM_END_S
+        # Each stream ends (the frozen replica's) or gets tokens well after the freeze (the other's).
+        while not all(ended[r].is_set() or last_token_at[r] > frozen_at + 1.0 for r in stream_ids):
+            assert time.monotonic() < deadline, f"a stream on the frozen engine is still open: {outcomes}"
+            time.sleep(0.05)
+        placed = {request_id: served_by(stack, request_id) for request_id in stream_ids}
+        assert {tuple(where) for where in placed.values()} == {(0,), (1,)}, placed  # streams ran on both
+        for request_id, where in placed.items():
+            outcome = outcomes.get(request_id, "streaming")
+            if where == [1]:  # an error event the SDK raises, not a clean end
+                assert outcome.startswith("error:") and "unavailable" in outcome.lower(), outcome
+            else:  # still streaming (or the model ended its story meanwhile)
+                assert outcome in ("streaming", "finished"), outcome
+
+        after_ids = [f"after-freeze-{tag}-{i}" for i in range(4)]
+        for request_id in after_ids:
+            short_request(client, request_id)
+        assert [served_by(stack, request_id) for request_id in after_ids] == [[0]] * len(after_ids)
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+        for event in ended.values():
+            event.set()
+        for thread in threads:
+            thread.join(WAIT_S)
+    # Thawed, it gets work again (and the tests after this one find both replicas serving).
+    deadline = time.monotonic() + WAIT_S
+    k = 0
+    while True:
+        request_id = f"thawed-{tag}-{k}"
+        short_request(client, request_id)
+        if served_by(stack, request_id) == [1]:
+            break
+        assert time.monotonic() < deadline, "the thawed replica got no work"
+        k += 1
+        time.sleep(0.1)
 
 
 def test_failover_and_return_of_a_replica(stack: Stack) -> None:

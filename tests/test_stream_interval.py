@@ -14,7 +14,8 @@ from clients.launch import Stack
 from conftest import STARTUP_TIMEOUT_S, TEST_KV_CACHE_GB
 from engine_service.__main__ import parse_args
 from engine_service.core.config import EngineConfig
-from engine_service.core.engine import Engine
+from engine_service.core.engine import Engine, build_engine
+from engine_service.core.requests import deliver
 from engine_service.core.pacing import auto_stream_interval
 from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReason
 from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
@@ -50,14 +51,14 @@ class Recorder:
 def engine() -> Engine:
     """One engine, stepped by the tests themselves (no loop thread): each step returns its outputs,
     which the test delivers to the sinks. The interval is set per test (0: auto, the default)."""
-    return Engine(load_model(None, device="cpu"), EngineConfig(kv_cache_gb=TEST_KV_CACHE_GB))
+    return build_engine(load_model(None, device="cpu"), EngineConfig(kv_cache_gb=TEST_KV_CACHE_GB))
 
 
 def run_until_done(engine: Engine, sinks: list[Recorder]) -> None:
     for _ in range(1000):
         if all(sink.done.is_set() for sink in sinks):
             return
-        engine.deliver(engine.step())
+        deliver(engine.loop.step())
     raise AssertionError("the engine did not finish in 1000 steps")
 
 
@@ -72,7 +73,7 @@ def submit(engine: Engine, n: int = 1, seed: int | None = None) -> Recorder:
 
 
 def generate(engine: Engine, interval: int, n: int = 1, seed: int | None = None) -> Recorder:
-    engine.pacing.interval = interval
+    engine.core.pacing.interval = interval
     sink = submit(engine, n, seed)
     run_until_done(engine, [sink])
     return sink
@@ -115,7 +116,7 @@ def test_auto_sends_every_token_of_a_lone_stream(engine) -> None:
 def test_auto_groups_tokens_when_many_streams_run(engine) -> None:
     """17 streams at once: once they step together, each message holds 3 steps' tokens
     (ceil(17 / 8)); nothing is lost and the first token still goes alone."""
-    engine.pacing.interval = 0
+    engine.core.pacing.interval = 0
     sinks = [submit(engine) for _ in range(17)]
     run_until_done(engine, sinks)
     for sink in sinks:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from engine_service.text.tool_parser import ParsedCall, parse_tool_calls
+from engine_service.text.tool_parser import CALL_OPEN, ParsedCall, ProseSplitter, parse_reply, parse_tool_calls
 from engine_service.text.tools import CallStreamer
 
 TOOLS = {"weather", "get_time"}
@@ -115,3 +115,63 @@ def test_a_closing_tag_inside_an_unfinished_string_ends_up_in_no_arguments() -> 
         deltas += streamer.feed(calls)
     assert calls == [ParsedCall("weather", '{"city": "Paris}}', complete=False)]
     assert "".join(d.arguments for d in deltas) == '{"city": "Paris}}'
+
+
+PROSE = "I'll check the weather for you."
+FENCED = f"Write a call like this:\n```\n{TAGGED}\n```\nThat is all."
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    (f"{PROSE}\n{TAGGED}", PROSE, WHOLE),
+    (f"{PROSE}\n{TAGGED.splitlines()[0]}", PROSE, WHOLE[:1]),
+    (f"{PROSE} {TAGGED}\n\n", PROSE, WHOLE),
+    (f"{TAGGED}\n \n", "", WHOLE),
+    (f"```python\nprint(1)\n```\n{PROSE}\n{TAGGED}", f"```python\nprint(1)\n```\n{PROSE}", WHOLE),
+    (FENCED, FENCED, None),
+    (f"{PROSE}\n{TAGGED} and some prose", f"{PROSE}\n{TAGGED} and some prose", None),
+    (f"Use {CALL_OPEN} tags.", f"Use {CALL_OPEN} tags.", None),
+    (PROSE, PROSE, None),
+], ids=["two-calls", "one-call", "trailing-whitespace", "calls-only", "fence-before", "in-a-fence", "prose-after",
+        "a-mention", "prose-only"])
+def test_prose_then_tagged_calls_is_content_then_calls(text: str, content: str, calls: list | None) -> None:
+    """As vLLM's and SGLang's parsers of this format read it; a tag in a code fence is an example,
+    and calls that prose follows are not calls (the model was showing them)."""
+    assert parse_reply(text, TOOLS) == (content, calls)
+
+
+@pytest.mark.parametrize("text", [f"{PROSE}\n{TAGGED}", FENCED, f"Use {CALL_OPEN} tags.", f"{PROSE}\n\n",
+                                  f"a``b`\n```\n{CALL_OPEN}\n```\n{PROSE}\n{TAGGED}"])
+@pytest.mark.parametrize("step", [1, 2, 5])
+def test_prose_streams_without_markup_and_adds_up_to_the_whole_reading(text: str, step: int) -> None:
+    """Fed in pieces, the prose given back never holds a tag (nor its start), and ends as the whole
+    text's content; the calls' text is the rest."""
+    content, calls = parse_reply(text, TOOLS)
+    splitter, sent = ProseSplitter(), ""
+    for at in range(0, len(text), step):
+        sent += splitter.feed(text[at:at + step])
+        assert content.startswith(sent), (text, sent)
+    if calls is None:
+        assert sent + splitter.flush() + splitter.gap + (splitter.calls or "") == text
+    else:
+        assert sent == content and splitter.calls.startswith(CALL_OPEN)
+        assert parse_tool_calls(splitter.calls, TOOLS) == calls
+
+
+def test_prose_cut_while_writing_a_tag_leaves_the_tag_out() -> None:
+    text = f"{PROSE}\n<tool_c"
+    assert parse_reply(text, TOOLS, truncated=True) == (PROSE, None)
+    assert parse_reply(text, TOOLS) == (text, None), "not cut: the model wrote it as text"
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "weather", "country": "France"}',
+    '{"name": "weather"}',
+    '[{"name": "weather"}]',
+])
+def test_a_bare_object_without_arguments_is_no_call(text: str) -> None:
+    """The Agents SDK's output_type answer `{"name": <a tool's name>, ...}` was read as that tool's call."""
+    assert parse_tool_calls(text, TOOLS) is None
+
+
+def test_a_tagged_call_may_leave_out_its_arguments() -> None:
+    assert parse_tool_calls('<tool_call>{"name": "weather"}</tool_call>', TOOLS) == [ParsedCall("weather", "{}")]

@@ -42,7 +42,7 @@ def tiny_in_memory(config: PretrainedConfig, dtype: torch.dtype) -> torch.nn.Mod
 
 @dataclass
 class RunnerSeq:
-    """The fields ModelRunner reads from a Sequence."""
+    """The fields of a Sequence that ScheduledBatch.step_input reads for the ModelRunner."""
 
     seq_id: int
     token_ids: list[int]

@@ -1,12 +1,21 @@
 """Where a request enters the engine: the checks that need the engine's limits (context length,
-KV capacity, vocabulary, batch size), and the max_tokens a request gets when it sets none."""
+KV capacity, vocabulary, batch size), and the max_tokens a request gets.
+
+The budget policy (every API alike, as llama.cpp's server does): a prompt that leaves no room for one
+generated token is refused (`context_length_exceeded`); a max_tokens larger than the room the context
+leaves is capped to that room, not refused. Agents send the largest budget they know (Claude Code
+32000, whatever the model), so refusing it would fail every request; the cap shows in the engine's
+`generate:` log line and as finish reason LENGTH when the output reaches it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine_service.core.params import InvalidRequest
-from engine_service.core.sequence import Request
+
+if TYPE_CHECKING:  # sequence.py imports torch; the HTTP shim's fake engine checks prompts here without it
+    from engine_service.core.sequence import Request
 
 
 @dataclass(frozen=True)
@@ -37,9 +46,5 @@ class Admission:
         if request.params.n > self.max_batch_size:
             raise InvalidRequest(f"n={request.params.n} exceeds this engine's batch size {self.max_batch_size}", "n")
         wanted = request.params.stopping.max_tokens
-        if wanted is not None and prompt_len + wanted > limit:
-            raise InvalidRequest(
-                f"this model's maximum context length is {limit} tokens, but {prompt_len + wanted} were requested "
-                f"({prompt_len} in the prompt, {wanted} for the completion); lower max_tokens",
-                "stopping.max_tokens", "context_length_exceeded")
-        request.max_tokens = limit - prompt_len if wanted is None else wanted
+        room = limit - prompt_len
+        request.max_tokens = room if wanted is None else min(wanted, room)

@@ -16,6 +16,10 @@ blocks that starts its tokens (refcount + 1) and computes only the rest. A relea
 that holds a hash stays cached, evictable, in least-recently-released order; allocation takes
 never-used (hashless) free blocks first, then evicts the least recently used cached block.
 Evictable blocks count as free.
+
+A `listener` (serving/kv_events.py, set once a gateway subscribes to KV events) is told each
+block that enters the prefix cache and each that leaves it, on the engine thread; unset, it costs
+a test per registration and eviction.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import hashlib
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Protocol
 
 from engine_service.core.sequence import Sequence
 
@@ -32,6 +37,16 @@ def block_hash(parent: bytes, tokens: list[int]) -> bytes:
     """The key of a full block: sha256 over its parent's key and its token ids (collisions, which
     would serve another prompt's K/V, are out of reach, unlike with Python's 64-bit hash())."""
     return hashlib.sha256(parent + struct.pack(f"<{len(tokens)}I", *tokens)).digest()
+
+
+class CacheListener(Protocol):
+    def stored(self, parent: bytes | None, blocks: list[tuple[bytes, list[int]]], first_position: int) -> None:
+        """Blocks (key, token ids) entered the cache as one chain: the first at `first_position`
+        (in blocks from the prompt's start) under `parent` (None at position 0)."""
+
+    def removed(self, key: bytes) -> None: ...
+
+    def cleared(self) -> None: ...
 
 
 class BlockManager:
@@ -49,6 +64,8 @@ class BlockManager:
         # Prompt tokens looked up in the cache, and those found, at admissions (vLLM's counters).
         self.queries = 0
         self.hits = 0
+        self.listener: CacheListener | None = None
+        self.flush_requested = False  # any thread may set it: the next admission forgets the cache first
 
     @property
     def num_free(self) -> int:
@@ -74,6 +91,8 @@ class BlockManager:
         At least one token is left to compute, since the step needs its logits: a sequence whose
         tokens are all cached backs off its last block (recomputing a token into a shared block
         would overwrite it for the other holders)."""
+        if self.flush_requested:
+            self._forget_cached()
         matched = self._match(seq) if use_cache and self.enable_caching else []
         taken_from_lru = sum(1 for block in matched if self._refs[block] == 0)
         needed = -(-len(seq.token_ids) // self.block_size) - len(matched)
@@ -99,12 +118,17 @@ class BlockManager:
         if not self.enable_caching or full <= seq.num_registered_blocks:
             return
         hashes = self._hashes(seq, full)
-        for i in range(seq.num_registered_blocks, full):
+        first = seq.num_registered_blocks
+        for i in range(first, full):
             block, key = seq.block_table[i], hashes[i]
             if self._hash_of[block] is None and key not in self._cached:
                 self._hash_of[block] = key
                 self._cached[key] = block
         seq.num_registered_blocks = full
+        if self.listener is not None:
+            size = self.block_size
+            chain = [(hashes[i], seq.token_ids[i * size:(i + 1) * size]) for i in range(first, full)]
+            self.listener.stored(hashes[first - 1] if first else None, chain, first)
 
     def free(self, seq: Sequence) -> None:
         # Last blocks first, so a sequence's tail is evicted before its head (a prefix needs the head).
@@ -159,6 +183,21 @@ class BlockManager:
         else:  # evict the least recently used cached block
             block, _ = self._evictable.popitem(last=False)
             del self._cached[self._hash_of[block]]
+            if self.listener is not None:
+                self.listener.removed(self._hash_of[block])
             self._hash_of[block] = None
         self._refs[block] = 1
         return block
+
+    def _forget_cached(self) -> None:
+        """Flush the prefix cache (FlushCache): unreferenced cached blocks become free, held ones
+        private; nothing running is touched."""
+        self.flush_requested = False
+        for block in self._evictable:
+            self._free.append(block)
+        self._evictable.clear()
+        for block in self._cached.values():
+            self._hash_of[block] = None
+        self._cached.clear()
+        if self.listener is not None:
+            self.listener.cleared()

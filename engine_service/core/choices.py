@@ -72,7 +72,8 @@ class Choices:
         output = OutputProcessor(index=index, prompt_ids=request.prompt_ids, tokenizer=self.tokenizer,
                                  stop_ids=stop_ids, eos_ids=self.eos_ids, stop_strings=stopping.stop,
                                  min_tokens=stopping.min_tokens, max_tokens=request.max_tokens,
-                                 tools=request.tools, matcher=matcher)
+                                 tools=request.tools, matcher=matcher, reasoning=request.reasoning,
+                                 phase=request.reasoning_phase, max_reasoning_tokens=request.max_reasoning_tokens)
         return Sequence(request, index, stop_ids, matcher, output)
 
     def _stop_ids(self, params: RequestParams) -> set[int]:

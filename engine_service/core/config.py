@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-# Linear weights' formats (model/linear.py says what each runs on and which is the default).
-QUANTIZATIONS = ("none", "int8", "int4")
+from engine_service.model.weight_formats import QUANTIZATIONS
+from engine_service.text.reasoning import PARSER_CHOICES
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,8 @@ class EngineConfig:
     native_kernels: bool = True  # int8 linears and decode attention on model/native.py's kernels where they build
     # Steps whose tokens a request gathers before they are sent; 0: auto (core/pacing.py).
     stream_interval: int = 0
+    # Reasoning models' thinking markers: auto (from the chat template), none, or a family by name.
+    reasoning_parser: str = "auto"
 
     def __post_init__(self) -> None:
         """Raises ValueError naming the first setting out of bounds."""
@@ -82,5 +84,7 @@ class EngineConfig:
         if self.max_step_tokens < self.max_batch_size:  # a full batch's decodes would leave no token to start one
             raise ValueError(f"max_step_tokens ({self.max_step_tokens}) must be at least max_batch_size "
                              f"({self.max_batch_size})")
+        if self.reasoning_parser not in PARSER_CHOICES:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(PARSER_CHOICES)}, not {self.reasoning_parser!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {self.quantization!r}")

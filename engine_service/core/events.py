@@ -46,6 +46,7 @@ class ChunkEvent:
     prompt_tokens: int
     completion_tokens: int
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    reasoning: str = ""  # a reasoning model's new thinking (kept out of `text`)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class FinalEvent:
     completion_tokens: int
     matched_stop: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    reasoning_tokens: int = 0  # of completion_tokens, the thinking's
 
 
 Event = PromptEvent | ChunkEvent | FinalEvent

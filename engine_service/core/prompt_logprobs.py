@@ -12,7 +12,7 @@ import torch
 
 from engine_service.core.sampler import token_logprob
 from engine_service.core.scheduler import ScheduledBatch
-from engine_service.model.runner import StepLogits
+from engine_service.model.step import StepLogits
 
 
 def wanted(batch: ScheduledBatch) -> set[int]:

@@ -62,7 +62,8 @@ class Requests:
             if seq.finished and not seq.finish_reason.abnormal and not seq.final_sent:
                 seq.final_sent = True
                 events.append(FinalEvent(seq.index, seq.finish_reason, seq.prompt_len, seq.num_output,
-                                         seq.output.matched_stop, tool_calls=seq.output.tool_calls))
+                                         seq.output.matched_stop, tool_calls=seq.output.tool_calls,
+                                         reasoning_tokens=seq.output.reasoning_tokens))
         if request.finished:
             self._forget(request)
         if events:
@@ -101,3 +102,10 @@ class Requests:
     def _forget(self, request: Request) -> None:
         self._live.pop(request.request_id, None)
         self.scheduler.suspects.discard(request.request_id)
+
+
+def deliver(outputs: list[RequestOutput]) -> None:
+    """Each request's events to its sink, on the calling thread: the engine loop's own consumer of
+    outputs unless it was built with another (serving/server.py hops them to the gRPC loop first)."""
+    for output in outputs:
+        output.request.sink(output.events)

@@ -42,7 +42,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[
 def _plain_greedy(seq: Sequence) -> bool:
     sp = seq.params.sampling
     return (sp.greedy and not seq.params.logprobs and not sp.logit_bias and not sp.needs_penalties
-            and seq.matcher is None and seq.num_output >= seq.params.stopping.min_tokens)
+            and not seq.constrained and seq.forced_token is None and seq.num_output >= seq.params.stopping.min_tokens)
 
 
 def token_logprob(row: torch.Tensor, token_id: int, top_n: int) -> TokenLogprob:
@@ -63,8 +63,13 @@ def _apply_adjustments(logits: torch.Tensor, seqs: list[Sequence]) -> None:
             _apply_penalties(logits[i], seq)
         if seq.num_output < seq.params.stopping.min_tokens and seq.stop_ids:
             logits[i, list(seq.stop_ids)] = float("-inf")
-        if seq.matcher is not None:
+        if seq.constrained:
             seq.matcher.mask_logits(logits[i])
+        forced = seq.forced_token
+        if forced is not None:  # a spent thinking budget: the end marker, token by token
+            kept = logits[i, forced].clone()
+            logits[i] = float("-inf")
+            logits[i, forced] = kept if torch.isfinite(kept) else 0.0
 
 
 def _apply_penalties(row: torch.Tensor, seq: Sequence) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from engine_service.core.block_manager import BlockManager
 from engine_service.core.sequence import Sequence
+from engine_service.model.step import DecodeRow, PromptChunk, StepInput
 
 
 @dataclass
@@ -34,6 +35,17 @@ class ScheduledBatch:
 
     def sequences(self) -> list[Sequence]:
         return [*self.decode, *(seq for seq, _ in self.prefill)]
+
+    def step_input(self, wants_prompt_logprobs: set[int] = frozenset()) -> StepInput:
+        """What the model runner reads of this batch; `wants_prompt_logprobs`: the sequences (by
+        seq_id) whose prompt chunks keep every logits row (prompt_logprobs.wanted)."""
+        decode = [DecodeRow(seq.seq_id, seq.token_ids[seq.num_cached], seq.num_cached, seq.block_table)
+                  for seq in self.decode]
+        prefill = [PromptChunk(seq.seq_id, seq.token_ids[seq.num_cached:seq.num_cached + length], seq.num_cached,
+                               seq.block_table, ends_prompt=seq.num_cached + length == len(seq.token_ids),
+                               keep_all_rows=seq.seq_id in wants_prompt_logprobs)
+                   for seq, length in self.prefill]
+        return StepInput(decode, prefill)
 
 
 class Scheduler:

@@ -10,6 +10,7 @@ import torch
 
 from engine_service.core.events import Event, FinishReason, TokenLogprob
 from engine_service.core.params import RequestParams
+from engine_service.text.reasoning import Phase, ReasoningTokens
 from engine_service.text.tools import ToolSpec
 
 if TYPE_CHECKING:
@@ -29,6 +30,10 @@ class Request:
     grammar: str | None = None  # constrained decoding (llguidance grammar)
     answer_grammar: str | None = None  # where `grammar` is tool calls or an answer: the answer's alone
     tools: ToolSpec | None = None  # output is parsed for tool calls when set
+    # A reasoning model's chat: its markers' tokens, where its output starts, its thinking budget.
+    reasoning: ReasoningTokens | None = None
+    reasoning_phase: Phase = Phase.UNDECIDED
+    max_reasoning_tokens: int | None = None
     sequences: list["Sequence"] = field(default_factory=list)
     outbox: list[Event] = field(default_factory=list)  # request-level events for the next sink call
     unsent_steps: int = 0  # steps that gave it tokens since its events were last sent
@@ -72,6 +77,16 @@ class Sequence:
         self.last_token_time = 0.0  # time.monotonic() of its last token (kept only with metrics on)
         # Echo with logprobs: one entry per prompt token (None for the first).
         self.prompt_logprobs: list[TokenLogprob | None] = [None]
+
+    @property
+    def constrained(self) -> bool:
+        """Whether the grammar masks this step (a reasoning model thinks freely before its answer)."""
+        return self.matcher is not None and (self.output is None or self.output.answering)
+
+    @property
+    def forced_token(self) -> int | None:
+        """The token this step must take: the end marker's next, once a thinking budget is spent."""
+        return self.output.forced[0] if self.output is not None and self.output.forced else None
 
     @property
     def num_output(self) -> int:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from engine_service.core.config import QUANTIZATIONS
 from engine_service.model.native import Kernels
+from engine_service.model.weight_formats import QUANTIZATIONS
 
 # The default for bf16 on the CPU. int8 makes a decode step at batch <= 8 about 1.4x faster and
 # keeps greedy outputs close to bf16 (about 1 token in 16 differs on a fixed prompt set; the tests'

@@ -1,4 +1,4 @@
-"""Runs one engine step through the model: a scheduled batch in, logits out.
+"""Runs one engine step through the model: a StepInput in (model/step.py), logits out.
 
 The whole step is one forward pass over a packed [1, T] sequence (decode tokens
 first, then prompt chunks); the paged attention function keeps sequences apart.
@@ -16,16 +16,7 @@ from engine_service.model.linear import (FullWeightsSwitch, low_bit_max_rows, on
                                          quantize_linears, resolve_quantization)
 from engine_service.model.rotary import install_rotary_table
 from engine_service.model.kv_cache import CacheShape, KVCache
-from engine_service.core.scheduler import ScheduledBatch
-from engine_service.core.sequence import Sequence
-
-
-@dataclass
-class StepLogits:
-    """Logits rows the step produced, by purpose."""
-
-    next_token: dict[int, torch.Tensor]  # seq_id -> [vocab] logits for its next token
-    prompt: dict[int, tuple[int, torch.Tensor]]  # seq_id -> (first position, [chunk, vocab]) for prompt logprobs
+from engine_service.model.step import DecodeRow, PromptChunk, StepInput, StepLogits
 
 
 @dataclass
@@ -68,7 +59,7 @@ class ModelRunner:
                  block_size: int, num_blocks: int, max_positions: int,
                  quantization: str | None = None, deterministic: bool = False, lean_forward: bool = True,
                  native_kernels: bool = True) -> None:
-        """quantization: see config.QUANTIZATIONS (None: the default for the device and dtype);
+        """quantization: see weight_formats.QUANTIZATIONS (None: the default for the device and dtype);
         deterministic: a sequence's results never depend on the batch it runs in;
         lean_forward: Llama models run model/llama.py's forward (False: transformers', for comparison);
         native_kernels: int8 linears, decode attention and the lean forward's add + RMSNorm run
@@ -106,19 +97,19 @@ class ModelRunner:
         self.scratch_block = num_blocks - 1
 
     @torch.inference_mode()
-    def run(self, scheduled: ScheduledBatch, wants_prompt_logprobs: set[int]) -> StepLogits:
+    def run(self, step: StepInput) -> StepLogits:
         batch = PackedBatch()
-        self.prepare_decode(batch, scheduled.decode)
+        self.prepare_decode(batch, step.decode)
         padding_row = None
-        rows = len(scheduled.decode) + sum(length for _, length in scheduled.prefill)
+        rows = len(step.decode) + sum(len(chunk.token_ids) for chunk in step.prefill)
         # A prompt chunk may run dense kernels (low-bit weights' bf16 copies), which round one row apart.
-        if rows < 2 and (self.pads_single_rows or scheduled.prefill):
+        if rows < 2 and (self.pads_single_rows or step.prefill):
             padding_row = self.add_padding_row(batch)
-        self.prepare_prefill(batch, scheduled.prefill, wants_prompt_logprobs)
+        self.prepare_prefill(batch, step.prefill)
         if padding_row is not None:
             batch.keep_row(padding_row)  # its logits row comes last and is dropped
         if self.full_weights is not None:
-            self.full_weights.set_for_step(len(batch.input_ids), bool(scheduled.prefill))
+            self.full_weights.set_for_step(len(batch.input_ids), bool(step.prefill))
         logits = self.forward(batch)
         return StepLogits(
             next_token={seq_id: logits[row] for seq_id, row in batch.next_token_rows.items()},
@@ -128,13 +119,13 @@ class ModelRunner:
     def _slot(self, block_table: list[int], position: int) -> int:
         return block_table[position // self.block_size] * self.block_size + position % self.block_size
 
-    def prepare_decode(self, batch: PackedBatch, seqs: list[Sequence]) -> None:
+    def prepare_decode(self, batch: PackedBatch, rows: list[DecodeRow]) -> None:
         """One token per decoding sequence: its last, not yet cached, token."""
-        for seq in seqs:
-            position = seq.num_cached
-            batch.next_token_rows[seq.seq_id] = batch.keep_row(len(batch.input_ids))
-            batch.add(seq.token_ids[position], position, self._slot(seq.block_table, position))
-            batch.decode_tables.append(seq.block_table)
+        for row in rows:
+            position = row.position
+            batch.next_token_rows[row.seq_id] = batch.keep_row(len(batch.input_ids))
+            batch.add(row.token, position, self._slot(row.block_table, position))
+            batch.decode_tables.append(row.block_table)
             batch.decode_lens.append(position + 1)
 
     def add_padding_row(self, batch: PackedBatch) -> int:
@@ -147,26 +138,24 @@ class ModelRunner:
         batch.decode_lens.append(1)
         return len(batch.input_ids) - 1
 
-    def prepare_prefill(self, batch: PackedBatch, chunks: list[tuple[Sequence, int]],
-                        wants_prompt_logprobs: set[int]) -> None:
+    def prepare_prefill(self, batch: PackedBatch, chunks: list[PromptChunk]) -> None:
         """Each prompt chunk after the decode rows; logits for the chunk's last token when it ends the
         prompt, or for all of its tokens when the prompt's logprobs are wanted."""
-        for seq, length in chunks:
-            start, first = len(batch.input_ids), seq.num_cached
+        for chunk in chunks:
+            start, first, length = len(batch.input_ids), chunk.first_position, len(chunk.token_ids)
             context = first + length
-            for position in range(first, context):
-                batch.add(seq.token_ids[position], position, self._slot(seq.block_table, position))
-            table = torch.tensor(seq.block_table[:-(-context // self.block_size)], dtype=torch.long,
+            for position, token in enumerate(chunk.token_ids, first):
+                batch.add(token, position, self._slot(chunk.block_table, position))
+            table = torch.tensor(chunk.block_table[:-(-context // self.block_size)], dtype=torch.long,
                                  device=self.device)
             batch.prefills.append(attention.PrefillChunk(start, length, context, table))
-            completes_prompt = context == len(seq.token_ids)
-            if seq.seq_id in wants_prompt_logprobs:
+            if chunk.keep_all_rows:
                 rows = [batch.keep_row(p) for p in range(start, start + length)]
-                batch.prompt_rows.append(PromptRows(seq.seq_id, first, rows[0], length))
-                if completes_prompt:
-                    batch.next_token_rows[seq.seq_id] = rows[-1]
-            elif completes_prompt:
-                batch.next_token_rows[seq.seq_id] = batch.keep_row(start + length - 1)
+                batch.prompt_rows.append(PromptRows(chunk.seq_id, first, rows[0], length))
+                if chunk.ends_prompt:
+                    batch.next_token_rows[chunk.seq_id] = rows[-1]
+            elif chunk.ends_prompt:
+                batch.next_token_rows[chunk.seq_id] = batch.keep_row(start + length - 1)
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         """The model over the packed batch: float32 logits of the kept rows, on the CPU."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -17,7 +18,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from conduit.v1 import engine_pb2_grpc as pb_grpc
-from conduit.v1.contract import ENGINE_SERVICE, MESSAGE_SIZE_OPTIONS
+from conduit.v1.contract import ENGINE_SERVICE, MESSAGE_SIZE_OPTIONS, SERVER_KEEPALIVE_OPTIONS
 from engine_service.serving.security import ServerSecurity
 
 log = logging.getLogger(__name__)
@@ -27,14 +28,19 @@ class BackgroundServer:
     """start() returns once the server listens and reports SERVING (or raises why it cannot)."""
 
     def __init__(self, servicer: pb_grpc.EngineServicer, host: str, port: int, *,
-                 security: ServerSecurity | None = None, description: str = "") -> None:
+                 security: ServerSecurity | None = None, description: str = "",
+                 companions: Sequence[Callable[[grpc.aio.Server], str]] = (),
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """`loop`: the event loop to serve on (one the engine already sends its outputs to); a new one
+        by default."""
         self.servicer = servicer
+        self.companions = companions  # more services on the port: each adds itself, returns its name
         self.address = f"{host}:{port}"
         self.security = security or ServerSecurity()
         self.description = description
         self.port = port  # the bound port once started (port 0 picks one)
         self.draining = False
-        self._loop = asyncio.new_event_loop()
+        self._loop = loop or asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._health: HealthServicer | None = None
         self._ready = threading.Event()
@@ -83,14 +89,16 @@ class BackgroundServer:
         self._stop = asyncio.Event()
         server = grpc.aio.server(interceptors=self.security.interceptors(), options=[
             *MESSAGE_SIZE_OPTIONS,
+            *SERVER_KEEPALIVE_OPTIONS,  # the clients' keepalive pings are welcome (contract.py)
             ("grpc.so_reuseport", 0),  # a port already taken is an error, not a shared listener
         ])
         pb_grpc.add_EngineServicer_to_server(self.servicer, server)
+        companions = [add(server) for add in self.companions]
         self._health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
-            (ENGINE_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            server)
+            (ENGINE_SERVICE, *companions, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), server)
         credentials = self.security.credentials()
         self.port = (server.add_secure_port(self.address, credentials) if credentials
                      else server.add_insecure_port(self.address))
@@ -98,7 +106,7 @@ class BackgroundServer:
             raise RuntimeError(f"cannot listen on {self.address}")
         self.address = f"{self.address.rpartition(':')[0]}:{self.port}"
         await server.start()
-        for name in ("", ENGINE_SERVICE):
+        for name in ("", ENGINE_SERVICE, *companions):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("engine serving %s on %s (%s)", self.description, self.address, self.security.describe())
         self._ready.set()

@@ -60,7 +60,7 @@ class EventEncoder:
         if isinstance(event, ChunkEvent):
             chunk = pb.Chunk(index=event.index, text=event.text, token_ids=event.token_ids,
                              prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
-                             cached_tokens=self.cached_tokens)
+                             cached_tokens=self.cached_tokens, reasoning_text=event.reasoning)
             chunk.logprobs.extend(self._logprob(lp) for lp in event.logprobs)
             for delta in event.tool_calls:
                 chunk.tool_calls.append(pb.ToolCallDelta(index=delta.index, id=delta.id, name=delta.name,
@@ -73,6 +73,7 @@ class EventEncoder:
                 index=event.index, finish_reason=FINISH_REASONS[event.finish_reason.value],
                 prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
                 cached_tokens=self.cached_tokens, matched_stop=event.matched_stop,
+                reasoning_tokens=event.reasoning_tokens,
                 tool_calls=[pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in event.tool_calls]))
         raise TypeError(event)
 

@@ -120,7 +120,7 @@ class EmbeddingServicer(EngineServicer):
         await self._check_model(request.model, context)
         model: EmbeddingModel = self.engine.loaded
         try:  # off the event loop: 2048 texts take a while to tokenize
-            inputs = await asyncio.to_thread(embed_inputs, model, request, self.engine.max_model_len)
+            inputs = await self._off_loop(embed_inputs, model, request, self.engine.max_model_len)
         except InvalidRequest as exc:
             log.info("invalid: %s", exc)
             await abort_invalid(context, exc, None)
@@ -167,7 +167,7 @@ class EmbeddingServicer(EngineServicer):
         if request.WhichOneof("input") != "text":
             await abort_invalid(context, InvalidRequest("an embedding model tokenizes text, not chat messages",
                                                         "chat"), None)
-        ids = self.engine.loaded.tokenize(request.text)
+        ids = await self._off_loop(self.engine.loaded.tokenize, request.text)
         return pb.TokenizeResponse(token_ids=ids, tokens=self.engine.tokenizer.convert_ids_to_tokens(ids),
                                    max_context_length=self.engine.max_model_len)
 

@@ -8,10 +8,15 @@ an id of its own; every line logged while serving the call carries it (clients/l
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
+import os
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import grpc
 
@@ -19,17 +24,23 @@ from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc as pb_grpc
 from conduit.v1.contract import ERROR_CODE_METADATA_KEY, PARAM_METADATA_KEY, REQUEST_ID_METADATA_KEY
 from conduit.common.logs import REQUEST_ID, clean_request_id
-from engine_service.text import prompts
+from engine_service.text import prompts, truncation
 from engine_service.serving.convert import EventEncoder, request_params
 from engine_service.serving.many import ManyCalls
 from engine_service.core.engine import Engine
+from engine_service.core.requests import RequestOutput, deliver
 from engine_service.core.params import Draining, InvalidRequest, QueueFull
 from engine_service.core.events import FinalEvent, FinishReason
 from engine_service.core.sequence import Request
+from engine_service.text.reasoning import starting_phase
 from engine_service.text.tools import ToolSpec
 
 log = logging.getLogger(__name__)
 
+# Threads for a request's CPU work before the engine takes it (chat template, tokenization, grammar
+# compilation; detokenizing for Detokenize). Bounded: beyond it such work queues.
+CPU_WORKERS = min(4, os.cpu_count() or 1)
+T = TypeVar("T")
 DRAINING_MESSAGE = "the engine is draining (shutting down) and takes no new requests; retry on another replica"
 
 
@@ -54,21 +65,33 @@ async def abort_invalid(context: grpc.aio.ServicerContext, exc: InvalidRequest, 
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
+def outputs_to(loop: asyncio.AbstractEventLoop) -> Callable[[list[RequestOutput]], None]:
+    """The engine's consumer of outputs for a server on `loop`: each step's outputs cross to it in
+    one hop, where the calls' sinks (queues) take them in turn: every call's messages of a step are
+    ready before anything that waits on them runs, so a GenerateMany stream sends them as one
+    response (many.py)."""
+    return functools.partial(loop.call_soon_threadsafe, deliver)
+
+
 class EngineServicer(pb_grpc.EngineServicer):
+    """Serves an engine built with outputs_to(the server's loop): its calls' sinks are queues of
+    that loop."""
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.loaded = engine.loaded
         self.created = int(time.time())
         self.draining = False
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._cpu = ThreadPoolExecutor(CPU_WORKERS, thread_name_prefix="engine-cpu")
 
-    def _take_outputs_on(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Each engine step's outputs cross to this event loop in one hop, where the calls' sinks
-        (queues) take them in turn: every call's messages of a step are ready before anything that
-        waits on them runs, so a GenerateMany stream sends them as one response (many.py)."""
-        if self._loop is not loop:
-            self._loop = loop
-            self.engine.on_outputs = functools.partial(loop.call_soon_threadsafe, Engine.deliver)
+    async def _off_loop(self, work: Callable[..., T], *args) -> T:
+        """`work(*args)` on the CPU threads: this loop delivers every stream's tokens, so a long
+        prompt's template and tokenization (seconds for a large one) must not run on it. The Rust
+        tokenizer releases the GIL; a Jinja render does not, but a thread still yields the loop its
+        turns. The call's context goes along (the request id its log lines carry). Cancelling the
+        call stops waiting; the work finishes and is dropped."""
+        run = functools.partial(contextvars.copy_context().run, work, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._cpu, run)
 
     def begin_drain(self, deadline: float) -> None:
         """New Generate calls get UNAVAILABLE; the engine finishes the rest by `deadline`."""
@@ -94,7 +117,6 @@ class EngineServicer(pb_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
         await self._check_model(request.model, context)
         queue: asyncio.Queue[list] = asyncio.Queue()
-        self._take_outputs_on(asyncio.get_running_loop())
         try:
             job = await self._submit(request, request_id, log_id, sink=queue.put_nowait)
         except InvalidRequest as exc:
@@ -109,8 +131,10 @@ class EngineServicer(pb_grpc.EngineServicer):
             log.info("refused: draining")
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
             return
-        log.info("generate: %d prompt tokens, n=%d, max_tokens=%d%s", len(job.prompt_ids), job.params.n,
-                 job.max_tokens, f" (request_id {request_id})" if request_id != log_id else "")
+        asked = job.params.stopping.max_tokens
+        capped = f" (capped from {asked}: what the context leaves)" if (asked or 0) > job.max_tokens else ""
+        log.info("generate: %d prompt tokens, n=%d, max_tokens=%d%s%s", len(job.prompt_ids), job.params.n,
+                 job.max_tokens, capped, f" (request_id {request_id})" if request_id != log_id else "")
         encoder = EventEncoder(request_id, self.engine.token_table, echo=job.params.echo,
                                decode=self.engine.tokenizer.decode)
         remaining = job.params.n
@@ -156,17 +180,48 @@ class EngineServicer(pb_grpc.EngineServicer):
 
     async def _submit(self, request: pb.GenerateRequest, request_id: str, log_id: str, sink) -> Request:
         """The engine's request for a GenerateRequest, queued. Raises InvalidRequest, QueueFull or Draining."""
-        ids = prompts.prompt_ids(self.engine.tokenizer, request)
         params = request_params(request)
+        ids, tools, grammar, answer = await self._off_loop(self._prepare, request, params.stopping.max_tokens)
+        job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
+                      max_tokens=0, sink=sink, grammar=grammar, answer_grammar=answer, tools=tools, log_id=log_id)
+        self._reasoning(job, request)
+        self.engine.submit(job)
+        return job
+
+    def _reasoning(self, job: Request, request: pb.GenerateRequest) -> None:
+        """A reasoning model's chat: where its output starts (read from the prompt's end: the
+        template may have opened or closed the thinking) and its thinking budget. Other inputs
+        (text, token ids) and other models get their output as it comes."""
+        tokens = self.engine.reasoning
+        if tokens is None or request.WhichOneof("input") != "chat":
+            return
+        job.reasoning = tokens
+        job.reasoning_phase = starting_phase(tokens.fmt, self.engine.tokenizer.decode(job.prompt_ids[-16:]))
+        if request.HasField("max_reasoning_tokens"):
+            job.max_reasoning_tokens = request.max_reasoning_tokens
+
+    def _prepare(self, request: pb.GenerateRequest,
+                 max_tokens: int | None) -> tuple[list[int], ToolSpec | None, str | None, str | None]:
+        """The prompt's token ids, the chat's tools, and the grammars (validated: ~100 ms for some)."""
+        ids = self._prompt_ids(request, max_tokens)
         tools = ToolSpec.from_chat(request.chat) if request.WhichOneof("input") == "chat" else None
         grammar = answer = None
         if request.HasField("constraint") or (tools is not None and tools.forced):
-            # Validating a grammar can take ~100 ms: off the event loop. Most requests have none.
-            grammar, answer = await asyncio.to_thread(self._grammar, request, tools)
-        job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
-                      max_tokens=0, sink=sink, grammar=grammar, answer_grammar=answer, tools=tools, log_id=log_id)
-        self.engine.submit(job)
-        return job
+            grammar, answer = self._grammar(request, tools)
+        return ids, tools, grammar, answer
+
+    def _prompt_ids(self, request: pb.GenerateRequest, max_tokens: int | None) -> list[int]:
+        if not request.drop_oldest_messages:
+            return prompts.prompt_ids(self.engine.tokenizer, request)
+        if request.WhichOneof("input") != "chat":
+            raise InvalidRequest("drop_oldest_messages needs chat input", "drop_oldest_messages")
+        budget = self.engine.admission.context_limit - (1 if max_tokens is None else max_tokens)
+        if budget < 1:  # max_tokens alone fills the context: admission says so, naming it
+            return prompts.prompt_ids(self.engine.tokenizer, request)
+        ids, dropped = truncation.fit_chat(self.engine.tokenizer, request, budget)
+        if dropped:
+            log.info("dropped the %d oldest messages to fit the context (%d prompt tokens left)", dropped, len(ids))
+        return ids
 
     def _grammar(self, request: pb.GenerateRequest, tools: ToolSpec | None) -> tuple[str | None, str | None]:
         """The grammar this turn's output follows, validated (may take ~100 ms): the constraint, the
@@ -210,12 +265,17 @@ class EngineServicer(pb_grpc.EngineServicer):
 
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
         await self._check_model(request.model, context)
+        REQUEST_ID.set(caller_request_id(context) or None)
         try:
-            ids = prompts.prompt_ids(self.engine.tokenizer, request)
+            ids, tokens = await self._off_loop(self._tokenize, request)
         except InvalidRequest as exc:
             await abort_invalid(context, exc, request.WhichOneof("input"))
-        return pb.TokenizeResponse(token_ids=ids, tokens=self.engine.tokenizer.convert_ids_to_tokens(ids),
-                                   max_context_length=self.engine.max_model_len)
+        log.info("tokenize: %d tokens", len(ids))
+        return pb.TokenizeResponse(token_ids=ids, tokens=tokens, max_context_length=self.engine.max_model_len)
+
+    def _tokenize(self, request: pb.TokenizeRequest) -> tuple[list[int], list[str]]:
+        ids = prompts.prompt_ids(self.engine.tokenizer, request)
+        return ids, self.engine.tokenizer.convert_ids_to_tokens(ids)
 
     async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
         """A generation model serves no embeddings (serving/embed.py serves an embedding model's)."""
@@ -230,4 +290,5 @@ class EngineServicer(pb_grpc.EngineServicer):
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"token ids {bad[:5]} are outside the vocabulary (size {self.engine.vocab_size})")
-        return pb.DetokenizeResponse(text=self.engine.tokenizer.decode(list(request.token_ids)))
+        text = await self._off_loop(self.engine.tokenizer.decode, list(request.token_ids))
+        return pb.DetokenizeResponse(text=text)

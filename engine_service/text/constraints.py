@@ -17,6 +17,7 @@ import torch
 from conduit.v1 import engine_pb2 as pb
 from engine_service.core.params import InvalidRequest
 from engine_service.text.json_schemas import JSON_OPTIONS, closed_objects
+from engine_service.text.tools import ToolSpec
 
 if TYPE_CHECKING:  # transformers loads only where a model does (the fast tests need neither)
     from transformers import PreTrainedTokenizerBase
@@ -80,9 +81,11 @@ class GrammarCompiler:
     def matcher(self, grammar: str, end_on_exit: bool = False, answer: str | None = None) -> "Matcher":
         """`end_on_exit`: see Matcher; `answer`: the answer's grammar alone, when `grammar` allows
         either tool calls or that answer (see Matcher)."""
-        return Matcher(llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0),
-                       self.ll_tokenizer.eos_token if end_on_exit else None,
-                       None if answer is None else llguidance.LLMatcher(self.ll_tokenizer, answer, log_level=0))
+        def follow(text: str) -> llguidance.LLMatcher:
+            return llguidance.LLMatcher(self.ll_tokenizer, text, log_level=0)
+
+        branches = None if answer is None else (follow(ToolSpec.calls_only(grammar)), follow(answer))
+        return Matcher(follow(grammar), self.ll_tokenizer.eos_token if end_on_exit else None, branches)
 
 
 def json_schema_grammar(schema: dict | bool) -> str:
@@ -102,21 +105,26 @@ class Matcher:
     ending, instead of being spread over the allowed tokens: a model that is done calling is
     not pushed into another call.
 
-    With `answer_start` (tool calls or an answer in a response format, on tool_choice auto), the
+    With `branches` (tool calls or an answer in a response format, on tool_choice auto), the
     first token is where the model chooses between calling and answering. The answer's start
     tokens are lifted so the best of them scores as the best token that starts no call, prose
     included: a greedy choice then answers exactly when the model's own first choice would not
     start a call. Masked alone, a model that means to answer in prose would mostly be pushed into a
-    call, whose opening tag looks likelier than a JSON answer's `{`."""
+    call, whose opening tag looks likelier than a JSON answer's `{`. The two `branches` (the calls'
+    grammar alone, the answer's alone) follow the output after that too, so the matcher knows which
+    one it took (`branch`), and an answer in the format is never read as a call."""
 
     def __init__(self, matcher: llguidance.LLMatcher, exit_token: int | None = None,
-                 answer_start: llguidance.LLMatcher | None = None) -> None:
+                 branches: tuple[llguidance.LLMatcher, llguidance.LLMatcher] | None = None) -> None:
         self._matcher = matcher
         self._exit_token = exit_token
-        self._answer_start = answer_start
+        self._branches = branches
+        self._alive = (True, True)  # whether the output so far fits the calls, the answer
+        self._first = True  # the first token chooses between them
 
     def mask_logits(self, row: torch.Tensor) -> None:
-        original = row.clone() if self._exit_token is not None or self._answer_start is not None else None
+        choosing = self._branches is not None and self._first
+        original = row.clone() if self._exit_token is not None or choosing else None
         allowed = self._allowed(self._matcher, row.shape[-1])
         row.masked_fill_(~allowed, float("-inf"))
         end = self._exit_token
@@ -124,8 +132,8 @@ class Matcher:
             leaving = torch.isneginf(row) & ~torch.isneginf(original)
             leaving[end] = True
             row[end] = torch.logsumexp(original[leaving], dim=0)
-        if self._answer_start is not None:
-            answer = self._allowed(self._answer_start, row.shape[-1]) & allowed
+        if choosing:
+            answer = self._allowed(self._branches[1], row.shape[-1]) & allowed
             if answer.any():
                 # The best token that starts no call (prose included) lends its score to the answer.
                 lift = original[answer | ~allowed].max() - original[answer].max()
@@ -143,7 +151,18 @@ class Matcher:
 
     def consume(self, token_id: int) -> None:
         self._matcher.consume_token(token_id)
-        self._answer_start = None  # only the first token chooses
+        self._first = False
+        if self._branches is not None:
+            self._alive = tuple(alive and branch.consume_token(token_id)
+                                for alive, branch in zip(self._alive, self._branches))
+
+    @property
+    def branch(self) -> str | None:
+        """On tool calls or an answer: "calls" or "answer" once the output fits only that one; None
+        while it fits both (an answer format that admits a call's shape) or where there is no choice."""
+        if self._branches is None or self._alive[0] == self._alive[1]:
+            return None
+        return "calls" if self._alive[0] else "answer"
 
     @property
     def done(self) -> bool:
@@ -154,5 +173,7 @@ class Matcher:
         return self._matcher.get_error() if self._matcher.is_error() else ""
 
     def fork(self) -> "Matcher":
-        return Matcher(self._matcher.deep_copy(), self._exit_token,
-                       None if self._answer_start is None else self._answer_start.deep_copy())
+        fork = Matcher(self._matcher.deep_copy(), self._exit_token,
+                       None if self._branches is None else tuple(b.deep_copy() for b in self._branches))
+        fork._alive, fork._first = self._alive, self._first
+        return fork

@@ -1,6 +1,8 @@
-"""What one sequence's sampled tokens become: text with stop strings held back, tool calls,
-and the chunk events that carry them out. The engine feeds each token to the sequence's
-OutputProcessor and learns whether (and why) the sequence finished."""
+"""What one sequence's sampled tokens become: text with stop strings held back, a reasoning
+model's thinking kept apart from its answer, tool calls (read from the answer only), and the
+chunk events that carry them out. The engine feeds each token to the sequence's OutputProcessor
+and learns whether (and why) the sequence finished; the processor also says whether the grammar
+applies yet (only from the answer on) and which token a thinking budget forces next."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ from typing import TYPE_CHECKING
 from conduit.common.results import ToolCall
 from engine_service.text.constraints import Matcher
 from engine_service.text.detokenizer import IncrementalDetokenizer
+from engine_service.text.reasoning import Phase, ReasoningSplitter, ReasoningTokens
 from engine_service.core.events import ChunkEvent, FinishReason, TokenLogprob
 from engine_service.text.stop_strings import StopStringMatcher
+from engine_service.text.tool_parser import ProseSplitter
 from engine_service.text.tools import CallStreamer, ToolCallDelta, ToolSpec
 
 if TYPE_CHECKING:  # transformers loads only where a model does (the fast tests need neither)
@@ -24,7 +28,9 @@ log = logging.getLogger(__name__)
 class OutputProcessor:
     def __init__(self, *, index: int, prompt_ids: list[int], tokenizer: PreTrainedTokenizerBase,
                  stop_ids: set[int], eos_ids: list[int], stop_strings: list[str], min_tokens: int,
-                 max_tokens: int, tools: ToolSpec | None, matcher: Matcher | None) -> None:
+                 max_tokens: int, tools: ToolSpec | None, matcher: Matcher | None,
+                 reasoning: ReasoningTokens | None = None, phase: Phase = Phase.UNDECIDED,
+                 max_reasoning_tokens: int | None = None) -> None:
         self.index = index
         self._prompt_len = len(prompt_ids)
         self._tokenizer = tokenizer
@@ -37,14 +43,25 @@ class OutputProcessor:
         self._matcher = matcher
         self._tools = tools
         # A tool request's text is held while it may still be calls; forced calls stream as deltas.
+        # Prose (where no grammar forbids it) streams, and may be followed by tagged calls.
         self._may_call = tools is not None
         self._call_text = ""
+        self._prose: ProseSplitter | None = None
         self._streamer = CallStreamer() if tools is not None and tools.forced else None
         self.num_tokens = 0
         self.matched_stop = ""
         self.tool_calls: list[ToolCall] = []
+        # A reasoning model's thinking, split from the answer (None: the output is all answer).
+        self._reasoning = reasoning
+        self._splitter = ReasoningSplitter(reasoning.fmt, phase) if reasoning is not None else None
+        self._budget = max_reasoning_tokens
+        self.reasoning_tokens = 0  # output tokens up to and including the end marker
+        self._undecided_tokens = 0  # tokens before the model showed whether it thinks
+        self.forced: list[int] = []  # the end marker's tokens, once the thinking budget is spent
+        self._check_budget()
         # What the next chunk event carries.
         self._text = ""
+        self._thinking = ""
         self._ids: list[int] = []
         self._logprobs: list[TokenLogprob] = []
         self._tool_deltas: list[ToolCallDelta] = []
@@ -53,15 +70,20 @@ class OutputProcessor:
         """Take one sampled token; returns the finish reason when it ends the sequence."""
         self.num_tokens += 1
         self._ids.append(token)
+        if self.forced:
+            self.forced = self.forced[1:] if token == self.forced[0] else []
         if logprob is not None:
             self._logprobs.append(logprob)
         if token in self._stop_ids and self.num_tokens > self._min_tokens - 1:
             self.matched_stop = "" if token in self._eos_ids else self._tokenizer.decode([token])
             return self._finish(FinishReason.STOP)
-        if self._matcher is not None:
+        if self._matcher is not None and self.answering:
             self._matcher.consume(token)
-        text, matched = self._stop_strings.feed(self._detokenizer.add(token))
-        self._emit(text)
+        text = self._detokenizer.add(token)
+        if self._reasoning is not None:
+            text += self._reasoning.special_texts.get(token, "")  # a marker the detokenizer skips
+        text, matched = self._stop_strings.feed(text)
+        self._output(text, counted=True)
         if matched is not None:
             self.matched_stop = matched
             return self._finish(FinishReason.STOP, flush=False)  # text after a stop string is dropped
@@ -76,39 +98,100 @@ class OutputProcessor:
         if not self._ids:
             return None
         event = ChunkEvent(self.index, self._text, self._ids, self._logprobs, self._prompt_len, self.num_tokens,
-                           tool_calls=self._tool_deltas)
-        self._text, self._ids, self._logprobs, self._tool_deltas = "", [], [], []
+                           tool_calls=self._tool_deltas, reasoning=self._thinking)
+        self._text, self._ids, self._logprobs, self._tool_deltas, self._thinking = "", [], [], [], ""
         return event
 
+    @property
+    def answering(self) -> bool:
+        """Whether the output is in its answer, where a grammar applies (thinking is free)."""
+        return self._splitter is None or self._splitter.phase is Phase.ANSWER
+
+    def _output(self, text: str, counted: bool = False) -> None:
+        """Text of the output: thinking apart, the answer on to tool-call and prose handling.
+        `counted`: the text of one new token, which counts as reasoning where it thinks."""
+        if self._splitter is None:
+            self._emit(text)
+            return
+        before = self._splitter.phase
+        thinking, answer = self._splitter.feed(text)
+        self._thinking += thinking
+        if answer:
+            self._emit(answer)
+        if counted:
+            self._count(before)
+
+    def _count(self, before: Phase) -> None:
+        """Count the token just fed as reasoning or not; spend the thinking budget."""
+        now = self._splitter.phase
+        if before is Phase.THINKING:
+            self.reasoning_tokens += 1
+        elif before is Phase.UNDECIDED:
+            if now is Phase.UNDECIDED:
+                self._undecided_tokens += 1
+            elif self._splitter.thought:
+                self.reasoning_tokens += self._undecided_tokens + 1
+        self._check_budget()
+
+    def _check_budget(self) -> None:
+        """Past the budget, force the end marker: its tokens end within the budget, so a budget of
+        N reports exactly N reasoning tokens (at least the marker's own)."""
+        if (self._budget is not None and not self.forced and self._splitter is not None
+                and self._splitter.phase is Phase.THINKING
+                and self.reasoning_tokens + len(self._reasoning.end_ids) >= self._budget):
+            self.forced = list(self._reasoning.end_ids)
+
     def _emit(self, text: str) -> None:
+        if self._prose is not None:
+            self._text += self._prose.feed(text)
+            return
         if not self._may_call:
             self._text += text
             return
         self._call_text += text
         if self._streamer is not None:
             self._tool_deltas += self._streamer.feed(self._tools.parse(self._call_text, truncated=True) or [])
-        if not self._tools.may_be_call(self._call_text):
+        answering = self._matcher is not None and self._matcher.branch == "answer"
+        if answering or not self._tools.may_be_call(self._call_text):
             self._may_call = False
-            self._text += self._call_text
-            self._call_text = ""
+            text, self._call_text = self._call_text, ""
+            if self._matcher is None:  # a grammar allows calls only at the start
+                self._prose = ProseSplitter()
+                text = self._prose.feed(text)
+            self._text += text
 
     def _finish(self, reason: FinishReason, flush: bool = True) -> FinishReason:
         if flush:
             tail, matched = self._stop_strings.feed(self._detokenizer.flush())
-            self._emit(tail if matched else tail + self._stop_strings.flush())
+            self._output(tail if matched else tail + self._stop_strings.flush())
+        if self._splitter is not None:
+            thinking, answer = self._splitter.flush()
+            self._thinking += thinking
+            if answer:
+                self._emit(answer)
+        if self._prose is not None:
+            prose, self._prose = self._prose, None
+            if prose.calls is None:
+                self._text += prose.flush(cut=reason is FinishReason.LENGTH)
+                return reason
+            self._call_text = prose.calls
+            return self._resolve_calls(reason, unread=prose.gap + prose.calls)
         if self._may_call:
             reason = self._resolve_calls(reason)
         return reason
 
-    def _resolve_calls(self, reason: FinishReason) -> FinishReason:
-        """The held text as tool calls (a last one cut off keeps its partial arguments), or as text."""
+    def _resolve_calls(self, reason: FinishReason, unread: str | None = None) -> FinishReason:
+        """The held text as tool calls (a last one cut off keeps its partial arguments), or as text
+        (`unread`: the text it stands for then, when not the held text itself)."""
         # Forced output is calls by construction, so any cut (max_tokens, a stop string) truncates one.
         truncated = self._tools.forced or reason is FinishReason.LENGTH
-        calls = self._tools.parse(self._call_text, truncated)
+        # A grammar of calls or an answer knows which the output took: an answer is never read as calls.
+        answered = self._matcher is not None and self._matcher.branch == "answer"
+        calls = None if answered else self._tools.parse(self._call_text, truncated)
         if calls is None:
             if self._tools.forced:
                 log.warning("forced tool-call output did not parse; returned as text: %r", self._call_text[:200])
-            self._text += self._call_text
+            self._text += self._call_text if unread is None else unread
         else:
             if calls and all(call.complete for call in calls):
                 reason = FinishReason.TOOL_CALLS

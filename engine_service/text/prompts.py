@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import TYPE_CHECKING
 
@@ -9,6 +10,7 @@ from jinja2 import TemplateError
 
 from conduit.v1 import engine_pb2 as pb
 from engine_service.core.params import InvalidRequest
+from engine_service.text import reasoning
 from engine_service.text.tools import ToolSpec
 
 if TYPE_CHECKING:  # transformers loads only where a model does (the fast tests need neither)
@@ -59,7 +61,7 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput, answer_f
                              "token ids (/v1/completions), or start the engine with --chat-template FILE", "chat")
     messages = chat_messages(chat)
     spec = ToolSpec.from_chat(chat)
-    kwargs: dict = {}
+    kwargs: dict = reasoning_kwargs(tokenizer, chat)
     if spec is not None and template_knows_tools(tokenizer):
         kwargs["tools"] = spec.openai_tools()
     else:
@@ -68,6 +70,38 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput, answer_f
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
     except TemplateError as exc:
         raise InvalidRequest(f"the chat template rejected these messages: {exc}", "chat.messages") from exc
+    except (TypeError, ValueError) as exc:
+        if not chat.chat_template_kwargs:  # the engine's own fault: INTERNAL, as before
+            raise
+        raise InvalidRequest(f"the chat template failed with these chat_template_kwargs: {exc}",
+                             "chat.chat_template_kwargs") from exc
+
+
+def reasoning_kwargs(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput) -> dict:
+    """The template arguments of reasoning_effort (on the template's own switches) and of
+    chat_template_kwargs (which win)."""
+    kwargs: dict = {}
+    if chat.reasoning_effort:
+        if chat.reasoning_effort not in reasoning.EFFORTS:
+            raise InvalidRequest(f"reasoning_effort must be one of {', '.join(reasoning.EFFORTS)}, not "
+                                 f"{chat.reasoning_effort!r}", "chat.reasoning_effort")
+        variables = reasoning.template_variables(tokenizer.chat_template)
+        kwargs.update(reasoning.template_kwargs(variables, chat.reasoning_effort))
+    if chat.chat_template_kwargs:
+        try:
+            extra = json.loads(chat.chat_template_kwargs)
+        except ValueError as exc:
+            raise InvalidRequest(f"chat_template_kwargs is not valid JSON: {exc}", "chat.chat_template_kwargs") from exc
+        if not isinstance(extra, dict):
+            raise InvalidRequest("chat_template_kwargs must be a JSON object", "chat.chat_template_kwargs")
+        # apply_chat_template's own arguments are not the template's to take.
+        own = set(inspect.signature(tokenizer.apply_chat_template).parameters) - {"kwargs"} | {"messages"}
+        reserved = own & extra.keys()
+        if reserved:
+            raise InvalidRequest(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}",
+                                 "chat.chat_template_kwargs")
+        kwargs.update(extra)
+    return kwargs
 
 
 def _without_tool_fields(messages: list[dict], spec: ToolSpec | None, answer_format: pb.Constraint | None) -> list[dict]:
@@ -95,13 +129,15 @@ def _without_tool_fields(messages: list[dict], spec: ToolSpec | None, answer_for
     return out
 
 
+def chat_ids(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput, answer_format: pb.Constraint | None) -> list[int]:
+    # The template already wrote any special tokens the model expects.
+    return tokenizer(render_chat(tokenizer, chat, answer_format), add_special_tokens=False)["input_ids"]
+
+
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, request: pb.GenerateRequest | pb.TokenizeRequest) -> list[int]:
     kind = request.WhichOneof("input")
     if kind == "chat":
-        answer_format = request.constraint
-        text = render_chat(tokenizer, request.chat, answer_format)
-        # The template already wrote any special tokens the model expects.
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return chat_ids(tokenizer, request.chat, request.constraint)
     if kind == "text":
         if not request.text:
             raise InvalidRequest("the prompt text is empty", "text")

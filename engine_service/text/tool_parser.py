@@ -3,6 +3,10 @@
 Three formats are read: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks,
 bare JSON (one call object, several, or a list of them) and Python call syntax
 (`get_weather(city="Paris")`, `[f(a=1), g(b=2)]`, read with `ast`, never evaluated).
+Tagged calls may follow prose (`I'll check.\n<tool_call>...`), as models trained on that
+format often write: the prose is the reply's content (see ProseSplitter). A bare JSON object
+is a call only in a call's shape, a name and arguments (or parameters): `{"name": "x", ...}`
+alone may be an answer that has a `name`.
 
 Each complete call is its own entry, whatever follows it. When the output was cut
 (`truncated`), its last call may be incomplete: it keeps its arguments as generated so far,
@@ -18,6 +22,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+FENCE = "```"  # a Markdown code fence: a tag inside one is an example, not a call
 
 _DECODER = json.JSONDecoder()
 _ARGUMENT_KEYS = ("arguments", "parameters")
@@ -49,6 +54,73 @@ class ParsedCall:
 
 class _NotCalls(Exception):
     """The text is not (only) tool calls."""
+
+
+class ProseSplitter:
+    """Splits an output read piece by piece at its first `<tool_call>` outside a code fence: the
+    prose before it is content, what follows is calls. Until the tag is certain, gives back the prose
+    that is safe to send: all but a tail that may still become the tag (or a fence), together with
+    the whitespace before that tail, which is dropped when calls follow."""
+
+    def __init__(self) -> None:
+        self.calls: str | None = None  # the output from the opening tag on, once it came
+        self.gap = ""  # the whitespace dropped between the prose and the tag
+        self._held = ""  # prose not given back yet
+        self._in_fence = False
+
+    def feed(self, text: str) -> str:
+        """The prose now safe to send."""
+        if self.calls is not None:
+            self.calls += text
+            return ""
+        held, scanned = self._held + text, 0  # fences before `scanned` are counted
+        while True:
+            fence = held.find(FENCE, scanned)
+            tag = -1 if self._in_fence else held.find(CALL_OPEN, scanned)
+            if tag >= 0 and (fence < 0 or tag < fence):
+                prose = held[:tag].rstrip()
+                self.calls, self.gap, self._held = held[tag:], held[len(prose):tag], ""
+                return prose
+            if fence < 0:
+                break
+            self._in_fence = not self._in_fence
+            scanned = fence + len(FENCE)
+        partial = max(_partial_suffix(held, scanned, FENCE),
+                      0 if self._in_fence else _partial_suffix(held, scanned, CALL_OPEN))
+        keep = len(held) - partial
+        keep = max(len(held[:keep].rstrip()), scanned)
+        self._held = held[keep:]
+        return held[:keep]
+
+    def flush(self, cut: bool = False) -> str:
+        """The held prose at the end of an output without calls. `cut`: the output was cut (max_tokens),
+        and a tag it was starting is left out, as a cut-off call's markup is."""
+        held, self._held = self._held, ""
+        if cut and not self._in_fence and held.strip() and CALL_OPEN.startswith(held.strip()):
+            return ""
+        return held
+
+
+def _partial_suffix(text: str, start: int, marker: str) -> int:
+    """The length of the longest end of `text[start:]` that begins `marker` (and is not all of it)."""
+    for k in range(min(len(marker) - 1, len(text) - start), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0
+
+
+def parse_reply(text: str, tool_names: Collection[str], truncated: bool = False) -> tuple[str, list[ParsedCall] | None]:
+    """A whole output as (content, calls): calls alone (content ""), prose then tagged calls, or
+    (text, None) when it holds no calls. Streamed, OutputProcessor reaches the same split."""
+    calls = parse_tool_calls(text, tool_names, truncated)
+    if calls is not None:
+        return "", calls
+    splitter = ProseSplitter()
+    prose = splitter.feed(text)
+    if splitter.calls is None:
+        return prose + splitter.flush(truncated), None
+    calls = parse_tool_calls(splitter.calls, tool_names, truncated)
+    return (prose, calls) if calls is not None else (text, None)
 
 
 def parse_tool_calls(text: str, tool_names: Collection[str], truncated: bool = False) -> list[ParsedCall] | None:
@@ -114,7 +186,7 @@ def _json_calls(text: str, names: Collection[str], truncated: bool) -> list[Pars
         except ValueError:
             call = _object_call(text[pos:], names, truncated)
             return calls + ([call] if call else [])
-        calls.append(_as_call(item, text[pos:end], names))
+        calls.append(_as_call(item, text[pos:end], names, bare=True))
         pos = end
 
 
@@ -130,7 +202,7 @@ def _object_call(body: str, names: Collection[str], truncated: bool) -> ParsedCa
         return _partial_call(body, names)
     if body[end:].strip():
         raise _NotCalls
-    return _as_call(item, body[:end], names)
+    return _as_call(item, body[:end], names, bare=True)
 
 
 def _partial_call(body: str, names: Collection[str]) -> ParsedCall | None:
@@ -158,11 +230,14 @@ def _without_markup(arguments: str) -> str:
     return arguments
 
 
-def _as_call(item: object, raw: str, names: Collection[str]) -> ParsedCall:
-    """A decoded call object -> its name and the arguments' JSON text as the model wrote it."""
+def _as_call(item: object, raw: str, names: Collection[str], bare: bool = False) -> ParsedCall:
+    """A decoded call object -> its name and the arguments' JSON text as the model wrote it. Inside
+    tags a call may leave out its arguments; `bare`, it must have them to be told from an answer."""
     if not isinstance(item, dict) or item.get("name") not in names:
         raise _NotCalls
     key = next((k for k in _ARGUMENT_KEYS if k in item), None)
+    if bare and key is None:
+        raise _NotCalls
     arguments = item.get(key, {}) if key else {}
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
         try:

@@ -25,6 +25,8 @@ from engine_service.text.tool_parser import CALL_CLOSE, CALL_OPEN, ParsedCall, p
 
 # Where a call's object names its arguments: most formats say "arguments", Llama 3's "parameters".
 _ARGUMENT_KEYS = ("arguments", "parameters")
+# The start rules of a grammar of calls alone, and of calls or an answer (see ToolSpec.grammar, calls_only).
+_CALLS_ONLY, _CALLS_OR_ANSWER = "start: calls\n", "start: calls | @answer\n"
 # The first key of a JSON object (or of a list's first object), once it is complete.
 _FIRST_KEY = re.compile(r'\[?\s*\{\s*"((?:[^"\\]|\\.)*)"\s*:')
 
@@ -130,18 +132,18 @@ class ToolSpec:
         call format, and bare JSON is the other one the parser reads; our tool prompt asks for tags)."""
         if self.forced:
             names = [self.function_name] if self.mode == pb.ToolChoice.MODE_FUNCTION else list(self.tools)
-            return json.dumps({"grammars": [self._calls_lark("calls", names, ("arguments",), bare=False)]})
+            return json.dumps({"grammars": [self._calls_lark(_CALLS_ONLY, names, ("arguments",), bare=False)]})
         if answer is None:
             return None
         answer_grammars = json.loads(answer)["grammars"]
         answer_grammars[0]["name"] = "answer"
-        calls = self._calls_lark("calls | @answer", list(self.tools), _ARGUMENT_KEYS, bare=bare_calls)
+        calls = self._calls_lark(_CALLS_OR_ANSWER, list(self.tools), _ARGUMENT_KEYS, bare=bare_calls)
         return json.dumps({"grammars": [calls] + answer_grammars})
 
     def _calls_lark(self, start: str, names: list[str], keys: tuple[str, ...], bare: bool) -> dict:
-        """A Lark grammar whose `calls` is one call, or with parallel calls one per line (the output
-        may end after any of them, a newline included). One output's calls share one form, tagged
-        or (with `bare`) bare JSON, as the parser reads them."""
+        """A Lark grammar (`start`: its start rule) whose `calls` is one call, or with parallel calls
+        one per line (the output may end after any of them, a newline included). One output's calls
+        share one form, tagged or (with `bare`) bare JSON, as the parser reads them."""
         branches = []
         for name in names:
             for key in keys:
@@ -156,10 +158,20 @@ class ToolSpec:
         body = {"anyOf": branches, "x-guidance": JSON_OPTIONS}
         forms = [f"{json.dumps(CALL_OPEN)} body {json.dumps(CALL_CLOSE)}"] + (["body"] if bare else [])
         calls = " | ".join(f'{form} ("\\n" {form})* "\\n"?' if self.parallel else form for form in forms)
-        lark = (f"start: {start}\n"
+        lark = (start +
                 f"calls: {calls}\n"
                 f"body: %json {json.dumps(body)}\n")
         return {"name": "calls", "lark_grammar": lark}
+
+    @staticmethod
+    def calls_only(grammar: str) -> str:
+        """The calls branch alone of a calls-or-answer grammar from `grammar()`: a matcher following it
+        tells, with one following the answer's grammar, which branch an output took."""
+        calls = json.loads(grammar)["grammars"][0]
+        if not calls["lark_grammar"].startswith(_CALLS_OR_ANSWER):
+            raise ValueError("not a calls-or-answer grammar")
+        calls["lark_grammar"] = _CALLS_ONLY + calls["lark_grammar"][len(_CALLS_OR_ANSWER):]
+        return json.dumps({"grammars": [calls]})
 
     def schema_error(self, check: Callable[[object], str | None]) -> InvalidRequest | None:
         """The first tool whose parameters the grammar engine refuses, as an error naming it.

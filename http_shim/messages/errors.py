@@ -3,11 +3,14 @@
 The shim raises one `APIError` (OpenAI's fields) everywhere; this maps its status to Anthropic's
 error type, and 503 (engine unavailable, shutting down) to Anthropic's 529 `overloaded_error`,
 the status the anthropic SDK treats as "overloaded, retry". The SDK picks its exception class from
-the status, so the status is what must be right.
+the status, so the status is what must be right. A prompt over the context is worded as Anthropic
+words it ("prompt is too long: N tokens > M maximum"): Claude Code matches that text to compact the
+conversation and read the two counts.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..errors import APIError
@@ -26,6 +29,15 @@ _TYPES = {
 }
 
 
+# The engine's refusal of a prompt with no room left (engine_service/core/admission.py).
+_ENGINE_TOO_LONG = re.compile(r"maximum context length is (\d+) tokens, but the prompt has (\d+) tokens")
+
+
+def anthropic_message(error: APIError) -> str:
+    found = _ENGINE_TOO_LONG.search(error.message) if error.code == "context_length_exceeded" else None
+    return f"prompt is too long: {found[2]} tokens > {found[1]} maximum" if found else error.message
+
+
 def anthropic_status(status: int) -> int:
     return OVERLOADED_STATUS if status == 503 else status
 
@@ -37,7 +49,7 @@ def error_type(status: int) -> str:
 
 def error_object(error: APIError) -> dict[str, Any]:
     """The inner object, as the stream's `error` event carries it too."""
-    return {"type": error_type(error.status), "message": error.message}
+    return {"type": error_type(error.status), "message": anthropic_message(error)}
 
 
 def error_body(error: APIError, request_id: str) -> dict[str, Any]:

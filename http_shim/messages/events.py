@@ -1,8 +1,9 @@
 """The Messages event stream, as the relay's EventWriter.
 
 `message_start` (the message, empty, with its input usage), then per content block
-`content_block_start` / `content_block_delta` (`text_delta`, or `input_json_delta` whose
-`partial_json` pieces concatenate to the tool's input) / `content_block_stop`, then
+`content_block_start` / `content_block_delta` (`thinking_delta` then one `signature_delta` for a
+reasoning model's thinking, `text_delta`, or `input_json_delta` whose `partial_json` pieces
+concatenate to the tool's input) / `content_block_stop`, then
 `message_delta` (stop reason and sequence, output usage) and `message_stop`. `ping` is the
 heartbeat; a stream the engine (or a drain) cut ends with an `error` event and nothing after it.
 Every event is `event: <type>` plus `data: <json>` whose `type` is the same name.
@@ -10,6 +11,7 @@ Every event is `event: <type>` plus `data: <json>` whose `type` is the same name
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -18,7 +20,7 @@ from conduit.v1.contract import finish_reason_name, new_tool_call_id
 
 from ..errors import APIError
 from .errors import error_object
-from .response import envelope, stop_reason, tool_use_block, usage_object
+from .response import SIGNATURE_PREFIX, envelope, stop_reason, tool_use_block, usage_object
 
 
 def event(data: dict[str, Any]) -> bytes:
@@ -41,6 +43,7 @@ class MessagesEvents:
         self._output_tokens = 0
         self._final: pb.Final | None = None
         self._streamed_calls: set[int] = set()
+        self._thought = hashlib.sha256()  # of the thinking block's text, for its signature
 
     # ------------------------------------------------------------------ blocks
 
@@ -54,6 +57,11 @@ class MessagesEvents:
     def _close(self) -> list[bytes]:
         if self._open is None:
             return []
+        if self._open == ("thinking", 0):  # its signature (response.thinking_signature) ends it
+            signature = SIGNATURE_PREFIX + self._thought.hexdigest()
+            self._open = None
+            return [self._delta({"type": "signature_delta", "signature": signature}),
+                    event({"type": "content_block_stop", "index": self._block})]
         self._open = None
         return [event({"type": "content_block_stop", "index": self._block})]
 
@@ -65,6 +73,12 @@ class MessagesEvents:
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return event({"type": "content_block_delta", "index": self._block, "delta": delta})
+
+    def _thinking(self, text: str) -> list[bytes]:
+        out = [] if self._open == ("thinking", 0) else self._open_block(
+            ("thinking", 0), {"type": "thinking", "thinking": "", "signature": ""})
+        self._thought.update(text.encode())
+        return out + [self._delta({"type": "thinking_delta", "thinking": text})]
 
     def _text(self, text: str) -> list[bytes]:
         out = [] if self._open == ("text", 0) else self._open_block(("text", 0), {"type": "text", "text": ""})
@@ -91,6 +105,8 @@ class MessagesEvents:
         if kind == "chunk":
             chunk = response.chunk
             self._output_tokens = chunk.completion_tokens
+            if chunk.reasoning_text:
+                out += self._thinking(chunk.reasoning_text)
             if chunk.text:
                 out += self._text(chunk.text)
             for call in chunk.tool_calls:

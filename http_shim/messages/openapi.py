@@ -22,7 +22,7 @@ def _schemas(limits: RequestLimits) -> dict[str, Schema]:
     cache_control = {"type": "object", "required": ["type"], "properties": {"type": {"type": "string", "enum": ["ephemeral"]}}}
     text_block = {"type": "object", "required": ["type", "text"],
                   "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"},
-                                 "cache_control": cache_control}}
+                                 "cache_control": cache_control, "defer_loading": {"type": "boolean"}}}
     tool_use = {"type": "object", "required": ["type", "id", "name", "input"],
                 "properties": {"type": {"type": "string", "enum": ["tool_use"]}, "id": {"type": "string", "minLength": 1},
                                "name": {"type": "string", "minLength": 1}, "input": {"type": "object"}}}
@@ -33,13 +33,13 @@ def _schemas(limits: RequestLimits) -> dict[str, Schema]:
                                   "is_error": {"type": "boolean"}}}
     text_or_blocks = {"oneOf": [{"type": "string"}, {"type": "array", "items": text_block, "minItems": 1}]}
     message = {"type": "object", "required": ["role", "content"],
-               "properties": {"role": {"type": "string", "enum": ["user", "assistant"]},
+               "properties": {"role": {"type": "string", "enum": ["user", "assistant", "system"]},
                               "content": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {
                                   "oneOf": [text_block, tool_use, tool_result]}}]}}}
     tool = {"type": "object", "required": ["name", "input_schema"],
             "properties": {"name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
                            "description": {"type": "string"}, "input_schema": {"type": "object"},
-                           "cache_control": cache_control}}
+                           "cache_control": cache_control, "defer_loading": {"type": "boolean"}}}
     tool_choice = {"type": "object", "required": ["type"],
                    "properties": {"type": {"type": "string", "enum": ["auto", "any", "tool", "none"]},
                                   "name": {"type": "string"}, "disable_parallel_tool_use": {"type": "boolean"}}}
@@ -56,7 +56,8 @@ def _schemas(limits: RequestLimits) -> dict[str, Schema]:
         "tools": {"type": "array", "items": tool},
         "tool_choice": tool_choice,
         "output_config": output_config,
-        "thinking": {"type": "object", "required": ["type"], "properties": {"type": {"type": "string", "enum": ["disabled"]}}},
+        "thinking": {"type": "object", "required": ["type"], "properties": {
+            "type": {"type": "string", "enum": ["adaptive", "enabled", "disabled"]}, "budget_tokens": {"type": "integer"}}},
     }
     request = {
         **prompt,

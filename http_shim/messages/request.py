@@ -6,12 +6,28 @@ an assistant turn's `tool_use` blocks its tool calls. `tools` / `tool_choice` an
 `output_config.format` become the same tool choice and constraint the chat route builds, so forced
 calls and formats are enforced by the engine's constrained decoding.
 
+A `system` message inside `messages` (Claude Code sends its environment, agent and skill lists that
+way) is folded into the user turn it touches: appended to the user text just before it, else put
+before the next user text, else a user turn of its own. Most chat templates refuse a system turn
+after the first (Gemma's, Llama's), and folding it into the top system prompt would change the
+prompt's prefix (a prefix-cache miss) each time an agent adds one; Claude Code's own fallback folds
+them into the user turn too.
+
 Refused with a 400 naming them (the engine cannot serve them, and dropping them would answer
-another question): image, document and other non-text blocks, server tools, MCP servers, extended
-thinking, and a final assistant turn (a prefill: the engine starts a new turn). Accepted and
-ignored: `metadata.user_id`, `output_config.effort`, `cache_control` marks (the engine's prefix
-cache serves every request), `service_tier`, `container`, and any other unknown top-level field.
-A `tool_result` with `is_error` reaches the model as "Error: " and its content.
+another question): image, document and other non-text blocks, server tools, MCP servers, and a
+final assistant turn (a prefill: the engine starts a new turn). `thinking` (docs/reasoning.md): on a
+reasoning model, `enabled` asks for thinking (reasoning effort high) within `budget_tokens`, which
+the engine enforces; `disabled` asks for none (effort none) where the model's template can switch it
+off; `adaptive` leaves it to the template's default. A model that does not reason answers without
+thinking whatever is asked. Earlier `thinking` and `redacted_thinking` blocks given back in
+`messages` are accepted and dropped (DeepSeek-R1's and Qwen3's templates drop earlier turns' thinking
+too); a thinking block without its `signature` is refused, as Anthropic refuses it. Accepted and ignored, as hints that do not change
+the answer: `metadata.user_id`, `output_config.effort`, `context_management` (its edits clear old
+thinking and tool results server-side; nothing is kept here between requests), `cache_control` marks
+(the engine's prefix cache serves every request), `service_tier`, `container`, the `?beta=true` query,
+the `anthropic-beta` header, and any other unknown top-level field. Tools with `defer_loading: true`
+are left out of the prompt, as Anthropic keeps them out of the model's context until a tool search
+finds them. A `tool_result` with `is_error` reaches the model as "Error: " and its content.
 """
 
 from __future__ import annotations
@@ -37,7 +53,8 @@ from ..openai_to_proto import (
 )
 
 TEMPERATURE_RANGE = Range(0.0, 1.0)  # Anthropic's, narrower than the engine's
-_ROLES = ("user", "assistant")
+_ROLES = ("user", "assistant", "system")
+_THINKING = ("adaptive", "enabled", "disabled")
 _TOOL_CHOICES = {
     "auto": pb.ToolChoice.MODE_AUTO,
     "any": pb.ToolChoice.MODE_REQUIRED,
@@ -64,6 +81,7 @@ class ChatParts:
     model: str
     chat: pb.ChatInput
     constraint: pb.Constraint | None
+    thinking_budget: int | None = None  # thinking.budget_tokens, for the engine to enforce
 
 
 # ------------------------------------------------------------------ small readers
@@ -80,7 +98,7 @@ def _cache_control(value: Any, param: str) -> None:
 
 def _unsupported_block(kind: Any, param: str) -> Exception:
     if kind in ("thinking", "redacted_thinking"):
-        return invalid(f"'{param}' is a {kind} block: this model has no extended thinking.", f"{param}.type")
+        return invalid(f"'{param}' is a {kind} block: thinking blocks belong in assistant messages.", f"{param}.type")
     return invalid(
         f"Content blocks of type {json.dumps(kind)} are not supported by this server: it serves text, "
         "tool_use and tool_result blocks.",
@@ -141,9 +159,12 @@ def _turn(value: Any, i: int) -> list[pb.ChatMessage]:
     param = f"messages[{i}]"
     msg = dict_value(value, param)
     role = msg.get("role")
-    if role not in _ROLES:
-        raise invalid(f"'{param}.role' must be 'user' or 'assistant', got {json.dumps(role)}.", f"{param}.role")
+    if role not in _ROLES:  # worded as Anthropic's validation error, which clients match on
+        raise invalid(f"messages.{i}.role: Input should be 'user', 'assistant' or 'system', got {json.dumps(role)}.",
+                      f"{param}.role")
     content = msg.get("content")
+    if role == "system":
+        return [pb.ChatMessage(role=role, content=_texts(content, f"{param}.content"))]
     if isinstance(content, str):
         return [pb.ChatMessage(role=role, content=content)]
     texts: list[str] = []
@@ -157,6 +178,8 @@ def _turn(value: Any, i: int) -> list[pb.ChatMessage]:
             results.append(_tool_result(block, where))
         elif kind == "tool_use" and role == "assistant":
             calls.append(_tool_use(block, where))
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            _given_back_thinking(block, where)
         elif kind in ("tool_result", "tool_use"):
             raise invalid(f"'{where}': {kind} blocks belong in {'user' if kind == 'tool_result' else 'assistant'} "
                           "messages.", f"{where}.type")
@@ -165,6 +188,29 @@ def _turn(value: Any, i: int) -> list[pb.ChatMessage]:
     if role == "assistant":
         return [pb.ChatMessage(role=role, content="\n".join(texts), tool_calls=calls)]
     return results + ([pb.ChatMessage(role=role, content="\n".join(texts))] if texts or not results else [])
+
+
+def _fold_system_turns(messages: list[pb.ChatMessage]) -> list[pb.ChatMessage]:
+    """System messages from `messages` merged into the user turn they touch (see the module's docstring)."""
+    out: list[pb.ChatMessage] = []
+    pending: list[str] = []  # system texts waiting for the next user text
+    for msg in messages:
+        if msg.role == "system":
+            if not pending and out and out[-1].role == "user":
+                out[-1].content = f"{out[-1].content}\n\n{msg.content}" if out[-1].content else msg.content
+            else:
+                pending.append(msg.content)
+            continue
+        if pending and msg.role == "user":
+            msg.content = "\n\n".join(pending + ([msg.content] if msg.content else []))
+            pending = []
+        elif pending and msg.role != "tool":  # an assistant turn next: the texts stand as a user turn
+            out.append(pb.ChatMessage(role="user", content="\n\n".join(pending)))
+            pending = []
+        out.append(msg)
+    if pending:
+        out.append(pb.ChatMessage(role="user", content="\n\n".join(pending)))
+    return out
 
 
 def _chat_messages(body: dict, limits: RequestLimits) -> list[pb.ChatMessage]:
@@ -180,7 +226,7 @@ def _chat_messages(body: dict, limits: RequestLimits) -> list[pb.ChatMessage]:
             "a user message.",
             f"messages[{len(items) - 1}].role",
         )
-    messages = [m for i, item in enumerate(items) for m in _turn(item, i)]
+    messages = _fold_system_turns([m for i, item in enumerate(items) for m in _turn(item, i)])
     system = body.get("system")
     if system is not None:
         messages.insert(0, pb.ChatMessage(role="system", content=_texts(system, "system")))
@@ -211,6 +257,8 @@ def _tools(body: dict) -> list[pb.Tool]:
         _cache_control(tool.get("cache_control"), f"{param}.cache_control")
         if tool.get("input_schema") is None:
             raise invalid(f"'{param}.input_schema' is required.", f"{param}.input_schema")
+        if bool_field(tool, "defer_loading", f"{param}.defer_loading"):
+            continue  # not in the model's context until a tool search finds it
         tools.append(pb.Tool(
             name=name,
             description=str_value(tool.get("description") or "", f"{param}.description"),
@@ -268,11 +316,32 @@ def _constraint(body: dict) -> pb.Constraint | None:
     return from_config or from_beta
 
 
+def _thinking(body: dict) -> tuple[str, int | None]:
+    """The reasoning effort and thinking budget `thinking` asks for (see the module's docstring)."""
+    if body.get("thinking") is None:
+        return "", None
+    thinking = dict_value(body["thinking"], "thinking")
+    kind = thinking.get("type")
+    if kind not in _THINKING:
+        raise invalid(f"'thinking.type' must be 'adaptive', 'enabled' or 'disabled', got {json.dumps(kind)}.",
+                      "thinking.type")
+    if kind == "enabled":
+        return "high", int_field(thinking, "budget_tokens", 1, 2**31 - 1, "thinking.budget_tokens")
+    return ("none" if kind == "disabled" else ""), None
+
+
+def _given_back_thinking(block: dict, param: str) -> None:
+    """An earlier turn's thinking: checked, then dropped (see the module's docstring)."""
+    if block["type"] == "redacted_thinking":
+        str_value(block.get("data"), f"{param}.data")
+        return
+    str_value(block.get("thinking"), f"{param}.thinking")
+    if not isinstance(block.get("signature"), str):
+        raise invalid(f"'{param}.signature': a thinking block given back needs the signature it came with.",
+                      f"{param}.signature")
+
+
 def _refuse_unservable(body: dict) -> None:
-    thinking = body.get("thinking")
-    if thinking is not None and dict_value(thinking, "thinking").get("type") != "disabled":
-        raise invalid("'thinking': this model has no extended thinking; leave it out or set type 'disabled'.",
-                      "thinking")
     if body.get("mcp_servers"):
         raise invalid("'mcp_servers' is not supported: this server connects to no MCP server.", "mcp_servers")
     _cache_control(body.get("cache_control"), "cache_control")
@@ -282,12 +351,13 @@ def chat_parts(body: dict, limits: RequestLimits = DEFAULT_LIMITS) -> ChatParts:
     """The model, rendered chat and answer format of a Messages (or count_tokens) body."""
     model = _model(body)
     _refuse_unservable(body)
+    effort, budget = _thinking(body)
     messages = _chat_messages(body, limits)
     tools = _tools(body)
     _check_prompt_chars(chat_prompt_chars(messages, tools), "messages", limits)
-    chat = pb.ChatInput(messages=messages, tools=tools)
+    chat = pb.ChatInput(messages=messages, tools=tools, reasoning_effort=effort)
     _tool_choice(body, tools, chat)
-    return ChatParts(model, chat, _constraint(body))
+    return ChatParts(model, chat, _constraint(body), budget)
 
 
 # ------------------------------------------------------------------ requests
@@ -337,6 +407,8 @@ def parse_messages(body: dict, request_id: str, limits: RequestLimits = DEFAULT_
     )
     if parts.constraint is not None:
         request.constraint.CopyFrom(parts.constraint)
+    if parts.thinking_budget is not None:
+        request.max_reasoning_tokens = parts.thinking_budget
     return MessagesPlan(parts.model, request, bool(bool_field(body, "stream")), stops)
 
 

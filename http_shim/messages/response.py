@@ -8,6 +8,7 @@ itself, so nothing is ever reported as written to the cache).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from typing import Any
@@ -74,6 +75,20 @@ def envelope(message_id: str, model: str, usage: dict[str, Any]) -> dict[str, An
     }
 
 
+SIGNATURE_PREFIX = "conduit-sha256:"
+
+
+def thinking_signature(thinking: str) -> str:
+    """A thinking block's `signature`. Anthropic's is an encrypted attestation its API checks when the
+    block comes back; Conduit's is SIGNATURE_PREFIX and the SHA-256 of the thinking text (UTF-8, hex):
+    it shows the block is whole, proves nothing about who wrote it, and is not checked on return."""
+    return SIGNATURE_PREFIX + hashlib.sha256(thinking.encode()).hexdigest()
+
+
+def thinking_block(thinking: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": thinking, "signature": thinking_signature(thinking)}
+
+
 def tool_use_block(call_id: str, name: str, arguments: str | None) -> dict[str, Any]:
     """A tool_use block; `arguments` None: its start in a stream (input follows as deltas)."""
     return {"type": "tool_use", "id": tool_use_id(call_id), "name": name,
@@ -83,7 +98,7 @@ def tool_use_block(call_id: str, name: str, arguments: str | None) -> dict[str, 
 def message_object(message_id: str, model: str, plan: MessagesPlan, collected: Collector) -> dict[str, Any]:
     completion = collected.completion(0)
     choice = completion.choices[0] if completion.choices else Choice(0)
-    content: list[dict[str, Any]] = []
+    content: list[dict[str, Any]] = [thinking_block(choice.reasoning)] if choice.reasoning else []
     if choice.text:
         content.append({"type": "text", "text": choice.text})
     content.extend(tool_use_block(c.id, c.name, c.arguments) for c in choice.tool_calls)

@@ -2,6 +2,8 @@
 read it (DESIGN.md, "The agent APIs"):
 
   response.created, response.in_progress,
+  per reasoning item (a reasoning model's thinking): output_item.added, content_part.added,
+                    reasoning_text.delta..., reasoning_text.done, content_part.done, output_item.done
   per message item: output_item.added, content_part.added, output_text.delta..., output_text.done,
                     content_part.done, output_item.done
   per function call: output_item.added, function_call_arguments.delta..., .done, output_item.done
@@ -24,8 +26,8 @@ from conduit.v1.contract import finish_reason_name, new_tool_call_id
 from .. import sse
 from ..errors import APIError
 from ..proto_to_openai import UsageTally
-from .objects import (ResponseSkeleton, function_call_item, logprobs_list, message_item, status_of, text_part,
-                      usage_object)
+from .objects import (ResponseSkeleton, function_call_item, logprobs_list, message_item, reasoning_item, status_of,
+                      text_part, usage_object)
 from .request import new_id, renamed
 
 # The code of the error a cancel (POST /v1/responses/{id}/cancel) ends a generation with.
@@ -58,6 +60,7 @@ class ResponseEvents:
         self._started = False
         self._items: list[_Item] = []
         self._text: _Item | None = None  # the open message item
+        self._reasoning: _Item | None = None  # the open reasoning item
         self._calls: dict[int, _Item] = {}  # the engine's call index -> its open function call item
         self._tally = UsageTally()
         self._status = "completed"  # incomplete once the engine says the output limit cut the answer
@@ -84,11 +87,36 @@ class ResponseEvents:
         self._items.append(entry)
         return entry, self._event("response.output_item.added", output_index=entry.output_index, item=item)
 
+    def reasoning_delta(self, text: str, item_id: str | None = None) -> list[bytes]:
+        out = []
+        if self._reasoning is None:
+            self._reasoning, added = self._add(reasoning_item(item_id or new_id("rs"), "in_progress", None))
+            out = [added, self._event("response.content_part.added", item_id=self._reasoning.item["id"],
+                                      output_index=self._reasoning.output_index, content_index=0,
+                                      part={"type": "reasoning_text", "text": ""})]
+        entry = self._reasoning
+        entry.pieces.append(text)
+        return out + [self._event("response.reasoning_text.delta", item_id=entry.item["id"],
+                                  output_index=entry.output_index, content_index=0, delta=text)]
+
+    def _close_reasoning(self, status: str) -> list[bytes]:
+        entry, self._reasoning = self._reasoning, None
+        if entry is None:
+            return []
+        text = "".join(entry.pieces)
+        entry.item = reasoning_item(entry.item["id"], status, text, self._skeleton.summarized)
+        entry.done = True
+        where = {"item_id": entry.item["id"], "output_index": entry.output_index, "content_index": 0}
+        return [self._event("response.reasoning_text.done", **where, text=text),
+                self._event("response.content_part.done", **where, part=entry.item["content"][0]),
+                self._event("response.output_item.done", output_index=entry.output_index, item=entry.item)]
+
     def open_text(self, item_id: str | None = None) -> list[bytes]:
+        out = self._close_reasoning("completed")  # the thinking before the answer is finished
         self._text, added = self._add(message_item(item_id or new_id("msg"), "in_progress", []))
         part = text_part("", [])
-        return [added, self._event("response.content_part.added", item_id=self._text.item["id"],
-                                   output_index=self._text.output_index, content_index=0, part=part)]
+        return out + [added, self._event("response.content_part.added", item_id=self._text.item["id"],
+                                         output_index=self._text.output_index, content_index=0, part=part)]
 
     def text_delta(self, text: str, logprobs: list[dict[str, Any]]) -> list[bytes]:
         out = [] if self._text is not None else self.open_text()
@@ -113,9 +141,10 @@ class ResponseEvents:
                 self._event("response.content_part.done", **where, part=part),
                 self._event("response.output_item.done", output_index=entry.output_index, item=entry.item)]
 
-    def open_call(self, index: int, call_id: str, name: str, item_id: str | None = None) -> list[bytes]:
-        out = self._close_text("completed")  # the text before a call is finished
-        item = function_call_item(item_id or new_id("fc"), call_id, name, "", "in_progress")
+    def open_call(self, index: int, call_id: str, name: str, namespace: str | None = None,
+                  item_id: str | None = None) -> list[bytes]:
+        out = self._close_reasoning("completed") + self._close_text("completed")  # what came before a call
+        item = function_call_item(item_id or new_id("fc"), call_id, name, "", "in_progress", namespace)
         self._calls[index], added = self._add(item)
         return out + [added]
 
@@ -130,7 +159,8 @@ class ResponseEvents:
         for entry in self._calls.values():
             arguments = "".join(entry.pieces)
             item = entry.item
-            entry.item = function_call_item(item["id"], item["call_id"], item["name"], arguments, status)
+            entry.item = function_call_item(item["id"], item["call_id"], item["name"], arguments, status,
+                                            item.get("namespace"))
             entry.done = True
             out += [self._event("response.function_call_arguments.done", item_id=item["id"],
                                 output_index=entry.output_index, name=item["name"], arguments=arguments),
@@ -141,7 +171,9 @@ class ResponseEvents:
     def close_items(self, status: str) -> list[bytes]:
         """Ends the open items; an answer with no item at all gets an empty message (as a whole one does)."""
         out = [] if self._items else self.open_text()
-        return out + self._close_text(status) + self._close_calls(status)
+        if self._reasoning is not None and self._text is None and not self._calls:
+            out += self._close_reasoning(status) + self.open_text()  # no answer after it: an empty message
+        return out + self._close_reasoning(status) + self._close_text(status) + self._close_calls(status)
 
     def output(self) -> list[dict[str, Any]]:
         """The items so far; those never finished are marked incomplete."""
@@ -166,18 +198,21 @@ class ResponseEvents:
         kind = response.WhichOneof("kind")
         if kind == "chunk":
             chunk = response.chunk
+            if chunk.reasoning_text:
+                out += self.reasoning_delta(chunk.reasoning_text)
             if chunk.text or (self._logprobs and chunk.logprobs):
                 out += self.text_delta(chunk.text, logprobs_list(list(chunk.logprobs)) if self._logprobs else [])
             for delta in chunk.tool_calls:
                 if delta.index not in self._calls:
-                    out += self.open_call(delta.index, delta.id or new_tool_call_id(), delta.name)
+                    out += self.open_call(delta.index, delta.id or new_tool_call_id(),
+                                          *self._skeleton.call_name(delta.name))
                 if delta.arguments:
                     out += self.call_delta(delta.index, delta.arguments)
         elif kind == "final":
             final = response.final
             if not self._calls:  # the engine did not stream its calls piecewise: each whole
                 for k, call in enumerate(final.tool_calls):
-                    out += self.open_call(k, call.id or new_tool_call_id(), call.name)
+                    out += self.open_call(k, call.id or new_tool_call_id(), *self._skeleton.call_name(call.name))
                     out += self.call_delta(k, call.arguments) if call.arguments else []
             self._status = status_of(finish_reason_name(final.finish_reason))
             out += self.close_items(self._status)
@@ -198,14 +233,17 @@ def replay(response: dict[str, Any]) -> list[bytes]:
     writer = ResponseEvents(ResponseSkeleton.of(response), logprobs=False)
     out = writer._start()
     for k, item in enumerate(response["output"]):
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            out += writer.reasoning_delta("".join(c["text"] for c in item.get("content") or []), item["id"])
+            out += writer._close_reasoning(item["status"])
+        elif item["type"] == "message":
             out += writer.open_text(item["id"])
             part = (item.get("content") or [{}])[0]
             if part.get("text"):
                 out += writer.text_delta(part["text"], part.get("logprobs") or [])
             out += writer.close_items(item["status"])
         elif item["type"] == "function_call":
-            out += writer.open_call(k, item["call_id"], item["name"], item["id"])
+            out += writer.open_call(k, item["call_id"], item["name"], item.get("namespace"), item["id"])
             if item["arguments"]:
                 out += writer.call_delta(k, item["arguments"])
             out += writer.close_items(item["status"])

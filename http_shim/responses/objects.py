@@ -14,7 +14,7 @@ from conduit.v1.contract import new_tool_call_id
 
 from ..errors import APIError
 from ..proto_to_openai import chat_logprobs
-from .request import new_id
+from .request import namespaced_names, new_id
 
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 
@@ -32,21 +32,35 @@ def message_item(item_id: str, status: str, content: list[dict[str, Any]]) -> di
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
 
 
-def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name, "arguments": arguments,
+def reasoning_item(item_id: str, status: str, text: str | None, summarized: bool = False) -> dict[str, Any]:
+    """A reasoning model's thinking, whole (`text`) or as it starts (None: its part follows).
+    `summarized` (the request set reasoning.summary): no model writes a summary here, so the
+    summary is the thinking itself, unabridged (LangChain, for one, reads only summaries)."""
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    summary = [{"type": "summary_text", "text": text}] if summarized and text else []
+    return {"id": item_id, "type": "reasoning", "summary": summary, "content": content, "encrypted_content": None,
             "status": status}
 
 
-def output_items(choice: Choice, logprobs: bool) -> list[dict[str, Any]]:
-    """A finished choice's output: its text as a message (also an empty one when it made no call),
-    then one item per function call."""
+def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str,
+                       namespace: str | None = None) -> dict[str, Any]:
+    item = {"id": item_id, "type": "function_call", "call_id": call_id, "name": name, "arguments": arguments,
+            "status": status}
+    return item if namespace is None else {**item, "namespace": namespace}
+
+
+def output_items(choice: Choice, logprobs: bool, skeleton: ResponseSkeleton) -> list[dict[str, Any]]:
+    """A finished choice's output: its thinking as a reasoning item (a reasoning model's), its text as
+    a message (also an empty one when it made no call), then one item per function call."""
     status = "incomplete" if choice.finish_reason == "length" else "completed"
-    items = []
+    items = [reasoning_item(new_id("rs"), status, choice.reasoning, skeleton.summarized)] if choice.reasoning else []
     if choice.text or not choice.tool_calls:
         part = text_part(choice.text, logprobs_list(choice.logprobs) if logprobs else [])
         items.append(message_item(new_id("msg"), status, [part]))
     for call in choice.tool_calls:
-        items.append(function_call_item(new_id("fc"), call.id or new_tool_call_id(), call.name, call.arguments, status))
+        name, namespace = skeleton.call_name(call.name)
+        items.append(function_call_item(new_id("fc"), call.id or new_tool_call_id(), name, call.arguments, status,
+                                        namespace))
     return items
 
 
@@ -56,7 +70,8 @@ def usage_object(chat_usage: dict[str, Any]) -> dict[str, Any]:
         "input_tokens": chat_usage["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
         "output_tokens": chat_usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": chat_usage.get("completion_tokens_details", {}).get("reasoning_tokens", 0)},
         "total_tokens": chat_usage["total_tokens"],
     }
 
@@ -84,6 +99,16 @@ class ResponseSkeleton:
         self.created_at = int(time.time())
         self.model = model
         self.echo = echo
+
+    @property
+    def summarized(self) -> bool:
+        """Whether the request asked for reasoning summaries (see reasoning_item)."""
+        return bool((self.echo.get("reasoning") or {}).get("summary"))
+
+    def call_name(self, model_name: str) -> tuple[str, str | None]:
+        """(name, namespace) of a call the model named: a namespace's functions are NAMESPACE__NAME to it."""
+        namespace, name = namespaced_names(self.echo.get("tools") or []).get(model_name, (None, model_name))
+        return name, namespace
 
     def build(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
               error: APIError | None = None) -> dict[str, Any]:

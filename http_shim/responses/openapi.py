@@ -18,6 +18,9 @@ def _schemas() -> dict[str, Schema]:
     item = {"type": "object", "description": "a message (role, content: string or input_text/output_text parts), "
             "function_call, function_call_output, or an output item replayed verbatim",
             "properties": {"type": {"type": "string"}, "role": {"type": "string"}}}
+    function = {"type": "object", "required": ["type", "name"], "properties": {
+        "type": {"type": "string", "enum": ["function"]}, "name": {"type": "string"},
+        "description": {"type": "string"}, "parameters": {"type": "object"}, "strict": {"type": "boolean"}}}
     request = {
         "type": "object",
         "required": ["model", "input"],
@@ -28,9 +31,12 @@ def _schemas() -> dict[str, Schema]:
             "previous_response_id": {"type": "string", "nullable": True},
             "store": {"type": "boolean", "default": True},
             "stream": {"type": "boolean", "default": False},
-            "tools": {"type": "array", "items": {"type": "object", "required": ["type", "name"], "properties": {
-                "type": {"type": "string", "enum": ["function"]}, "name": {"type": "string"},
-                "description": {"type": "string"}, "parameters": {"type": "object"}, "strict": {"type": "boolean"}}}},
+            "tools": {"type": "array", "items": {"oneOf": [function, {
+                "type": "object", "required": ["type", "name", "tools"], "description": "offered as NAMESPACE__NAME",
+                "properties": {"type": {"type": "string", "enum": ["namespace"]}, "name": {"type": "string"},
+                               "description": {"type": "string"}, "tools": {"type": "array", "items": function}}}, {
+                "type": "object", "required": ["type"], "description": "accepted, not offered to the model",
+                "properties": {"type": {"type": "string", "enum": ["web_search", "web_search_preview"]}}}]}},
             "tool_choice": {"oneOf": [{"type": "string", "enum": ["none", "auto", "required"]}, {"type": "object"}]},
             "parallel_tool_calls": {"type": "boolean"},
             "text": {"type": "object", "properties": {"format": {"type": "object"}}},

@@ -6,10 +6,27 @@ checks what is Responses-specific (items, tools, tool_choice, include, metadata,
 hands a chat body to `parse_chat`, which validates the rest and builds the GenerateRequest exactly
 as the chat route does. Errors it raises name chat fields; `responses_param` renames them.
 
-Refused with a 400 naming them: item types other than messages, function calls and their outputs
-(images, files, reasoning, hosted tools' calls, item references), content parts other than text,
-tools other than functions. Tolerated: unknown top-level fields and `include` values (as the chat
-route tolerates unknown fields), `reasoning`, `service_tier`, `prompt_cache_key` and the like.
+Tools of type `namespace` (functions grouped under one name, as Codex groups its sub-agent tools)
+are offered to the model as `NAMESPACE__NAME`, the namespace's description before each function's;
+the calls come back as `function_call` items with `name` and `namespace` apart, and such items in
+`input` are read the same way. The hosted `web_search` tool (`web_search_preview` too), which Codex
+sends by default, is accepted and not offered to the model: this server cannot search the web, and a
+model offered a tool nobody runs would call it in vain. The response echoes `tools` as sent, and the
+`Conduit-Tools-Not-Offered` header names the tool types left out.
+
+Reasoning models (docs/reasoning.md): `reasoning.effort` is the chat route's `reasoning_effort`; the
+thinking comes back as a `reasoning` output item (its text as a `reasoning_text` part, no encrypted
+content); `reasoning` items given back in `input` are accepted and dropped from the prompt (the
+templates of DeepSeek-R1 and Qwen3 drop earlier turns' thinking too). With `reasoning.summary` set,
+the item's summary is the thinking itself (no model here writes summaries; the final item carries
+it, no summary events stream).
+
+Refused with a 400 naming them: item types other than messages, reasoning, function calls and their
+outputs (images, files, hosted tools' calls, item references), content parts other than text,
+tools other than functions, namespaces of functions and web search. Tolerated: unknown top-level
+fields and `include` values (as the chat route tolerates unknown fields; `reasoning.encrypted_content`
+asks for encrypted reasoning, which Conduit does not write), `store: false`,
+`service_tier`, `prompt_cache_key`, `client_metadata` and the like.
 """
 
 from __future__ import annotations
@@ -28,11 +45,15 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _TRUNCATION = ("disabled", "auto")
+# Hosted tools accepted and not offered to the model (see the module's docstring).
+NOT_OFFERED_TOOLS = ("web_search", "web_search_preview")
+_NAMESPACE_JOIN = "__"  # NAMESPACE__NAME: the name the model sees for a function in a namespace
 # OpenAI's limits on `metadata`.
 METADATA_MAX_KEYS, METADATA_MAX_KEY_CHARS, METADATA_MAX_VALUE_CHARS = 16, 64, 512
 # Vendor fields (sent through the SDK's extra_body) passed on to the engine as the chat route reads them.
 _VENDOR_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop",
-                  "min_tokens", "ignore_eos", "stop_token_ids", "logit_bias")
+                  "min_tokens", "ignore_eos", "stop_token_ids", "logit_bias", "chat_template_kwargs",
+                  "max_reasoning_tokens")
 
 
 def new_id(prefix: str) -> str:
@@ -49,7 +70,7 @@ class ResponsesRequest:
     stream: bool
     store: bool
     logprobs: bool  # include asks for output_text logprobs
-    truncation: str
+    not_offered: list[str]  # hosted tool types accepted and not offered to the model
 
 
 # ------------------------------------------------------------------ refusals
@@ -86,6 +107,8 @@ def normalize_items(value: Any) -> list[dict[str, Any]]:
         elif kind in ("function_call", "function_call_output"):
             item.setdefault("id", new_id("fc" if kind == "function_call" else "fco"))
             item.setdefault("status", "completed")
+        elif kind == "reasoning":
+            item.setdefault("id", new_id("rs"))
         out.append(item)
     return out
 
@@ -118,14 +141,19 @@ def chat_messages(items: list[dict[str, Any]], first_index: int) -> list[dict[st
         if kind == "message":
             messages.append({"role": item["role"], "content": _content(item.get("content"), f"{param}.content")})
         elif kind == "function_call":
+            name = str_value(item.get("name"), f"{param}.name")
+            if item.get("namespace") is not None:
+                name = qualified_name(str_value(item["namespace"], f"{param}.namespace"), name)
             call = {"id": str_value(item.get("call_id"), f"{param}.call_id"), "type": "function",
-                    "function": {"name": str_value(item.get("name"), f"{param}.name"),
+                    "function": {"name": name,
                                  "arguments": str_value(item.get("arguments", "{}"), f"{param}.arguments")}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "reasoning":  # an earlier turn's thinking: not part of the prompt
+            list_value(item.get("summary", []), f"{param}.summary", allow_empty=True)
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": str_value(item.get("call_id"), f"{param}.call_id"),
                              "content": _content(item.get("output"), f"{param}.output")})
@@ -137,18 +165,52 @@ def chat_messages(items: list[dict[str, Any]], first_index: int) -> list[dict[st
 # ------------------------------------------------------------------ tools and formats
 
 
-def chat_tools(value: Any) -> list[dict[str, Any]]:
-    """Flat function tools -> chat tools; any other tool type is refused, named."""
-    tools = []
+def qualified_name(namespace: str, name: str) -> str:
+    return f"{namespace}{_NAMESPACE_JOIN}{name}"
+
+
+def namespaced_names(tools: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """The model's name of each function in a namespace of a request's (checked) `tools` -> (namespace, name)."""
+    return {qualified_name(tool["name"], inner["name"]): (tool["name"], inner["name"])
+            for tool in tools if tool.get("type") == "namespace" for inner in tool["tools"]}
+
+
+def _chat_function(tool: dict[str, Any], param: str, namespace: dict[str, Any] | None = None) -> dict[str, Any]:
+    if tool.get("type") != "function":
+        raise unsupported("Tools", tool.get("type"), f"{param}.type")
+    if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
+        raise invalid(f"'{param}.strict' must be a boolean.", f"{param}.strict")
+    function = {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None}
+    if namespace is not None:
+        name = str_value(tool.get("name"), f"{param}.name", allow_empty=False)
+        function["name"] = qualified_name(namespace["name"], name)
+        if namespace.get("description"):
+            lead = f"({namespace['name']}: {namespace['description']})"
+            function["description"] = f"{lead} {tool.get('description') or ''}".strip()
+    return {"type": "function", "function": function}
+
+
+def chat_tools(value: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """(chat tools, the hosted tool types not offered): functions, and the functions of namespaces, as
+    chat tools; web search left out; any other tool type refused, named."""
+    tools, not_offered = [], []
     for k, tool in enumerate(list_value(value, "tools", allow_empty=True)):
-        tool = dict_value(tool, f"tools[{k}]")
-        if tool.get("type") != "function":
-            raise unsupported("Tools", tool.get("type"), f"tools[{k}].type")
-        if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
-            raise invalid(f"'tools[{k}].strict' must be a boolean.", f"tools[{k}].strict")
-        function = {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None}
-        tools.append({"type": "function", "function": function})
-    return tools
+        param = f"tools[{k}]"
+        tool = dict_value(tool, param)
+        if tool.get("type") in NOT_OFFERED_TOOLS:
+            not_offered.append(tool["type"])
+        elif tool.get("type") == "namespace":
+            str_value(tool.get("name"), f"{param}.name", allow_empty=False)
+            str_value(tool.get("description") or "", f"{param}.description")
+            inner = list_value(tool.get("tools"), f"{param}.tools")
+            tools += [_chat_function(dict_value(t, f"{param}.tools[{j}]"), f"{param}.tools[{j}]", tool)
+                      for j, t in enumerate(inner)]
+        else:
+            tools.append(_chat_function(tool, param))
+    names = [t["function"].get("name") for t in tools]
+    if len(set(names)) < len(names):
+        raise invalid("'tools' names a function twice (a namespace's functions are named NAMESPACE__NAME).", "tools")
+    return tools, not_offered
 
 
 def chat_tool_choice(value: Any, tools: list[dict[str, Any]]) -> tuple[Any, list[dict[str, Any]]]:
@@ -223,6 +285,7 @@ _RENAMES = (
     (re.compile(r"^response_format(\.json_schema)?"), "text.format"),
     (re.compile(r"^(max_completion_tokens|max_tokens)$"), "max_output_tokens"),
     (re.compile(r"^logprobs$"), "include"),
+    (re.compile(r"^reasoning_effort$"), "reasoning.effort"),
 )
 
 
@@ -259,7 +322,7 @@ def parse_responses(body: dict, request_id: str, limits: RequestLimits,
     messages += chat_messages(context, -len(inherited or []))
     include = _include(body.get("include"))
     logprobs = LOGPROBS_INCLUDE in include
-    tools = chat_tools(body["tools"]) if body.get("tools") is not None else []
+    tools, not_offered = chat_tools(body["tools"]) if body.get("tools") is not None else ([], [])
     tool_choice, offered = chat_tool_choice(body.get("tool_choice"), tools)
     truncation = body.get("truncation") or "disabled"
     if truncation not in _TRUNCATION:
@@ -280,6 +343,9 @@ def parse_responses(body: dict, request_id: str, limits: RequestLimits,
         chat["tool_choice"] = tool_choice
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
+    reasoning = dict_value(body["reasoning"], "reasoning") if body.get("reasoning") is not None else {}
+    if reasoning.get("effort") is not None:
+        chat["reasoning_effort"] = reasoning["effort"]
     if (fmt := response_format(body.get("text"))) is not None:
         chat["response_format"] = fmt
     if logprobs:
@@ -291,6 +357,8 @@ def parse_responses(body: dict, request_id: str, limits: RequestLimits,
         plan = parse_chat(chat, request_id, limits)
     except APIError as error:
         raise renamed(error) from None
+    for generate in plan.requests:  # `auto`: the engine drops the oldest turns to fit, counting its own prompt
+        generate.drop_oldest_messages = truncation == "auto"
     echo = {
         "instructions": instructions,
         "max_output_tokens": body.get("max_output_tokens"),
@@ -307,8 +375,8 @@ def parse_responses(body: dict, request_id: str, limits: RequestLimits,
         "truncation": truncation,
         "user": body.get("user"),
         "store": True if store is None else store,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
         "background": False,
         "service_tier": "default",
     }
-    return ResponsesRequest(plan, context, echo, plan.stream, echo["store"], logprobs, truncation)
+    return ResponsesRequest(plan, context, echo, plan.stream, echo["store"], logprobs, not_offered)

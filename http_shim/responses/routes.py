@@ -9,16 +9,15 @@ flight are known to this process only (for GET and cancel), as the store is this
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from flask import Flask, Response, request
+from flask import Flask, Response, after_this_request, request
 
 from .. import sse
 from ..engine_stream import EngineStream
 from ..errors import APIError, invalid
-from ..models import ServedModels
 from ..openai_to_proto import RequestLimits
 from ..relay import Relay
 from .events import CANCELLED_CODE, ResponseEvents, replay
@@ -28,6 +27,7 @@ from .store import ResponseStore
 
 log = logging.getLogger("http_shim")
 RESPONSES_ROUTE = "/v1/responses"
+NOT_OFFERED_HEADER = "Conduit-Tools-Not-Offered"  # hosted tool types accepted and not offered (request.py)
 MAX_LIST_LIMIT = 100
 
 
@@ -41,31 +41,9 @@ def _not_found(response_id: str, param: str | None = None) -> APIError:
     return APIError(404, f"Response with id '{response_id}' not found.", "invalid_request_error", param, None)
 
 
-def truncate(parsed: ResponsesRequest, models: ServedModels, metadata: Sequence[tuple[str, str]]) -> None:
-    """`truncation: auto`: drops the oldest turns (never the system messages or the last message)
-    until the prompt and the output budget fit the model's context; tool results go with their call."""
-    generate = parsed.plan.requests[0]
-    info, engine = models.route(generate.model, metadata)
-    budget = info.max_context_length - (generate.stopping.max_tokens if generate.stopping.HasField("max_tokens") else 1)
-    messages = list(generate.chat.messages)
-    head = 0
-    while head < len(messages) and messages[head].role in ("system", "developer"):
-        head += 1
-    while len(messages) - head > 1:
-        used = len(engine.tokenize(messages=messages, tools=list(generate.chat.tools), model=generate.model,
-                                   metadata=metadata).token_ids)
-        if used <= budget:
-            break
-        del messages[head]
-        while len(messages) - head > 1 and messages[head].role == "tool":  # results of a dropped call
-            del messages[head]
-    del generate.chat.messages[:]
-    generate.chat.messages.extend(messages)
-
-
-def register_responses(app: Flask, relay: Relay, models: ServedModels, store: ResponseStore | None,
-                       limits: RequestLimits, read_body: Callable[[], dict], request_id: Callable[[], str],
-                       to_json: Callable[..., Response], metadata: Callable[[], list[tuple[str, str]]]) -> None:
+def register_responses(app: Flask, relay: Relay, store: ResponseStore | None, limits: RequestLimits,
+                       read_body: Callable[[], dict], request_id: Callable[[], str],
+                       to_json: Callable[..., Response]) -> None:
     """`store` None: nothing is kept (every `store: true` answer is forgotten, chains are refused)."""
     in_flight: dict[str, _InFlight] = {}
 
@@ -86,8 +64,11 @@ def register_responses(app: Flask, relay: Relay, models: ServedModels, store: Re
             prior = stored(previous, "previous_response_id")
             inherited = prior.context + prior.response["output"]
         parsed = parse_responses(body, request_id(), limits, inherited)
-        if parsed.truncation == "auto":
-            truncate(parsed, models, metadata())
+        if parsed.not_offered:
+            @after_this_request
+            def name_not_offered(answer: Response) -> Response:
+                answer.headers[NOT_OFFERED_HEADER] = ", ".join(parsed.not_offered)
+                return answer
         try:
             model, stream = relay.open(parsed.plan.model, parsed.plan.requests)
         except APIError as error:
@@ -122,7 +103,7 @@ def register_responses(app: Flask, relay: Relay, models: ServedModels, store: Re
         if collected is None:
             return Response(status=499)
         choice = collected.ranked(0, 1, 1)[0]
-        response = skeleton.build(status_of(choice.finish_reason), output_items(choice, parsed.logprobs),
+        response = skeleton.build(status_of(choice.finish_reason), output_items(choice, parsed.logprobs, skeleton),
                                   usage_object(collected.usage()))
         keep(response)
         return to_json(response)

@@ -5,9 +5,10 @@ A watcher thread (a greenlet in the shim) asks the engine for its load (GetLoad)
 POLL_INTERVAL_S: the answer also says whether it drains. An engine that refuses the connection is
 UNREACHABLE at once (down, or still loading: the engine listens only once its model is loaded),
 one that is merely slow to answer only after SLOW_POLLS polls in a row time out; one too
-old for GetLoad is judged by its grpc.health.v1 status. So a replica that becomes ready gets work
-within a poll and a reconnect backoff (ENGINE_CHANNEL_OPTIONS: at most 2 s), and a dead or
-draining one gets none from its next poll on. A call that finds it gone before that marks it
+old for GetLoad is judged by its grpc.health.v1 status; it is SERVING only once its models are
+listed too. So a replica that becomes ready is listed and gets work within a poll and a reconnect
+backoff (ENGINE_CHANNEL_OPTIONS: at most 2 s), and a dead or draining one gets none from its next
+poll on. A call that finds it gone before that marks it
 unreachable at once (`suspect`), and the router sends the call elsewhere.
 
 The load it is weighed by is the engine's own count of running and waiting requests, so shims
@@ -126,8 +127,10 @@ class Replica:
                 with self._lock:
                     self.report, self._delta = report, 0
                 self.prefixes.size_for_cache(report.num_blocks, report.block_size)
-            if state == SERVING and self.state != SERVING:
-                self.refresh_models()
+            if state == SERVING and self.state != SERVING and self.refresh_models() is not None:
+                # Not serving until it says what it serves (an engine just up may be too busy to
+                # answer at once): asked again at the next poll, not left unlisted until the cache expires.
+                state = self.state
             if state != self.state and not self.retired:
                 self._set(state)
             self.polled.set()

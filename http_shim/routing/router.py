@@ -6,8 +6,11 @@ remembers the request's prefix there (prefix.py), and starts the call on that re
 GenerateMany stream. A call refused before any answer (UNAVAILABLE: the replica died or drains;
 RESOURCE_EXHAUSTED: its queue is full) goes to another replica serving the model: `_Routed` says
 so, and clients/call_attempts.py does it (one deadline over the attempts, none after an answer or
-a close), as for the replica client's own retries on its stream. With no healthy replica the call
-is tried on the others anyway, so the client gets the engine's own refusal (503) rather than a guess.
+a close). The router is the one owner of a routed call's retries: the replica client does not
+retry it on its own stream first (no backoff on a replica that drains). A call failing UNAVAILABLE
+(its replica's connection died: keepalive) takes that replica out at once, until its next poll.
+With no healthy replica the call is tried on the others anyway, so the client gets the engine's
+own refusal (503) rather than a guess.
 """
 
 from __future__ import annotations
@@ -105,10 +108,13 @@ class _OnReplica:
     def __next__(self) -> pb.GenerateResponse:
         try:
             return next(self._call)
-        except (StopIteration, ConduitError):
+        except (StopIteration, ConduitError) as end:
             if self._running:
                 self._running = False
                 self.replica.call_ended()
+            if isinstance(end, ConduitError) and end.code == grpc.StatusCode.UNAVAILABLE:
+                # Its connection died (keepalive) or it refused: no new work there until a poll says otherwise.
+                self.replica.suspect()
             raise
 
     def close(self) -> None:
@@ -135,15 +141,14 @@ class _Routed:
         replica = choice.replica
         self._tried.append(replica)
         replica.call_started()
-        # The replica client's shared call: on its GenerateMany stream, where it is retried first.
+        # The replica client's shared call, on its GenerateMany stream, not retried there: the
+        # router owns a routed call's retries, and sends a refused one elsewhere without a backoff.
         return _OnReplica(replica, replica.client.generate_shared(self._request, timeout=timeout_s,
-                                                                  metadata=self._metadata))
+                                                                  metadata=self._metadata, retries=False))
 
     def retry(self, failed: _OnReplica, error: ConduitError) -> bool:
         if error.code not in _RETRY_ELSEWHERE:
             return False
-        if error.code == grpc.StatusCode.UNAVAILABLE:
-            failed.replica.suspect()
         self._router.retried(failed.replica)
         return True
 

@@ -31,6 +31,9 @@ class Choice:
     # Final.tool_calls; before it (or when it has none) the calls assembled from streamed pieces.
     tool_calls: list[ToolCall] = field(default_factory=list)
     completion_tokens: int = 0
+    # A reasoning model's thinking (Chunk.reasoning_text), apart from `text`, and its token count.
+    reasoning: str = ""
+    reasoning_tokens: int = 0
 
 
 @dataclass
@@ -78,6 +81,7 @@ class CompletionBuilder:
             chunk = response.chunk
             choice = self._choice(chunk.index)
             choice.text += chunk.text
+            choice.reasoning += chunk.reasoning_text
             choice.token_ids.extend(chunk.token_ids)
             choice.logprobs.extend(chunk.logprobs)
             for delta in chunk.tool_calls:
@@ -89,6 +93,7 @@ class CompletionBuilder:
             choice.finish_reason = finish_reason_name(final.finish_reason)
             choice.matched_stop = final.matched_stop
             choice.completion_tokens = final.completion_tokens
+            choice.reasoning_tokens = final.reasoning_tokens
             if final.tool_calls:  # whole calls: these win over the streamed pieces
                 choice.tool_calls = [ToolCall(c.id, c.name, c.arguments) for c in final.tool_calls]
 

@@ -25,6 +25,42 @@ MESSAGE_SIZE_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
 
+# Keepalive: a client pings the engine every KEEPALIVE_TIME_S, and a ping unanswered within
+# KEEPALIVE_TIMEOUT_S ends the connection and fails every call on it UNAVAILABLE. An engine host
+# gone without a reset (powered off, route dropped) or a process stopped with SIGSTOP (its kernel
+# still ACKs TCP, but nothing answers HTTP/2 PINGs) is then noticed within about
+# KEEPALIVE_TIME_S + KEEPALIVE_TIMEOUT_S of its last message (the ping timer restarts at each): 10 s.
+KEEPALIVE_TIME_S = 5.0
+KEEPALIVE_TIMEOUT_S = 5.0
+# The engine accepts pings this often (also between calls): clients pinging less often are never
+# answered GOAWAY too_many_pings (gRPC servers refuse pings more often than every 5 min by default).
+MIN_PING_INTERVAL_S = 1.0
+
+
+def keepalive_options(time_s: float = KEEPALIVE_TIME_S,
+                      timeout_s: float = KEEPALIVE_TIMEOUT_S) -> tuple[tuple[str, int], ...]:
+    """A client channel's keepalive options: a ping every `time_s` (at least MIN_PING_INTERVAL_S,
+    which the engine allows), also with no call open, and no cap on pings sent without data."""
+    if time_s < MIN_PING_INTERVAL_S or timeout_s <= 0:
+        raise ValueError(f"keepalive pings every >= {MIN_PING_INTERVAL_S:g} s, with a timeout > 0")
+    return (
+        ("grpc.keepalive_time_ms", int(time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(timeout_s * 1000)),
+        # Any ping's: a keepalive ping waits on a flow-control (BDP) ping already out, whose
+        # timeout would otherwise be a minute.
+        ("grpc.http2.ping_timeout_ms", int(timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    )
+
+
+# The engine server's side: pings as often as MIN_PING_INTERVAL_S are allowed, with or without
+# calls (half that is enforced: a client's timer may fire a little early).
+SERVER_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.http2.min_ping_interval_without_data_ms", int(MIN_PING_INTERVAL_S * 1000 / 2)),
+    ("grpc.keepalive_permit_without_calls", 1),
+)
+
 # Trailing metadata of an INVALID_ARGUMENT error: the field at fault, as a path in
 # GenerateRequest ("sampling.top_p"), and the kind of error when known ("context_length_exceeded").
 PARAM_METADATA_KEY = "conduit-param"
@@ -81,6 +117,8 @@ MAX_N = 16  # GenerateRequest.n is in [1, MAX_N]
 MAX_TOP_LOGPROBS = 20  # GenerateRequest.top_logprobs is in [0, MAX_TOP_LOGPROBS]
 MAX_STOP_STRINGS = 16  # StoppingParams.stop holds at most this many
 MAX_EMBED_INPUTS = 2048  # EmbedRequest.inputs holds 1 to this many (OpenAI's limit too)
+# ChatInput.reasoning_effort's values (besides empty: the template's default).
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 # ------------------------------------------------------------------ responses
 

@@ -1,0 +1,47 @@
+"""What one engine step hands the model runner, and what it gets back: plain data, no scheduler
+objects, so the model package imports nothing from the engine core (core/scheduler.py builds a
+StepInput from its ScheduledBatch). No torch at import: the types only name tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(slots=True)
+class DecodeRow:
+    """A decoding sequence's one token this step: its last, not yet cached."""
+
+    seq_id: int
+    token: int
+    position: int
+    block_table: list[int]  # the sequence's cache blocks (read during the step, not kept)
+
+
+@dataclass(slots=True)
+class PromptChunk:
+    """Prompt tokens a sequence computes this step, from `first_position` on."""
+
+    seq_id: int
+    token_ids: list[int]
+    first_position: int
+    block_table: list[int]
+    ends_prompt: bool  # its last token is the prompt's: its logits row picks the first output token
+    keep_all_rows: bool = False  # every row's logits wanted (the prompt's logprobs)
+
+
+@dataclass
+class StepInput:
+    decode: list[DecodeRow] = field(default_factory=list)
+    prefill: list[PromptChunk] = field(default_factory=list)
+
+
+@dataclass
+class StepLogits:
+    """Logits rows the step produced, by purpose."""
+
+    next_token: dict[int, torch.Tensor]  # seq_id -> [vocab] logits for its next token
+    prompt: dict[int, tuple[int, torch.Tensor]]  # seq_id -> (first position, [chunk, vocab]) for prompt logprobs
