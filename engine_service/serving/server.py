@@ -277,6 +277,13 @@ class EngineServicer(pb_grpc.EngineServicer):
         ids = prompts.prompt_ids(self.engine.tokenizer, request)
         return ids, self.engine.tokenizer.convert_ids_to_tokens(ids)
 
+    async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
+        """A generation model serves no embeddings (serving/embed.py serves an embedding model's)."""
+        await self._check_model(request.model, context)
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"model {self.loaded.model_id!r} is a generation model and serves no embeddings; "
+                            "use an embedding model (e.g. conduit-engine --model all-MiniLM-L6-v2)")
+
     async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:
         await self._check_model(request.model, context)
         bad = [t for t in request.token_ids if t >= self.engine.vocab_size]
