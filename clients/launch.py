@@ -144,6 +144,12 @@ class Stack:
     ports when `engine_port` was given, else on free ones) behind the one shim, which spreads
     work over them (`--engine A,B`). `metrics_port` (0: off) serves replica i's metrics on
     `metrics_port + i`.
+
+    `embedding_model` (e.g. all-MiniLM-L6-v2) starts one more engine serving it beside the others,
+    on `embedding_port` (0: a free port), behind the same shim. A process of its own rather than a
+    second model in one engine: an engine serves one model, the shim already routes by model over
+    several engines, and the embedding engine's loop (its own thread of torch work) then never
+    shares a step with chat. Off by default, so tests that need no embeddings start nothing more.
     """
 
     def __init__(self, *, model: str | None = None, host: str = "127.0.0.1", engine_port: int = 0,
@@ -151,7 +157,7 @@ class Stack:
                  log_dir: Path | str | None = None, startup_timeout: float = 300.0,
                  token: str | None = None, tls: TLSFiles | None = None,
                  engine_env: Mapping[str, str] | None = None, replicas: int = 1,
-                 metrics_port: int = 0) -> None:
+                 metrics_port: int = 0, embedding_model: str | None = None, embedding_port: int = 0) -> None:
         if replicas < 1:
             raise ValueError("replicas must be at least 1")
         self.model = model
@@ -170,6 +176,9 @@ class Stack:
         self.startup_timeout = startup_timeout
         self.engines: list[subprocess.Popen[bytes] | None] = [None] * replicas
         self.shim: subprocess.Popen[bytes] | None = None
+        self.embedding_model = embedding_model
+        self.embedding_port = (embedding_port or free_port(host)) if embedding_model else 0
+        self.embedder: subprocess.Popen[bytes] | None = None
 
     @property
     def engine(self) -> subprocess.Popen[bytes] | None:
@@ -212,6 +221,21 @@ class Stack:
         return self.log_dir / ("engine.log" if index == 0 else f"engine-{index}.log")
 
     @property
+    def embedding_address(self) -> str | None:
+        return f"{self.host}:{self.embedding_port}" if self.embedding_model else None
+
+    @property
+    def embedding_log(self) -> Path:
+        return self.log_dir / "embedding-engine.log"
+
+    def embedding_command(self) -> list[str]:
+        """The embedding engine: the stack's security; 8192-token steps (an encoder's step is one padded
+        forward with no KV cache to budget, and bigger batches embed more per second on a CPU)."""
+        tls = self.tls.engine_args() if self.tls else []
+        return [sys.executable, "-m", "engine_service", "--host", self.host, "--port", str(self.embedding_port),
+                "--model", str(self.embedding_model), "--max-step-tokens", "8192", *tls]
+
+    @property
     def shim_log(self) -> Path:
         return self.log_dir / "shim.log"
 
@@ -225,7 +249,8 @@ class Stack:
 
     def shim_command(self) -> list[str]:
         tls = self.tls.shim_args() if self.tls else []
-        return [sys.executable, "-m", "http_shim", "--engine", ",".join(self.engine_addresses),
+        engines = [*self.engine_addresses, *([self.embedding_address] if self.embedding_model else [])]
+        return [sys.executable, "-m", "http_shim", "--engine", ",".join(engines),
                 "--host", self.host, "--port", str(self.shim_port), *tls, *self.shim_args]
 
     def engine_environment(self) -> dict[str, str]:
@@ -249,12 +274,14 @@ class Stack:
 
     def start(self) -> Stack:
         """Start all processes and block until all are ready; StackError (all stopped) if not."""
-        for port in (*self.engine_ports, self.shim_port):
+        for port in (*self.engine_ports, self.shim_port, *([self.embedding_port] if self.embedding_model else [])):
             ensure_port_free(self.host, port)
         try:
             for index in range(len(self.engines)):
                 self.engines[index] = spawn(self.engine_command(index), self.replica_log(index),
                                             self.engine_environment())
+            if self.embedding_model:
+                self.embedder = spawn(self.embedding_command(), self.embedding_log, self.engine_environment())
             self.shim = spawn(self.shim_command(), self.shim_log, self.shim_environment())
             self._wait_ready()
         except BaseException:
@@ -281,14 +308,15 @@ class Stack:
 
     def stop(self, grace: float = 10.0) -> None:
         """Stop the shim, then the engines: SIGINT, then SIGTERM, then SIGKILL, `grace` seconds apart."""
-        for proc in (self.shim, *self.engines):
+        for proc in (self.shim, *self.engines, self.embedder):
             if proc is not None:
                 _stop_process(proc, grace)
 
     def _processes(self) -> list[tuple[str, subprocess.Popen[bytes] | None, Path]]:
         engines = [("engine" if len(self.engines) == 1 else f"engine {i}", proc, self.replica_log(i))
                    for i, proc in enumerate(self.engines)]
-        return [*engines, ("shim", self.shim, self.shim_log)]
+        embedder = [("embedding engine", self.embedder, self.embedding_log)] if self.embedding_model else []
+        return [*engines, *embedder, ("shim", self.shim, self.shim_log)]
 
     def check_alive(self) -> None:
         """Raise StackError with the log tail if any process has exited."""
@@ -306,6 +334,9 @@ class Stack:
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
         clients = [self.client(index=i, timeout=2.0, options=PROBE_CHANNEL_OPTIONS) for i in range(len(self.engines))]
+        if self.embedding_address:
+            security = {"token": self.token, **(self.tls.client_kwargs() if self.tls else {})}
+            clients.append(EngineClient(self.embedding_address, timeout=2.0, options=PROBE_CHANNEL_OPTIONS, **security))
         ready = [False] * len(clients)
         shim_ready = False
         try:
@@ -395,6 +426,10 @@ def build_parser() -> EnvArgumentParser:
     parser.add_argument("--tls-client-cert", metavar="PEM", env="ENGINE_TLS_CLIENT_CERT",
                         help="mutual TLS: the shim's client certificate, signed by --tls-ca")
     parser.add_argument("--tls-client-key", metavar="PEM", env="ENGINE_TLS_CLIENT_KEY", help="its private key")
+    parser.add_argument("--embedding-model", default="all-MiniLM-L6-v2", metavar="PATH_OR_ID", env="EMBEDDING_MODEL",
+                        help="served beside the chat model by an engine of its own (/v1/embeddings); none: off")
+    parser.add_argument("--embedding-port", type=int, default=0, metavar="PORT", env="EMBEDDING_PORT",
+                        help="the embedding engine's gRPC port; default: the one after the chat engines'")
     parser.add_argument("engine_args", nargs=argparse.REMAINDER,
                         help="after `--`: extra engine flags, e.g. -- --max-batch-size 8")
     return parser
@@ -416,7 +451,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     stack = Stack(model=args.model, host=args.host, engine_port=args.engine_port,
                   shim_port=args.shim_port, engine_args=engine_args, log_dir=args.log_dir,
-                  token=args.token, tls=tls, replicas=args.replicas, metrics_port=args.metrics_port)
+                  token=args.token, tls=tls, replicas=args.replicas, metrics_port=args.metrics_port,
+                  embedding_model=None if args.embedding_model in ("", "none") else args.embedding_model,
+                  embedding_port=args.embedding_port or (args.engine_port + args.replicas if args.engine_port else 0))
     # Ctrl-C and `kill` stop the stack, even when started from a shell that ignores SIGINT.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -428,6 +465,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with stack.client(timeout=10) as client:
             model_id = client.list_models()[0].id
         print(_ready_banner(stack, model_id, args.metrics_port), flush=True)
+        if stack.embedding_model:
+            print(f"  embeddings:      {stack.base_url}/embeddings (model {stack.embedding_model!r}, engine "
+                  f"{stack.embedding_address})", flush=True)
         while True:
             stack.check_alive()
             time.sleep(1.0)

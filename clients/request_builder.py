@@ -149,6 +149,20 @@ def tokenize_request(*, text: str | None = None, messages: Iterable[Message] | N
     return pb.TokenizeRequest(model=model, chat=chat_input(messages or (), tools))
 
 
+def embed_request(inputs: str | Sequence[str | Sequence[int]], *, model: str = "", dimensions: int | None = None,
+                  truncate_prompt_tokens: int | None = None, request_id: str = "") -> pb.EmbedRequest:
+    """An EmbedRequest: each input a text or a list of the model's token ids (one text alone is a batch of one)."""
+    items = [inputs] if isinstance(inputs, str) else inputs
+    request = pb.EmbedRequest(model=model, request_id=request_id, inputs=[
+        pb.EmbedInput(text=item) if isinstance(item, str) else pb.EmbedInput(token_ids=pb.TokenIds(ids=item))
+        for item in items])
+    if dimensions is not None:
+        request.dimensions = dimensions
+    if truncate_prompt_tokens is not None:
+        request.truncate_prompt_tokens = truncate_prompt_tokens
+    return request
+
+
 def _set_field(message: Any, name: str, value: Any) -> None:
     """Assign a scalar, extend a repeated field or update a map, as the field needs."""
     field = getattr(message, name)

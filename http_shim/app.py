@@ -2,6 +2,7 @@
 
 Routes: POST /v1/chat/completions, POST /v1/completions, the Responses API (/v1/responses...:
 responses/), Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens: messages/),
+POST /v1/embeddings, POST /tokenize and POST /detokenize (embeddings/),
 GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics, GET /openapi.json, and the browser
 playground at / (playground.py). Errors come back as OpenAI error JSON (see errors.py), or in
 Anthropic's shape to Anthropic's clients (messages/routes.py). `create_app` returns the WSGI app to
@@ -31,6 +32,7 @@ from .auth import KeyChecker
 from .connection import ABANDON_BODY_KEY, READ_DONE_KEY, request_timeout_error
 from .cors import CorsPolicy, install_cors
 from .drain import Drain
+from .embeddings import register_embeddings
 from .errors import APIError, from_engine_error, internal_error_message
 from .messages import is_anthropic_request, register_messages
 from .messages.routes import GENERATION_ROUTES as MESSAGES_ROUTES
@@ -318,5 +320,6 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
         return _json(build(response_id, created, model, plan, collected))
 
     register_messages(app, relay, models, config.limits, _body, _request_id, _metadata)
+    register_embeddings(app, models, drain, config.request_timeout_s, _body, _request_id, _metadata, _json)
     return ObservedApp(app, metrics, ShimState(drain, metrics))
 

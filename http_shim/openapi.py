@@ -12,6 +12,7 @@ from typing import Any
 
 from conduit.v1.contract import LOGIT_BIAS_RANGE, MAX_TOP_LOGPROBS, REASONING_EFFORTS, SAMPLING_RANGES
 
+from .embeddings.openapi import embeddings_openapi
 from .messages.openapi import messages_openapi
 from .openai_to_proto import MAX_COMPLETION_LOGPROBS, MAX_PROMPTS, RequestLimits
 from .responses.openapi import responses_paths
@@ -400,6 +401,9 @@ def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, An
     messages_paths, messages_schemas = messages_openapi(limits, [request_id_header])
     document["paths"].update(messages_paths)
     document["components"]["schemas"].update(messages_schemas)
+    embeddings_paths, embeddings_schemas = embeddings_openapi([request_id_header], _error_responses)
+    document["paths"].update(embeddings_paths)
+    document["components"]["schemas"].update(embeddings_schemas)
     if auth_required:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         document["security"] = [{"bearer": []}]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 from collections.abc import Callable
 
 import gevent
@@ -56,6 +57,10 @@ def serve(
     )
     server.read_timeout_s = read_timeout_s  # the handler's (connection.py)
     server.start()
+    # Each response's headers and body go out in separate writes: with Nagle's algorithm the body
+    # waited for the client's delayed ACK of the headers, ~40 ms a small response (an embedding, a
+    # model list). Accepted connections inherit the listener's TCP_NODELAY (Linux).
+    server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     drain = app.state.drain
 
     def stop_gracefully(name: str) -> None:

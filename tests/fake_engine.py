@@ -134,6 +134,20 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         words = (" ".join(m.content for m in request.chat.messages) if request.HasField("chat") else request.text).split()
         return pb.TokenizeResponse(token_ids=list(range(len(words))), tokens=words, max_context_length=2048)
 
+    async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:
+        return pb.DetokenizeResponse(text=" ".join(f"w{t}" for t in request.token_ids))
+
+    async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
+        """A 4-dimensional vector per input, from its length; refuses what the real engine refuses first."""
+        if request.model and request.model != self.model_id:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"model {request.model!r} is not served here")
+        if request.HasField("dimensions") and request.dimensions != 4:
+            context.set_trailing_metadata([(PARAM_METADATA_KEY, "dimensions")])
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "dimensions must be 4")
+        sizes = [len(i.text.split()) if i.HasField("text") else len(i.token_ids.ids) for i in request.inputs]
+        return pb.EmbedResponse(model=self.model_id, prompt_tokens=sum(sizes), embeddings=[
+            pb.Embedding(values=[1.0, n / 10, 0.0, -1.0], prompt_tokens=n) for n in sizes])
+
     def _info(self) -> pb.ModelInfo:
         return pb.ModelInfo(id=self.model_id, source="fake", max_context_length=2048, vocab_size=1000, created=MODEL_CREATED)
 

@@ -105,3 +105,14 @@ def test_the_calls_branch_alone_is_the_calls_grammar_without_the_answer() -> Non
     assert lark.split("\n", 1)[1] == both["grammars"][0]["lark_grammar"].split("\n", 1)[1]
     with pytest.raises(ValueError):
         ToolSpec.calls_only(spec(pb.ToolChoice.MODE_REQUIRED).grammar())
+
+
+def test_call_tags_that_are_special_tokens_are_named_by_id_in_the_grammar() -> None:
+    as_text = spec(pb.ToolChoice.MODE_REQUIRED, parallel=False).grammar()
+    assert 'calls: "<tool_call>" body "</tool_call>"\n' in json.loads(as_text)["grammars"][0]["lark_grammar"]
+    tokens = {"<tool_call>": 151657, "</tool_call>": 151658}
+    forced = spec(pb.ToolChoice.MODE_REQUIRED, parallel=False).grammar(tag_tokens=tokens)
+    assert "calls: <[151657]> body <[151658]>\n" in json.loads(forced)["grammars"][0]["lark_grammar"]
+    answer = json.dumps({"grammars": [{"name": "json_schema", "json_schema": {"type": "object"}}]})
+    calls = json.loads(ToolSpec.calls_only(spec().grammar(answer, tag_tokens=tokens)))["grammars"][0]["lark_grammar"]
+    assert "<[151657]> body <[151658]>" in calls and '"<tool_call>"' not in calls

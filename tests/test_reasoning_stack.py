@@ -109,10 +109,6 @@ def test_a_schema_constrains_the_answer_and_not_the_thinking(client):
     assert json.loads(message.content) == {"answer": 42}
 
 
-@pytest.mark.xfail(strict=True, reason="found here, not caused by reasoning: with a Qwen-family tokenizer, whose "
-                   "<tool_call> is an added token, llguidance's mask allows that token for the forced-call "
-                   "grammar's \"<tool_call>\" text and then refuses it on consume (the same with "
-                   "--reasoning-parser none); left for its own issue")
 def test_a_forced_tool_call_follows_free_thinking(client):
     tool = {"type": "function", "function": {"name": "answer", "parameters": SCHEMA}}
     reply = ask(client, tools=[tool], tool_choice={"type": "function", "function": {"name": "answer"}},

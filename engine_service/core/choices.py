@@ -20,6 +20,8 @@ from engine_service.core.scheduler import Scheduler
 from engine_service.core.sequence import Request, Sequence
 from engine_service.text.constraints import GrammarCompiler
 from engine_service.text.output import OutputProcessor
+from engine_service.text.detokenizer import skipped_markers
+from engine_service.text.tool_parser import CALL_TAGS
 
 if TYPE_CHECKING:  # transformers loads only where a model does (the fast tests need neither)
     from transformers import PreTrainedTokenizerBase
@@ -34,6 +36,7 @@ class Choices:
         self.scheduler = scheduler
         self.requests = requests
         self.recorder = recorder
+        self.call_markers = skipped_markers(tokenizer, CALL_TAGS)  # tool-call tags the detokenizer skips
 
     def make(self, request: Request) -> Sequence:
         """Fresh sequences for every choice of `request`; returns the leader, for the caller to
@@ -73,7 +76,8 @@ class Choices:
                                  stop_ids=stop_ids, eos_ids=self.eos_ids, stop_strings=stopping.stop,
                                  min_tokens=stopping.min_tokens, max_tokens=request.max_tokens,
                                  tools=request.tools, matcher=matcher, reasoning=request.reasoning,
-                                 phase=request.reasoning_phase, max_reasoning_tokens=request.max_reasoning_tokens)
+                                 phase=request.reasoning_phase, max_reasoning_tokens=request.max_reasoning_tokens,
+                                 call_markers=self.call_markers)
         return Sequence(request, index, stop_ids, matcher, output)
 
     def _stop_ids(self, params: RequestParams) -> set[int]:

@@ -34,6 +34,7 @@ from engine_service.core.events import FinalEvent, FinishReason
 from engine_service.core.sequence import Request
 from engine_service.text.reasoning import starting_phase
 from engine_service.text.tools import ToolSpec
+from engine_service.text.tool_parser import CALL_TAGS
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +235,8 @@ class EngineServicer(pb_grpc.EngineServicer):
             grammars.validate(answer)
         if tools is None:
             return answer, None
-        grammar = tools.grammar(answer, bare_calls=prompts.template_knows_tools(self.engine.tokenizer))
+        grammar = tools.grammar(answer, bare_calls=prompts.template_knows_tools(self.engine.tokenizer),
+                                tag_tokens=grammars.special_tokens(CALL_TAGS))
         problem = None if grammar is None else grammars.problem(grammar)
         if problem is not None:
             # The constraint compiled alone, so a tool's parameters are at fault: name that tool.
@@ -276,6 +278,13 @@ class EngineServicer(pb_grpc.EngineServicer):
     def _tokenize(self, request: pb.TokenizeRequest) -> tuple[list[int], list[str]]:
         ids = prompts.prompt_ids(self.engine.tokenizer, request)
         return ids, self.engine.tokenizer.convert_ids_to_tokens(ids)
+
+    async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
+        """A generation model serves no embeddings (serving/embed.py serves an embedding model's)."""
+        await self._check_model(request.model, context)
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"model {self.loaded.model_id!r} is a generation model and serves no embeddings; "
+                            "use an embedding model (e.g. conduit-engine --model all-MiniLM-L6-v2)")
 
     async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:
         await self._check_model(request.model, context)

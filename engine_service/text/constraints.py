@@ -45,6 +45,16 @@ class GrammarCompiler:
                 self._ll_tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self._vocab_size)
             return self._ll_tokenizer
 
+    def special_tokens(self, texts: tuple[str, ...]) -> dict[str, int]:
+        """The texts that are each one special token to llguidance (which counts every added token,
+        Qwen's `<tool_call>` among them, as special and matches no grammar text to it), by id."""
+        found: dict[str, int] = {}
+        for text in texts:
+            ids = self._hf_tokenizer.encode(text, add_special_tokens=False)
+            if len(ids) == 1 and self.ll_tokenizer.is_special_token(ids[0]):
+                found[text] = ids[0]
+        return found
+
     def grammar_for(self, constraint: pb.Constraint) -> str | None:
         kind = constraint.WhichOneof("kind")
         if kind is None or (kind == "json_object" and not constraint.json_object):

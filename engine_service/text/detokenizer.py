@@ -49,6 +49,17 @@ class IncrementalDetokenizer:
         return full_text[len(prefix_text):]
 
 
+def skipped_markers(tokenizer: PreTrainedTokenizerBase, markers: tuple[str, ...]) -> dict[int, str]:
+    """The markers that are each one special token, which the detokenizer skips (it decodes with
+    skip_special_tokens), by id: a caller that must see them puts their text back."""
+    skipped: dict[int, str] = {}
+    for marker in markers:
+        ids = tokenizer.encode(marker, add_special_tokens=False)
+        if len(ids) == 1 and not tokenizer.decode(ids, skip_special_tokens=True):
+            skipped[ids[0]] = marker
+    return skipped
+
+
 class TokenTable:
     """Per-token display text and raw bytes, for logprobs."""
 

@@ -30,7 +30,8 @@ class OutputProcessor:
                  stop_ids: set[int], eos_ids: list[int], stop_strings: list[str], min_tokens: int,
                  max_tokens: int, tools: ToolSpec | None, matcher: Matcher | None,
                  reasoning: ReasoningTokens | None = None, phase: Phase = Phase.UNDECIDED,
-                 max_reasoning_tokens: int | None = None) -> None:
+                 max_reasoning_tokens: int | None = None, call_markers: dict[int, str] | None = None) -> None:
+        """`call_markers`: the tool-call tags that are special tokens, by id (see skipped_markers)."""
         self.index = index
         self._prompt_len = len(prompt_ids)
         self._tokenizer = tokenizer
@@ -59,6 +60,9 @@ class OutputProcessor:
         self._undecided_tokens = 0  # tokens before the model showed whether it thinks
         self.forced: list[int] = []  # the end marker's tokens, once the thinking budget is spent
         self._check_budget()
+        # Markers the detokenizer skips as special tokens, put back as text for the splits that read them.
+        self._skipped = {**(reasoning.special_texts if reasoning is not None else {}),
+                         **((call_markers or {}) if tools is not None else {})}
         # What the next chunk event carries.
         self._text = ""
         self._thinking = ""
@@ -80,8 +84,7 @@ class OutputProcessor:
         if self._matcher is not None and self.answering:
             self._matcher.consume(token)
         text = self._detokenizer.add(token)
-        if self._reasoning is not None:
-            text += self._reasoning.special_texts.get(token, "")  # a marker the detokenizer skips
+        text += self._skipped.get(token, "")
         text, matched = self._stop_strings.feed(text)
         self._output(text, counted=True)
         if matched is not None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from conduit.v1.contract import REASONING_EFFORTS
+from engine_service.text.detokenizer import skipped_markers
 
 if TYPE_CHECKING:  # transformers loads only where a model does (the fast tests need neither)
     from transformers import PreTrainedTokenizerBase
@@ -179,11 +180,7 @@ class ReasoningTokens:
 
     @classmethod
     def of(cls, fmt: ReasoningFormat, tokenizer: PreTrainedTokenizerBase) -> "ReasoningTokens":
-        special: dict[int, str] = {}
-        for marker in (fmt.start, fmt.end):
-            ids = tokenizer.encode(marker, add_special_tokens=False)
-            if len(ids) == 1 and not tokenizer.decode(ids, skip_special_tokens=True):
-                special[ids[0]] = marker
+        special = skipped_markers(tokenizer, (fmt.start, fmt.end))
         return cls(fmt, tokenizer.encode(fmt.end, add_special_tokens=False), special)
 
 

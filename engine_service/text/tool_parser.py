@@ -22,6 +22,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+CALL_TAGS = (CALL_OPEN, CALL_CLOSE)
 FENCE = "```"  # a Markdown code fence: a tag inside one is an example, not a call
 
 _DECODER = json.JSONDecoder()

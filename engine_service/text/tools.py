@@ -21,7 +21,7 @@ from conduit.v1.contract import new_tool_call_id
 
 from engine_service.core.params import InvalidRequest
 from engine_service.text.json_schemas import JSON_OPTIONS, closed_objects, placed_at
-from engine_service.text.tool_parser import CALL_CLOSE, CALL_OPEN, ParsedCall, parse_tool_calls
+from engine_service.text.tool_parser import CALL_OPEN, CALL_TAGS, ParsedCall, parse_tool_calls
 
 # Where a call's object names its arguments: most formats say "arguments", Llama 3's "parameters".
 _ARGUMENT_KEYS = ("arguments", "parameters")
@@ -124,23 +124,28 @@ class ToolSpec:
                 "\nTo call a function, reply with only:\n"
                 '<tool_call>{"name": "<function name>", "arguments": {<arguments as JSON>}}</tool_call>')
 
-    def grammar(self, answer: str | None = None, bare_calls: bool = False) -> str | None:
+    def grammar(self, answer: str | None = None, bare_calls: bool = False,
+                tag_tokens: dict[str, int] | None = None) -> str | None:
         """This turn's output grammar (llguidance's JSON form), or None when it is free. Forced:
         well-formed calls only, in the `<tool_call>` form the forced path streams. On auto with
         `answer` (the response format's grammar): calls, or an answer that matches the format.
         `bare_calls`: calls may also be bare JSON objects (the model's chat template chose its own
-        call format, and bare JSON is the other one the parser reads; our tool prompt asks for tags)."""
+        call format, and bare JSON is the other one the parser reads; our tool prompt asks for tags).
+        `tag_tokens`: the call tags that are one special token to the grammar engine (Qwen's added
+        `<tool_call>`), by id: the grammar names that token, as the engine matches no text to it."""
+        tags = tag_tokens or {}
         if self.forced:
             names = [self.function_name] if self.mode == pb.ToolChoice.MODE_FUNCTION else list(self.tools)
-            return json.dumps({"grammars": [self._calls_lark(_CALLS_ONLY, names, ("arguments",), bare=False)]})
+            return json.dumps({"grammars": [self._calls_lark(_CALLS_ONLY, names, ("arguments",), False, tags)]})
         if answer is None:
             return None
         answer_grammars = json.loads(answer)["grammars"]
         answer_grammars[0]["name"] = "answer"
-        calls = self._calls_lark(_CALLS_OR_ANSWER, list(self.tools), _ARGUMENT_KEYS, bare=bare_calls)
+        calls = self._calls_lark(_CALLS_OR_ANSWER, list(self.tools), _ARGUMENT_KEYS, bare_calls, tags)
         return json.dumps({"grammars": [calls] + answer_grammars})
 
-    def _calls_lark(self, start: str, names: list[str], keys: tuple[str, ...], bare: bool) -> dict:
+    def _calls_lark(self, start: str, names: list[str], keys: tuple[str, ...], bare: bool,
+                    tag_tokens: dict[str, int]) -> dict:
         """A Lark grammar (`start`: its start rule) whose `calls` is one call, or with parallel calls
         one per line (the output may end after any of them, a newline included). One output's calls
         share one form, tagged or (with `bare`) bare JSON, as the parser reads them."""
@@ -156,7 +161,8 @@ class ToolSpec:
                     "additionalProperties": False,
                 })
         body = {"anyOf": branches, "x-guidance": JSON_OPTIONS}
-        forms = [f"{json.dumps(CALL_OPEN)} body {json.dumps(CALL_CLOSE)}"] + (["body"] if bare else [])
+        open_, close = (f"<[{tag_tokens[tag]}]>" if tag in tag_tokens else json.dumps(tag) for tag in CALL_TAGS)
+        forms = [f"{open_} body {close}"] + (["body"] if bare else [])
         calls = " | ".join(f'{form} ("\\n" {form})* "\\n"?' if self.parallel else form for form in forms)
         lark = (start +
                 f"calls: {calls}\n"

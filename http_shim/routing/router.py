@@ -154,7 +154,7 @@ class _Routed:
 
 
 class RoutedEngine:
-    """The engine client interface the shim uses (generate_shared, health, model_info, tokenize),
+    """The engine client interface the shim uses (generate_shared, health, model_info, tokenize, embed),
     over the replicas serving one model."""
 
     def __init__(self, router: Router, model: str) -> None:
@@ -184,6 +184,14 @@ class RoutedEngine:
     def tokenize(self, *args: Any, **kwargs: Any) -> pb.TokenizeResponse:
         """EngineClient.tokenize, on a replica serving the model."""
         return self._unary(lambda client: client.tokenize(*args, **kwargs))
+
+    def embed(self, *args: Any, **kwargs: Any) -> pb.EmbedResponse:
+        """EngineClient.embed, on a replica serving the model (Embed is idempotent: retried on UNAVAILABLE)."""
+        return self._unary(lambda client: client.embed(*args, **kwargs))
+
+    def detokenize(self, *args: Any, **kwargs: Any) -> str:
+        """EngineClient.detokenize, on a replica serving the model."""
+        return self._unary(lambda client: client.detokenize(*args, **kwargs))
 
     def _unary(self, call: Any) -> Any:
         """`call(client)` on the healthy replicas in turn until one answers; the last error if none does."""

@@ -116,6 +116,7 @@ LOGIT_BIAS_RANGE = Range(-100.0, 100.0)
 MAX_N = 16  # GenerateRequest.n is in [1, MAX_N]
 MAX_TOP_LOGPROBS = 20  # GenerateRequest.top_logprobs is in [0, MAX_TOP_LOGPROBS]
 MAX_STOP_STRINGS = 16  # StoppingParams.stop holds at most this many
+MAX_EMBED_INPUTS = 2048  # EmbedRequest.inputs holds 1 to this many (OpenAI's limit too)
 # ChatInput.reasoning_effort's values (besides empty: the template's default).
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 

@@ -69,6 +69,11 @@ class EngineStub:
                 request_serializer=conduit_dot_v1_dot_engine__pb2.GetLoadRequest.SerializeToString,
                 response_deserializer=conduit_dot_v1_dot_engine__pb2.LoadReport.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/conduit.v1.Engine/Embed',
+                request_serializer=conduit_dot_v1_dot_engine__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=conduit_dot_v1_dot_engine__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -133,6 +138,15 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Embeds a batch of inputs with an embedding model: one vector per input, in order. An
+        engine serves either generation or embeddings: Embed on a generation model, and Generate
+        (or GenerateMany) on an embedding model, end with FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -170,6 +184,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.GetLoad,
                     request_deserializer=conduit_dot_v1_dot_engine__pb2.GetLoadRequest.FromString,
                     response_serializer=conduit_dot_v1_dot_engine__pb2.LoadReport.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=conduit_dot_v1_dot_engine__pb2.EmbedRequest.FromString,
+                    response_serializer=conduit_dot_v1_dot_engine__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -361,6 +380,33 @@ class Engine:
             '/conduit.v1.Engine/GetLoad',
             conduit_dot_v1_dot_engine__pb2.GetLoadRequest.SerializeToString,
             conduit_dot_v1_dot_engine__pb2.LoadReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/conduit.v1.Engine/Embed',
+            conduit_dot_v1_dot_engine__pb2.EmbedRequest.SerializeToString,
+            conduit_dot_v1_dot_engine__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

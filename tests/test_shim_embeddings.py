@@ -1,0 +1,133 @@
+"""The shim's /v1/embeddings, /tokenize and /detokenize in front of the fake engine (no model): the
+OpenAI shapes (float and base64 as the openai SDK decodes them), the checks the shim makes itself,
+the engine's errors under the body's names, and the routes in /openapi.json."""
+
+from __future__ import annotations
+
+import base64
+import struct
+
+import httpx
+import openai
+import pytest
+
+from fake_engine import MODEL_ID, start_shim, stop_process
+from http_shim.embeddings.request import openai_param
+
+
+@pytest.fixture(scope="module")
+def shim(fake):
+    process, url = start_shim(fake.address)
+    yield url
+    stop_process(process)
+
+
+@pytest.fixture
+def http(shim):
+    with httpx.Client(base_url=shim, timeout=30) as client:
+        yield client
+
+
+def test_float_and_base64_shapes(shim, http) -> None:
+    body = http.post("/v1/embeddings", json={"model": MODEL_ID, "input": ["one two", "three"]}).json()
+    vectors = [item.pop("embedding") for item in body["data"]]  # float32 values, written exactly as doubles
+    assert body == {"object": "list", "model": MODEL_ID, "usage": {"prompt_tokens": 3, "total_tokens": 3},
+                    "data": [{"object": "embedding", "index": 0}, {"object": "embedding", "index": 1}]}
+    assert vectors == [[1.0, struct.unpack("<f", struct.pack("<f", 0.2))[0], 0.0, -1.0],
+                       [1.0, struct.unpack("<f", struct.pack("<f", 0.1))[0], 0.0, -1.0]]
+    packed = http.post("/v1/embeddings", json={"model": MODEL_ID, "input": "one two",
+                                               "encoding_format": "base64"}).json()["data"][0]["embedding"]
+    assert struct.unpack("<4f", base64.b64decode(packed)) == pytest.approx((1.0, 0.2, 0.0, -1.0))
+    sdk = openai.OpenAI(base_url=f"{shim}/v1", api_key="unused", max_retries=0, timeout=30)
+    decoded = sdk.embeddings.create(model=MODEL_ID, input=[[5, 6, 7]])  # the SDK asks for base64 and decodes it
+    assert decoded.data[0].embedding == pytest.approx([1.0, 0.3, 0.0, -1.0])
+    assert decoded.usage.prompt_tokens == 3
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": MODEL_ID}, "input"),
+    ({"model": MODEL_ID, "input": []}, "input"),
+    ({"model": MODEL_ID, "input": [[]]}, "input[0]"),
+    ({"model": MODEL_ID, "input": [[1, -2]]}, "input[0]"),
+    ({"model": MODEL_ID, "input": [True]}, "input[0]"),
+    ({"model": MODEL_ID, "input": ["a", None]}, "input[1]"),
+    ({"input": "a"}, "model"),
+    ({"model": MODEL_ID, "input": "a", "encoding_format": "float16"}, "encoding_format"),
+    ({"model": MODEL_ID, "input": "a", "dimensions": -1}, "dimensions"),
+    ({"model": MODEL_ID, "input": "a", "dimensions": 8}, "dimensions"),  # the engine's refusal
+    ({"model": MODEL_ID, "input": "a", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+])
+def test_bad_input_names_its_param(http, body, param) -> None:
+    response = http.post("/v1/embeddings", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_unknown_model(http) -> None:
+    response = http.post("/v1/embeddings", json={"model": "nope", "input": "a"})
+    assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+
+
+def test_tokenize_and_detokenize(http) -> None:
+    assert http.post("/tokenize", json={"model": MODEL_ID, "prompt": "a b c"}).json() == {
+        "count": 3, "max_model_len": 2048, "tokens": [0, 1, 2]}
+    assert http.post("/detokenize", json={"model": MODEL_ID, "tokens": [4, 5]}).json() == {"prompt": "w4 w5"}
+    both = http.post("/tokenize", json={"model": MODEL_ID, "prompt": "a",
+                                        "messages": [{"role": "user", "content": "b"}]})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "prompt"
+
+
+def test_openapi_describes_the_routes(http) -> None:
+    document = http.get("/openapi.json").json()
+    assert {"/v1/embeddings", "/tokenize", "/detokenize"} <= set(document["paths"])
+    request = document["components"]["schemas"]["EmbeddingRequest"]
+    assert request["required"] == ["model", "input"]
+    assert request["properties"]["encoding_format"]["enum"] == ["float", "base64"]
+
+
+def test_engine_params_map_to_the_body() -> None:
+    assert openai_param("inputs[3]", one_input=False) == "input[3]"
+    assert openai_param("inputs[0]", one_input=True) == "input"
+    assert openai_param("inputs", one_input=False) == "input"
+    assert openai_param("dimensions", one_input=True) == "dimensions"
+
+
+def test_run_stack_serves_the_embedding_model_beside_the_chat_model() -> None:
+    """`make run-stack` (conduit-stack) adds all-MiniLM-L6-v2's engine, after the chat engines' ports,
+    behind the same shim; EMBEDDING_MODEL=none leaves it out. A Stack's default starts none."""
+    from clients.launch import Stack, build_parser
+
+    args = build_parser().parse_args(["--engine-port", "7100", "--replicas", "2"])
+    assert args.embedding_model == "all-MiniLM-L6-v2"
+    stack = Stack(engine_port=7100, replicas=2, embedding_model=args.embedding_model, embedding_port=7102)
+    assert stack.shim_command()[stack.shim_command().index("--engine") + 1] == \
+        "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102"
+    assert stack.embedding_command()[stack.embedding_command().index("--model") + 1] == "all-MiniLM-L6-v2"
+    assert Stack(engine_port=7100).embedding_address is None
+    assert build_parser().parse_args(["--embedding-model", "none"]).embedding_model == "none"
+
+
+def test_the_shim_listens_without_nagles_delay(monkeypatch) -> None:
+    """Small responses (an embedding, the model list) took ~40 ms more than their work: headers and
+    body are separate writes, and Nagle's algorithm held the body for the client's delayed ACK.
+    The listener sets TCP_NODELAY, which its accepted connections inherit."""
+    import socket
+
+    import gevent
+
+    from http_shim import server as shim_server
+
+    seen = {}
+
+    def serve_forever(self) -> None:
+        seen["nodelay"] = self.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        self.stop()
+
+    monkeypatch.setattr(shim_server.WSGIServer, "serve_forever", serve_forever)
+    monkeypatch.setattr(gevent, "signal_handler", lambda *args: None)
+
+    class App:
+        state = type("State", (), {"drain": None})()
+
+    shim_server.serve(App(), "127.0.0.1", 0)  # type: ignore[arg-type]
+    assert seen["nodelay"] == 1
