@@ -211,7 +211,7 @@ class _StreamTranslator:
 
     def finish(self) -> list[dict[str, Any]]:
         """The usage chunk, when the client asked for it with stream_options.include_usage."""
-        (end,) = self._fold.finish()
+        end = self._fold.finish()
         if not self.plan.include_usage:
             return []
         chunk = self.envelope([])

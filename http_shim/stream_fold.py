@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Union
 
 from conduit.common.results import Choice, Completion, CompletionBuilder, Usage
 from conduit.v1 import engine_pb2 as pb
@@ -44,75 +43,61 @@ class Finish(StrEnum):
 # ------------------------------------------------------------------ events
 
 
-@dataclass(frozen=True)
-class PromptRead:
-    """The engine read a prompt: its token counts, and its text and logprobs when asked for."""
+class Event:
+    """What happened in the answer, in no API's words."""
 
+
+@dataclass(frozen=True)
+class PromptRead(Event):  # its token counts; its text and logprobs when asked for
     prompt_index: int
     prompt: pb.PromptInfo
 
 
 @dataclass(frozen=True)
-class ReasoningDelta:
+class ChoiceEvent(Event):
     prompt_index: int
     choice: int
+
+
+@dataclass(frozen=True)
+class ReasoningDelta(ChoiceEvent):
     text: str
 
 
 @dataclass(frozen=True)
-class TextDelta:
-    """Answer text; `text` may be empty when the piece carries only logprobs."""
-
-    prompt_index: int
-    choice: int
+class TextDelta(ChoiceEvent):  # `text` may be empty when the piece carries only logprobs
     text: str
     logprobs: list[pb.TokenLogprob]
 
 
 @dataclass(frozen=True)
-class ToolCallStart:
-    prompt_index: int
-    choice: int
+class ToolCallStart(ChoiceEvent):
     index: int
     id: str
     name: str
 
 
 @dataclass(frozen=True)
-class ToolCallArguments:
-    """A piece of a started call's arguments (every piece the engine sent, also an empty one)."""
-
-    prompt_index: int
-    choice: int
+class ToolCallArguments(ChoiceEvent):  # every piece the engine sent, also an empty one
     index: int
     arguments: str
 
 
 @dataclass(frozen=True)
-class ChoiceEnd:
-    prompt_index: int
-    choice: int
+class ChoiceEnd(ChoiceEvent):
     reason: Finish
     matched_stop: str
 
 
 @dataclass(frozen=True)
-class StreamEnd:
-    """The whole answer is complete; usage counts every prompt and choice."""
-
+class StreamEnd(Event):  # the whole answer is complete; usage counts every prompt and choice
     usage: Usage
 
 
 @dataclass(frozen=True)
-class StreamFailed:
-    """The engine (or a drain, or a bug) cut the stream short; usage counts what was generated."""
-
+class StreamFailed(Event):  # cut short by the engine, a drain or a bug; usage counts what was generated
     error: APIError
     usage: Usage
-
-
-Event = Union[PromptRead, ReasoningDelta, TextDelta, ToolCallStart, ToolCallArguments, ChoiceEnd, StreamEnd,
-              StreamFailed]
 
 
 # ------------------------------------------------------------------ the fold
@@ -145,8 +130,7 @@ class UsageTally:
 class StreamFold:
     def __init__(self) -> None:
         self._tally = UsageTally()
-        # The tool calls started, per (prompt, choice): the engine's call index -> its id.
-        self._calls: dict[tuple[int, int], dict[int, str]] = {}
+        self._calls: dict[tuple[int, int], set[int]] = {}  # the calls started, per (prompt, choice)
 
     def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[Event]:
         self._tally.add(prompt_index, response)
@@ -159,11 +143,11 @@ class StreamFold:
             return self._final(prompt_index, response.final)
         return []
 
-    def finish(self) -> list[Event]:
-        return [StreamEnd(self._tally.usage())]
+    def finish(self) -> StreamEnd:
+        return StreamEnd(self._tally.usage())
 
-    def fail(self, error: APIError) -> list[Event]:
-        return [StreamFailed(error, self._tally.usage())]
+    def fail(self, error: APIError) -> StreamFailed:
+        return StreamFailed(error, self._tally.usage())
 
     def _chunk(self, p: int, chunk: pb.Chunk) -> list[Event]:
         out: list[Event] = []
@@ -177,18 +161,18 @@ class StreamFold:
 
     def _final(self, p: int, final: pb.Final) -> list[Event]:
         out: list[Event] = []
-        started = self._calls.get((p, final.index), {})
+        started = self._calls.get((p, final.index), set())
         for k, call in enumerate(final.tool_calls):
             if k not in started:  # not streamed piecewise: sent whole
                 out += self._call(p, final.index, k, call.id, call.name, call.arguments)
         return out + [ChoiceEnd(p, final.index, Finish.of(final.finish_reason), final.matched_stop)]
 
     def _call(self, p: int, choice: int, index: int, call_id: str, name: str, arguments: str) -> list[Event]:
-        calls = self._calls.setdefault((p, choice), {})
+        started = self._calls.setdefault((p, choice), set())
         out: list[Event] = []
-        if index not in calls:
-            calls[index] = call_id or new_tool_call_id()
-            out.append(ToolCallStart(p, choice, index, calls[index], name))
+        if index not in started:
+            started.add(index)
+            out.append(ToolCallStart(p, choice, index, call_id or new_tool_call_id(), name))
         return out + [ToolCallArguments(p, choice, index, arguments)]
 
 

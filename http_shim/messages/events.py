@@ -12,23 +12,17 @@ Every event is `event: <type>` plus `data: <json>` whose `type` is the same name
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
 from conduit.common.results import Usage
 from conduit.v1 import engine_pb2 as pb
 
 from ..errors import APIError
+from ..sse import named_event as event
 from ..stream_fold import (ChoiceEnd, Event, Finish, PromptRead, ReasoningDelta, StreamFold, TextDelta,
                            ToolCallArguments, ToolCallStart)
 from .errors import error_object
 from .response import SIGNATURE_PREFIX, envelope, stop_reason, tool_use_block, usage_object
-
-
-def event(data: dict[str, Any]) -> bytes:
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {data['type']}\ndata: {payload}\n\n".encode()
-
 
 PING = event({"type": "ping"})
 
@@ -109,12 +103,11 @@ class MessagesEvents:
         return []
 
     def finish(self) -> list[bytes]:
-        (done,) = self._fold.finish()
         choice = self._end or ChoiceEnd(0, 0, Finish.STOP, "")  # no final: the engine gave no reason
         reason, sequence = stop_reason(choice.reason, choice.matched_stop, self._stops)
         return self._start() + self._close() + [
             event({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                   "usage": usage_object(done.usage)}),
+                   "usage": usage_object(self._fold.finish().usage)}),
             event({"type": "message_stop"}),
         ]
 

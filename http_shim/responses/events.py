@@ -70,7 +70,7 @@ class ResponseEvents:
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
-        return f"event: {kind}\n".encode() + sse.event(data)
+        return sse.named_event(data)
 
     def _start(self) -> list[bytes]:
         if self._started:
@@ -213,14 +213,12 @@ class ResponseEvents:
         return []
 
     def finish(self) -> list[bytes]:
-        (end,) = self._fold.finish()
         out = self._start() + self.close_items(self._status)
-        return out + self.end(self._status, usage_object(end.usage))
+        return out + self.end(self._status, usage_object(self._fold.finish().usage))
 
     def fail(self, error: APIError) -> list[bytes]:
-        (failed,) = self._fold.fail(error)
         status = "cancelled" if error.code == CANCELLED_CODE else "failed"
-        return self._start() + self.end(status, usage_object(failed.usage), error)
+        return self._start() + self.end(status, usage_object(self._fold.fail(error).usage), error)
 
 
 def replay(response: dict[str, Any]) -> list[bytes]:
