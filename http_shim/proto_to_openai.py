@@ -12,7 +12,6 @@ from typing import Any
 
 from conduit.common.results import ToolCall, Usage
 from conduit.v1 import engine_pb2 as pb
-from conduit.v1.contract import new_tool_call_id
 
 from . import sse
 from .errors import APIError
@@ -105,7 +104,7 @@ def reasoning_fields(reasoning: str) -> dict[str, str]:
 
 def tool_call_object(call: ToolCall) -> dict[str, Any]:
     return {
-        "id": call.id or new_tool_call_id(),
+        "id": call.id,
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     }

@@ -191,7 +191,10 @@ class Collector:
         self._tally.add(prompt_index, response)
 
     def completion(self, prompt_index: int) -> Completion:
-        return self._prompts.get(prompt_index, CompletionBuilder()).build()
+        completion = self._prompts.get(prompt_index, CompletionBuilder()).build()
+        for call in (call for choice in completion.choices for call in choice.tool_calls):
+            call.id = call.id or new_tool_call_id()  # as a stream's ToolCallStart has (the builder keeps it)
+        return completion
 
     def usage(self) -> Usage:
         return self._tally.usage()

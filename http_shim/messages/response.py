@@ -24,8 +24,9 @@ def new_message_id() -> str:
 
 
 def tool_use_id(call_id: str) -> str:
-    """Anthropic's `toolu_` id for an engine call id (`call_` + hex): the same call, the same id."""
-    return "toolu_" + (call_id.removeprefix("call_") or uuid.uuid4().hex[:24])
+    """Anthropic's `toolu_` id for a call's id (`call_` + hex; the fold gives one to a call the engine
+    sent none for): the same call, the same id."""
+    return "toolu_" + call_id.removeprefix("call_")
 
 
 def tool_input(arguments: str) -> dict[str, Any]:

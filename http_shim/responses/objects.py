@@ -10,7 +10,6 @@ import time
 from typing import Any
 
 from conduit.common.results import Choice, Usage
-from conduit.v1.contract import new_tool_call_id
 
 from ..errors import APIError
 from ..proto_to_openai import chat_logprobs
@@ -60,8 +59,7 @@ def output_items(choice: Choice, logprobs: bool, skeleton: ResponseSkeleton) -> 
         items.append(message_item(new_id("msg"), status, [part]))
     for call in choice.tool_calls:
         name, namespace = skeleton.call_name(call.name)
-        items.append(function_call_item(new_id("fc"), call.id or new_tool_call_id(), name, call.arguments, status,
-                                        namespace))
+        items.append(function_call_item(new_id("fc"), call.id, name, call.arguments, status, namespace))
     return items
 
 
