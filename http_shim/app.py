@@ -43,16 +43,12 @@ from .observe import REQUEST_ID_KEY, ROUTE_KEY, ObservedApp
 from .openai_to_proto import DEFAULT_LIMITS, GenerationPlan, RequestLimits, check_body, parse_chat, parse_completion
 from .openapi import openapi_document
 from .playground import playground
-from .proto_to_openai import (
-    ChatStreamTranslator,
-    Collector,
-    CompletionStreamTranslator,
-    chat_response,
-    completion_response,
-)
-from .relay import OpenAIEvents, Relay
+from .proto_to_openai import (ChatStreamTranslator, CompletionStreamTranslator, OpenAIEvents, chat_response,
+                              completion_response)
+from .relay import Relay
 from .responses import RESPONSES_ROUTE, ResponseStore, StoreLimits, default_store_dir, register_responses
 from .routing import RoutingConfig
+from .stream_fold import Collector
 
 log = logging.getLogger("http_shim")
 

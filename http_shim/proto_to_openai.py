@@ -8,22 +8,28 @@ library's `CompletionBuilder`, one per prompt; this module only shapes the resul
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
-from conduit.common.results import Choice, Completion, CompletionBuilder, ToolCall
+from conduit.common.results import ToolCall, Usage
 from conduit.v1 import engine_pb2 as pb
-from conduit.v1.contract import finish_reason_name, new_tool_call_id
 
+from . import sse
+from .errors import APIError
 from .openai_to_proto import GenerationPlan
+from .stream_fold import (ChoiceEnd, Collector, Event, Finish, PromptRead, ReasoningDelta, StreamFold, TextDelta,
+                          ToolCallArguments, ToolCallStart)
 
 # What OpenAI reports for a probability too small to represent.
 _MIN_LOGPROB = -9999.0
 
 
-def finish_reason(name: str | None) -> str:
+# OpenAI's words for why a choice ended: the neutral names.
+_FINISH_REASONS = {Finish.STOP: "stop", Finish.LENGTH: "length", Finish.TOOL_CALLS: "tool_calls"}
+
+
+def finish_reason(reason: str | None) -> str:
     """OpenAI always names one: "stop" for a choice the engine gave no reason for."""
-    return name or "stop"
+    return _FINISH_REASONS[Finish.named(reason)]
 
 
 def logprob_value(value: float) -> float | None:
@@ -75,15 +81,15 @@ def echo_text(plan: GenerationPlan, prompt_index: int, prompt: pb.PromptInfo) ->
     return prompt.prompt_text or request.text or "".join(t.token for t in prompt.prompt_logprobs)
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, reasoning_tokens: int = 0) -> dict[str, Any]:
+def usage(tally: Usage) -> dict[str, Any]:
     out = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens": tally.prompt_tokens,
+        "completion_tokens": tally.completion_tokens,
+        "total_tokens": tally.prompt_tokens + tally.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": tally.cached_tokens},
     }
-    if reasoning_tokens:  # a model that thought (others' usage is as it always was)
-        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    if tally.reasoning_tokens:  # a model that thought (others' usage is as it always was)
+        out["completion_tokens_details"] = {"reasoning_tokens": tally.reasoning_tokens}
     return out
 
 
@@ -96,63 +102,9 @@ def reasoning_fields(reasoning: str) -> dict[str, str]:
 # ------------------------------------------------------------------ whole responses
 
 
-class UsageTally:
-    """Usage without keeping the text (streams keep only this): prompt (and cached) tokens once per
-    prompt, whatever n; the latest completion-token count of every choice."""
-
-    def __init__(self) -> None:
-        self._prompts: dict[int, pb.PromptInfo] = {}
-        self._completion_tokens: dict[tuple[int, int], int] = {}
-        self._reasoning_tokens: dict[tuple[int, int], int] = {}
-
-    def add(self, prompt_index: int, response: pb.GenerateResponse) -> None:
-        kind = response.WhichOneof("kind")
-        if kind == "prompt":
-            self._prompts[prompt_index] = response.prompt
-        elif kind in ("chunk", "final"):
-            part = response.chunk if kind == "chunk" else response.final
-            self._completion_tokens[prompt_index, part.index] = part.completion_tokens
-            if kind == "final":
-                self._reasoning_tokens[prompt_index, part.index] = part.reasoning_tokens
-
-    def usage(self) -> dict[str, Any]:
-        return usage(sum(p.prompt_tokens for p in self._prompts.values()), sum(self._completion_tokens.values()),
-                     sum(p.cached_tokens for p in self._prompts.values()), sum(self._reasoning_tokens.values()))
-
-
-class Collector:
-    """The responses of every Generate call of one HTTP request, folded per prompt."""
-
-    def __init__(self) -> None:
-        self._prompts: dict[int, CompletionBuilder] = {}
-        self._tally = UsageTally()
-
-    def add(self, prompt_index: int, response: pb.GenerateResponse) -> None:
-        self._prompts.setdefault(prompt_index, CompletionBuilder()).add(response)
-        self._tally.add(prompt_index, response)
-
-    def completion(self, prompt_index: int) -> Completion:
-        return self._prompts.get(prompt_index, CompletionBuilder()).build()
-
-    def usage(self) -> dict[str, Any]:
-        return self._tally.usage()
-
-    def ranked(self, prompt_index: int, n: int, best_of: int) -> list[Choice]:
-        """The choices to return for one prompt: all of them, or the best n of best_of."""
-        by_index = {c.index: c for c in self.completion(prompt_index).choices}
-        choices = [by_index.get(i, Choice(i)) for i in range(best_of)]
-        if best_of > n:
-            choices = sorted(choices, key=cumulative_logprob, reverse=True)[:n]
-        return choices
-
-
-def cumulative_logprob(choice: Choice) -> float:
-    return sum(e.logprob for e in choice.logprobs if not math.isnan(e.logprob))
-
-
 def tool_call_object(call: ToolCall) -> dict[str, Any]:
     return {
-        "id": call.id or new_tool_call_id(),
+        "id": call.id,
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     }
@@ -188,7 +140,7 @@ def chat_response(
         "created": created,
         "model": model,
         "choices": choices,
-        "usage": collected.usage(),
+        "usage": usage(collected.usage()),
         "system_fingerprint": None,
     }
 
@@ -220,7 +172,7 @@ def completion_response(
         "created": created,
         "model": model,
         "choices": choices,
-        "usage": collected.usage(),
+        "usage": usage(collected.usage()),
         "system_fingerprint": None,
     }
 
@@ -228,22 +180,14 @@ def completion_response(
 # ------------------------------------------------------------------ streamed chunks
 
 
-@dataclass
-class _StreamChoice:
-    text_offset: int = 0
-    tool_ids: dict[int, str] = field(default_factory=dict)
-
-
 class _StreamTranslator:
-    """Shared state of a streamed response: chunk envelope, the token counts so far (for usage),
-    per-choice progress."""
+    """A streamed response's chunks, formatted from the fold's events: the chunk envelope and numbering."""
 
     object_name = ""
 
     def __init__(self, response_id: str, created: int, model: str, plan: GenerationPlan) -> None:
         self.response_id, self.created, self.model, self.plan = response_id, created, model, plan
-        self.tally = UsageTally()
-        self.choices: dict[tuple[int, int], _StreamChoice] = {}
+        self._fold = StreamFold()
 
     def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         chunk: dict[str, Any] = {
@@ -261,121 +205,126 @@ class _StreamTranslator:
     def index(self, prompt_index: int, choice: int) -> int:
         return prompt_index * self.plan.n + choice
 
-    def state(self, prompt_index: int, choice: int) -> _StreamChoice:
-        return self.choices.setdefault((prompt_index, choice), _StreamChoice())
-
     def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[dict[str, Any]]:
-        self.tally.add(prompt_index, response)
-        kind = response.WhichOneof("kind")
-        if kind == "prompt":
-            return self.on_prompt(prompt_index, response.prompt)
-        if kind == "chunk":
-            return self.on_chunk(prompt_index, response.chunk)
-        if kind == "final":
-            return self.on_final(prompt_index, response.final)
-        return []
+        return self.chunks(self._fold.on_response(prompt_index, response))
 
     def finish(self) -> list[dict[str, Any]]:
         """The usage chunk, when the client asked for it with stream_options.include_usage."""
+        end = self._fold.finish()
         if not self.plan.include_usage:
             return []
         chunk = self.envelope([])
-        chunk["usage"] = self.tally.usage()
+        chunk["usage"] = usage(end.usage)
         return [chunk]
 
-    def on_prompt(self, prompt_index: int, prompt: pb.PromptInfo) -> list[dict[str, Any]]:
-        raise NotImplementedError
-
-    def on_chunk(self, prompt_index: int, chunk: pb.Chunk) -> list[dict[str, Any]]:
-        raise NotImplementedError
-
-    def on_final(self, prompt_index: int, final: pb.Final) -> list[dict[str, Any]]:
+    def chunks(self, events: list[Event]) -> list[dict[str, Any]]:
         raise NotImplementedError
 
 
 class ChatStreamTranslator(_StreamTranslator):
+    """One chunk per engine response (its reasoning, text, logprobs and tool-call pieces in one
+    delta, one entry per call as OpenAI sends), and one chunk for each choice's end."""
+
     object_name = "chat.completion.chunk"
 
     def _choice(self, index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict:
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
-    def on_prompt(self, prompt_index: int, prompt: pb.PromptInfo) -> list[dict[str, Any]]:
-        return [self.envelope([self._choice(i, {"role": "assistant", "content": ""})]) for i in range(self.plan.n)]
+    def chunks(self, events: list[Event]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        delta: dict[str, Any] = {}
+        calls: dict[int, dict[str, Any]] = {}
+        logprobs = None
+        index = 0
+        for e in events:
+            if isinstance(e, PromptRead):
+                out += [self.envelope([self._choice(i, {"role": "assistant", "content": ""})]) for i in range(self.plan.n)]
+                continue
+            index = self.index(e.prompt_index, e.choice)
+            if isinstance(e, ReasoningDelta):
+                delta.update(reasoning_fields(e.text))
+            elif isinstance(e, TextDelta):
+                if e.text:
+                    delta["content"] = e.text
+                if self.plan.logprobs and e.logprobs:
+                    logprobs = chat_logprobs(e.logprobs)
+            elif isinstance(e, ToolCallStart):
+                calls[e.index] = {"index": e.index, "id": e.id, "type": "function",
+                                  "function": {"name": e.name, "arguments": ""}}
+            elif isinstance(e, ToolCallArguments):
+                entry = calls.setdefault(e.index, {"index": e.index, "function": {"arguments": ""}})
+                entry["function"]["arguments"] += e.arguments
+            elif isinstance(e, ChoiceEnd):
+                out += self._delta(index, delta, calls, logprobs)
+                delta, calls, logprobs = {}, {}, None
+                out.append(self.envelope([self._choice(index, {}, None, finish_reason(e.reason))]))
+        return out + self._delta(index, delta, calls, logprobs)
 
-    def _tool_deltas(self, state: _StreamChoice, deltas: list[pb.ToolCallDelta]) -> list[dict[str, Any]]:
-        """One entry per call in the chunk, as OpenAI sends: a message holding several steps' tokens
-        (--stream-interval) may carry a call's header and argument pieces together."""
-        out: dict[int, dict[str, Any]] = {}
-        for d in deltas:
-            if d.index in out:
-                out[d.index]["function"]["arguments"] += d.arguments
-            elif d.index not in state.tool_ids:
-                state.tool_ids[d.index] = d.id or new_tool_call_id()
-                out[d.index] = {"index": d.index, "id": state.tool_ids[d.index], "type": "function",
-                                "function": {"name": d.name, "arguments": d.arguments}}
-            else:
-                out[d.index] = {"index": d.index, "function": {"arguments": d.arguments}}
-        return list(out.values())
-
-    def on_chunk(self, prompt_index: int, chunk: pb.Chunk) -> list[dict[str, Any]]:
-        state = self.state(prompt_index, chunk.index)
-        delta: dict[str, Any] = reasoning_fields(chunk.reasoning_text)
-        if chunk.text:
-            delta["content"] = chunk.text
-        if chunk.tool_calls:
-            delta["tool_calls"] = self._tool_deltas(state, list(chunk.tool_calls))
-        logprobs = chat_logprobs(list(chunk.logprobs)) if self.plan.logprobs and chunk.logprobs else None
+    def _delta(self, index: int, delta: dict[str, Any], calls: dict[int, dict[str, Any]], logprobs: Any) -> list[dict]:
+        if calls:
+            delta["tool_calls"] = list(calls.values())
         if not delta and logprobs is None:
             return []
         if not delta:
             delta["content"] = ""
-        return [self.envelope([self._choice(self.index(prompt_index, chunk.index), delta, logprobs)])]
-
-    def on_final(self, prompt_index: int, final: pb.Final) -> list[dict[str, Any]]:
-        state = self.state(prompt_index, final.index)
-        index = self.index(prompt_index, final.index)
-        reason = finish_reason(finish_reason_name(final.finish_reason))
-        out = []
-        if final.finish_reason == pb.FINISH_REASON_TOOL_CALLS and not state.tool_ids and final.tool_calls:
-            # The engine did not stream the calls piecewise: send each whole, as one delta.
-            deltas = [
-                pb.ToolCallDelta(index=k, id=c.id, name=c.name, arguments=c.arguments)
-                for k, c in enumerate(final.tool_calls)
-            ]
-            out.append(self.envelope([self._choice(index, {"tool_calls": self._tool_deltas(state, deltas)})]))
-        out.append(self.envelope([self._choice(index, {}, None, reason)]))
-        return out
+        return [self.envelope([self._choice(index, delta, logprobs)])]
 
 
 class CompletionStreamTranslator(_StreamTranslator):
     object_name = "text_completion"
 
+    def __init__(self, response_id: str, created: int, model: str, plan: GenerationPlan) -> None:
+        super().__init__(response_id, created, model, plan)
+        # Characters before each choice's next token (the logprobs' text_offset), per (prompt, choice).
+        self._offsets: dict[tuple[int, int], int] = {}
+
     def _choice(self, index: int, text: str, logprobs: Any = None, finish: str | None = None) -> dict:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
-    def on_prompt(self, prompt_index: int, prompt: pb.PromptInfo) -> list[dict[str, Any]]:
+    def chunks(self, events: list[Event]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for e in events:
+            if isinstance(e, PromptRead):
+                out += self._echo(e.prompt_index, e.prompt)
+            elif isinstance(e, TextDelta):
+                logprobs = None
+                if self.plan.logprobs and e.logprobs:
+                    offset = self._offsets.get((e.prompt_index, e.choice), 0)
+                    logprobs = completion_logprobs(e.logprobs, offset)
+                    self._offsets[e.prompt_index, e.choice] = offset + sum(len(t.token) for t in e.logprobs)
+                if e.text or logprobs is not None:
+                    out.append(self.envelope([self._choice(self.index(e.prompt_index, e.choice), e.text, logprobs)]))
+            elif isinstance(e, ChoiceEnd):
+                index = self.index(e.prompt_index, e.choice)
+                out.append(self.envelope([self._choice(index, "", None, finish_reason(e.reason))]))
+        return out
+
+    def _echo(self, prompt_index: int, prompt: pb.PromptInfo) -> list[dict[str, Any]]:
         if not self.plan.echo:
             return []
         out = []
         echoed = echo_text(self.plan, prompt_index, prompt)
         for i in range(self.plan.n):
-            state = self.state(prompt_index, i)
             logprobs = completion_logprobs(list(prompt.prompt_logprobs), 0) if self.plan.logprobs else None
-            state.text_offset = len(echoed)
+            self._offsets[prompt_index, i] = len(echoed)
             out.append(self.envelope([self._choice(self.index(prompt_index, i), echoed, logprobs)]))
         return out
 
-    def on_chunk(self, prompt_index: int, chunk: pb.Chunk) -> list[dict[str, Any]]:
-        state = self.state(prompt_index, chunk.index)
-        logprobs = None
-        if self.plan.logprobs and chunk.logprobs:
-            logprobs = completion_logprobs(list(chunk.logprobs), state.text_offset)
-            state.text_offset += sum(len(e.token) for e in chunk.logprobs)
-        if not chunk.text and logprobs is None:
-            return []
-        return [self.envelope([self._choice(self.index(prompt_index, chunk.index), chunk.text, logprobs)])]
 
-    def on_final(self, prompt_index: int, final: pb.Final) -> list[dict[str, Any]]:
-        index = self.index(prompt_index, final.index)
-        reason = finish_reason(finish_reason_name(final.finish_reason))
-        return [self.envelope([self._choice(index, "", None, reason)])]
+class OpenAIEvents:
+    """The relay's EventWriter for chat and legacy completion chunks: `data:` lines, `data: [DONE]`
+    when complete, and an OpenAI error object (with no [DONE]) when not."""
+
+    heartbeat = sse.HEARTBEAT
+
+    def __init__(self, translator: ChatStreamTranslator | CompletionStreamTranslator) -> None:
+        self._translator = translator
+
+    def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[bytes]:
+        return [sse.event(c) for c in self._translator.on_response(prompt_index, response)]
+
+    def finish(self) -> list[bytes]:
+        return [sse.event(c) for c in self._translator.finish()] + [sse.DONE]
+
+    def fail(self, error: APIError) -> list[bytes]:
+        return [sse.event(error.body())]

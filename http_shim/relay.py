@@ -5,7 +5,8 @@ parses its body into engine requests, then hands them here. The relay owns what 
 alike: route the model to its engines, track the stream for the drain, wait briefly for the first
 answer so early failures still get a real HTTP status, write heartbeats while the engine is quiet,
 notice a client that left (and cancel its engine calls), and end a failed stream with an error event.
-What differs by API is how responses become events: an `EventWriter`.
+What differs by API is how responses become events: an `EventWriter` (which formats the neutral
+events of stream_fold.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .errors import APIError, internal_error_message
 from .metrics import ShimMetrics
 from .models import ServedModels
 from .observe import REQUEST_ID_KEY, ROUTE_KEY
-from .proto_to_openai import ChatStreamTranslator, Collector, CompletionStreamTranslator
+from .stream_fold import Collector
 
 log = logging.getLogger("http_shim")
 
@@ -47,25 +48,6 @@ class EventWriter(Protocol):
     def fail(self, error: APIError) -> list[bytes]:
         """The events that end a stream the engine (or a drain, or a bug) cut short."""
         ...
-
-
-class OpenAIEvents:
-    """Chat and legacy completion chunks: `data:` lines, `data: [DONE]` when complete, and an
-    OpenAI error object (with no [DONE]) when not."""
-
-    heartbeat = sse.HEARTBEAT
-
-    def __init__(self, translator: ChatStreamTranslator | CompletionStreamTranslator) -> None:
-        self._translator = translator
-
-    def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[bytes]:
-        return [sse.event(c) for c in self._translator.on_response(prompt_index, response)]
-
-    def finish(self) -> list[bytes]:
-        return [sse.event(c) for c in self._translator.finish()] + [sse.DONE]
-
-    def fail(self, error: APIError) -> list[bytes]:
-        return [sse.event(error.body())]
 
 
 class Relay:

@@ -1,4 +1,4 @@
-"""Server-sent events framing for OpenAI streams."""
+"""Server-sent events framing."""
 
 from __future__ import annotations
 
@@ -15,3 +15,8 @@ HEARTBEAT = b": keep-alive\n\n"
 
 def event(data: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def named_event(data: dict[str, Any]) -> bytes:
+    """An event whose `event:` line is its `type` (the Responses and Messages APIs' streams)."""
+    return f"event: {data['type']}\n".encode() + event(data)

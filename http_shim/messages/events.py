@@ -12,21 +12,17 @@ Every event is `event: <type>` plus `data: <json>` whose `type` is the same name
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
+from conduit.common.results import Usage
 from conduit.v1 import engine_pb2 as pb
-from conduit.v1.contract import finish_reason_name, new_tool_call_id
 
 from ..errors import APIError
+from ..sse import named_event as event
+from ..stream_fold import (ChoiceEnd, Event, Finish, PromptRead, ReasoningDelta, StreamFold, TextDelta,
+                           ToolCallArguments, ToolCallStart)
 from .errors import error_object
 from .response import SIGNATURE_PREFIX, envelope, stop_reason, tool_use_block, usage_object
-
-
-def event(data: dict[str, Any]) -> bytes:
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {data['type']}\ndata: {payload}\n\n".encode()
-
 
 PING = event({"type": "ping"})
 
@@ -36,13 +32,12 @@ class MessagesEvents:
 
     def __init__(self, message_id: str, model: str, stop_sequences: list[str]) -> None:
         self._id, self._model, self._stops = message_id, model, stop_sequences
-        self._prompt: pb.PromptInfo | None = None
+        self._fold = StreamFold()
+        self._input = Usage(0, 0)  # the prompt's, for message_start
         self._started = False
         self._block = -1  # index of the latest block
         self._open: tuple[str, int] | None = None  # ("text", 0) or ("tool", call index)
-        self._output_tokens = 0
-        self._final: pb.Final | None = None
-        self._streamed_calls: set[int] = set()
+        self._end: ChoiceEnd | None = None
         self._thought = hashlib.sha256()  # of the thinking block's text, for its signature
 
     # ------------------------------------------------------------------ blocks
@@ -52,7 +47,7 @@ class MessagesEvents:
             return []
         self._started = True
         return [event({"type": "message_start",
-                       "message": envelope(self._id, self._model, usage_object(self._prompt, 0))})]
+                       "message": envelope(self._id, self._model, usage_object(self._input))})]
 
     def _close(self) -> list[bytes]:
         if self._open is None:
@@ -84,49 +79,35 @@ class MessagesEvents:
         out = [] if self._open == ("text", 0) else self._open_block(("text", 0), {"type": "text", "text": ""})
         return out + [self._delta({"type": "text_delta", "text": text})]
 
-    def _tool(self, call: pb.ToolCallDelta) -> list[bytes]:
-        out = []
-        if self._open != ("tool", call.index):
-            self._streamed_calls.add(call.index)
-            block = tool_use_block(call.id or new_tool_call_id(), call.name, None)
-            out = self._open_block(("tool", call.index), block)
-        if call.arguments:
-            out.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
-        return out
-
     # ------------------------------------------------------------------ EventWriter
 
     def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[bytes]:
-        kind = response.WhichOneof("kind")
-        if kind == "prompt":
-            self._prompt = response.prompt
-            return self._start()
-        out = self._start()
-        if kind == "chunk":
-            chunk = response.chunk
-            self._output_tokens = chunk.completion_tokens
-            if chunk.reasoning_text:
-                out += self._thinking(chunk.reasoning_text)
-            if chunk.text:
-                out += self._text(chunk.text)
-            for call in chunk.tool_calls:
-                out += self._tool(call)
-        elif kind == "final":
-            final = self._final = response.final
-            self._output_tokens = final.completion_tokens
-            for k, call in enumerate(final.tool_calls):
-                if k not in self._streamed_calls:  # not streamed piecewise: one whole delta
-                    out += self._tool(pb.ToolCallDelta(index=k, id=call.id, name=call.name, arguments=call.arguments))
-        return out
+        out: list[bytes] = []
+        for e in self._fold.on_response(prompt_index, response):
+            out += self._write(e)
+        return self._start() + out  # message_start first, with the prompt's usage when it came
+
+    def _write(self, e: Event) -> list[bytes]:
+        if isinstance(e, PromptRead):
+            self._input = Usage(e.prompt.prompt_tokens, 0, e.prompt.cached_tokens)
+        elif isinstance(e, ReasoningDelta):
+            return self._thinking(e.text)
+        elif isinstance(e, TextDelta) and e.text:
+            return self._text(e.text)
+        elif isinstance(e, ToolCallStart):
+            return self._open_block(("tool", e.index), tool_use_block(e.id, e.name, None))
+        elif isinstance(e, ToolCallArguments) and e.arguments:
+            return [self._delta({"type": "input_json_delta", "partial_json": e.arguments})]
+        elif isinstance(e, ChoiceEnd):
+            self._end = e
+        return []
 
     def finish(self) -> list[bytes]:
-        final = self._final
-        reason, sequence = stop_reason(finish_reason_name(final.finish_reason) if final else None,
-                                       final.matched_stop if final else "", self._stops)
-        usage = usage_object(self._prompt, self._output_tokens)
+        choice = self._end or ChoiceEnd(0, 0, Finish.STOP, "")  # no final: the engine gave no reason
+        reason, sequence = stop_reason(choice.reason, choice.matched_stop, self._stops)
         return self._start() + self._close() + [
             event({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                   "usage": usage}),
+                   "usage": usage_object(self._fold.finish().usage)}),
             event({"type": "message_stop"}),
         ]
 

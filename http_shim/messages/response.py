@@ -13,10 +13,9 @@ import json
 import uuid
 from typing import Any
 
-from conduit.common.results import Choice
-from conduit.v1 import engine_pb2 as pb
+from conduit.common.results import Choice, Usage
 
-from ..proto_to_openai import Collector
+from ..stream_fold import Collector, Finish
 from .request import MessagesPlan
 
 
@@ -25,8 +24,9 @@ def new_message_id() -> str:
 
 
 def tool_use_id(call_id: str) -> str:
-    """Anthropic's `toolu_` id for an engine call id (`call_` + hex): the same call, the same id."""
-    return "toolu_" + (call_id.removeprefix("call_") or uuid.uuid4().hex[:24])
+    """Anthropic's `toolu_` id for a call's id (`call_` + hex; the fold gives one to a call the engine
+    sent none for): the same call, the same id."""
+    return "toolu_" + call_id.removeprefix("call_")
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
@@ -39,24 +39,23 @@ def tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def stop_reason(finish_reason: str | None, matched_stop: str, stop_sequences: list[str]) -> tuple[str, str | None]:
+# Anthropic's words for why a message ended (a stop string the client sent is named, see stop_reason).
+_STOP_REASONS = {Finish.STOP: "end_turn", Finish.LENGTH: "max_tokens", Finish.TOOL_CALLS: "tool_use"}
+
+
+def stop_reason(reason: str | None, matched_stop: str, stop_sequences: list[str]) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence): a stop string the client sent is named; EOS is end_turn."""
-    if finish_reason == "length":
-        return "max_tokens", None
-    if finish_reason == "tool_calls":
-        return "tool_use", None
-    if matched_stop and matched_stop in stop_sequences:
+    word = _STOP_REASONS[Finish.named(reason)]
+    if word == "end_turn" and matched_stop and matched_stop in stop_sequences:
         return "stop_sequence", matched_stop
-    return "end_turn", None
+    return word, None
 
 
-def usage_object(prompt: pb.PromptInfo | None, output_tokens: int) -> dict[str, Any]:
-    prompt_tokens = prompt.prompt_tokens if prompt else 0
-    cached = prompt.cached_tokens if prompt else 0
+def usage_object(usage: Usage) -> dict[str, Any]:
     return {
-        "input_tokens": prompt_tokens - cached,
-        "output_tokens": output_tokens,
-        "cache_read_input_tokens": cached,
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "output_tokens": usage.completion_tokens,
+        "cache_read_input_tokens": usage.cached_tokens,
         "cache_creation_input_tokens": 0,
     }
 
@@ -103,6 +102,6 @@ def message_object(message_id: str, model: str, plan: MessagesPlan, collected: C
         content.append({"type": "text", "text": choice.text})
     content.extend(tool_use_block(c.id, c.name, c.arguments) for c in choice.tool_calls)
     reason, sequence = stop_reason(choice.finish_reason, choice.matched_stop, plan.stop_sequences)
-    message = envelope(message_id, model, usage_object(completion.prompt, choice.completion_tokens))
+    message = envelope(message_id, model, usage_object(collected.usage()))
     message.update(content=content, stop_reason=reason, stop_sequence=sequence)
     return message

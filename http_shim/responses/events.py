@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conduit.v1 import engine_pb2 as pb
-from conduit.v1.contract import finish_reason_name, new_tool_call_id
 
 from .. import sse
 from ..errors import APIError
-from ..proto_to_openai import UsageTally
+from ..stream_fold import (ChoiceEnd, Event, ReasoningDelta, StreamFold, TextDelta, ToolCallArguments,
+                           ToolCallStart)
 from .objects import (ResponseSkeleton, function_call_item, logprobs_list, message_item, reasoning_item, status_of,
                       text_part, usage_object)
 from .request import new_id, renamed
@@ -62,7 +62,7 @@ class ResponseEvents:
         self._text: _Item | None = None  # the open message item
         self._reasoning: _Item | None = None  # the open reasoning item
         self._calls: dict[int, _Item] = {}  # the engine's call index -> its open function call item
-        self._tally = UsageTally()
+        self._fold = StreamFold()
         self._status = "completed"  # incomplete once the engine says the output limit cut the answer
 
     # -------------------------------------------------------------- framing
@@ -70,7 +70,7 @@ class ResponseEvents:
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
-        return f"event: {kind}\n".encode() + sse.event(data)
+        return sse.named_event(data)
 
     def _start(self) -> list[bytes]:
         if self._started:
@@ -193,38 +193,32 @@ class ResponseEvents:
     # -------------------------------------------------------------- EventWriter
 
     def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[bytes]:
-        self._tally.add(prompt_index, response)
         out = self._start()
-        kind = response.WhichOneof("kind")
-        if kind == "chunk":
-            chunk = response.chunk
-            if chunk.reasoning_text:
-                out += self.reasoning_delta(chunk.reasoning_text)
-            if chunk.text or (self._logprobs and chunk.logprobs):
-                out += self.text_delta(chunk.text, logprobs_list(list(chunk.logprobs)) if self._logprobs else [])
-            for delta in chunk.tool_calls:
-                if delta.index not in self._calls:
-                    out += self.open_call(delta.index, delta.id or new_tool_call_id(),
-                                          *self._skeleton.call_name(delta.name))
-                if delta.arguments:
-                    out += self.call_delta(delta.index, delta.arguments)
-        elif kind == "final":
-            final = response.final
-            if not self._calls:  # the engine did not stream its calls piecewise: each whole
-                for k, call in enumerate(final.tool_calls):
-                    out += self.open_call(k, call.id or new_tool_call_id(), *self._skeleton.call_name(call.name))
-                    out += self.call_delta(k, call.arguments) if call.arguments else []
-            self._status = status_of(finish_reason_name(final.finish_reason))
-            out += self.close_items(self._status)
+        for e in self._fold.on_response(prompt_index, response):
+            out += self._write(e)
         return out
+
+    def _write(self, e: Event) -> list[bytes]:
+        if isinstance(e, ReasoningDelta):
+            return self.reasoning_delta(e.text)
+        if isinstance(e, TextDelta) and (e.text or (self._logprobs and e.logprobs)):
+            return self.text_delta(e.text, logprobs_list(e.logprobs) if self._logprobs else [])
+        if isinstance(e, ToolCallStart):
+            return self.open_call(e.index, e.id, *self._skeleton.call_name(e.name))
+        if isinstance(e, ToolCallArguments) and e.arguments:
+            return self.call_delta(e.index, e.arguments)
+        if isinstance(e, ChoiceEnd):
+            self._status = status_of(e.reason)
+            return self.close_items(self._status)
+        return []
 
     def finish(self) -> list[bytes]:
         out = self._start() + self.close_items(self._status)
-        return out + self.end(self._status, usage_object(self._tally.usage()))
+        return out + self.end(self._status, usage_object(self._fold.finish().usage))
 
     def fail(self, error: APIError) -> list[bytes]:
         status = "cancelled" if error.code == CANCELLED_CODE else "failed"
-        return self._start() + self.end(status, usage_object(self._tally.usage()), error)
+        return self._start() + self.end(status, usage_object(self._fold.fail(error).usage), error)
 
 
 def replay(response: dict[str, Any]) -> list[bytes]:

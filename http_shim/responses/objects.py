@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from conduit.common.results import Choice
-from conduit.v1.contract import new_tool_call_id
+from conduit.common.results import Choice, Usage
 
 from ..errors import APIError
 from ..proto_to_openai import chat_logprobs
+from ..stream_fold import Finish
 from .request import namespaced_names, new_id
 
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
@@ -52,32 +52,34 @@ def function_call_item(item_id: str, call_id: str, name: str, arguments: str, st
 def output_items(choice: Choice, logprobs: bool, skeleton: ResponseSkeleton) -> list[dict[str, Any]]:
     """A finished choice's output: its thinking as a reasoning item (a reasoning model's), its text as
     a message (also an empty one when it made no call), then one item per function call."""
-    status = "incomplete" if choice.finish_reason == "length" else "completed"
+    status = status_of(choice.finish_reason)
     items = [reasoning_item(new_id("rs"), status, choice.reasoning, skeleton.summarized)] if choice.reasoning else []
     if choice.text or not choice.tool_calls:
         part = text_part(choice.text, logprobs_list(choice.logprobs) if logprobs else [])
         items.append(message_item(new_id("msg"), status, [part]))
     for call in choice.tool_calls:
         name, namespace = skeleton.call_name(call.name)
-        items.append(function_call_item(new_id("fc"), call.id or new_tool_call_id(), name, call.arguments, status,
-                                        namespace))
+        items.append(function_call_item(new_id("fc"), call.id, name, call.arguments, status, namespace))
     return items
 
 
-def usage_object(chat_usage: dict[str, Any]) -> dict[str, Any]:
-    """Chat usage -> Responses usage; cached tokens come from the engine's prefix cache."""
+def usage_object(usage: Usage) -> dict[str, Any]:
+    """Cached tokens come from the engine's prefix cache."""
     return {
-        "input_tokens": chat_usage["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
-        "output_tokens": chat_usage["completion_tokens"],
-        "output_tokens_details": {
-            "reasoning_tokens": chat_usage.get("completion_tokens_details", {}).get("reasoning_tokens", 0)},
-        "total_tokens": chat_usage["total_tokens"],
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
 
 
-def status_of(finish_reason: str | None) -> str:
-    return "incomplete" if finish_reason == "length" else "completed"
+# A response's status when its (only) choice ended for a reason.
+_STATUSES = {Finish.STOP: "completed", Finish.LENGTH: "incomplete", Finish.TOOL_CALLS: "completed"}
+
+
+def status_of(reason: str | None) -> str:
+    return _STATUSES[Finish.named(reason)]
 
 
 def error_object(error: APIError) -> dict[str, Any]:

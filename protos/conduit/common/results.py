@@ -41,6 +41,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # of prompt_tokens, those served from the engine's prefix cache
+    reasoning_tokens: int = 0  # of completion_tokens, a reasoning model's thinking
 
     @property
     def total_tokens(self) -> int:
