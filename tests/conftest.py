@@ -256,16 +256,6 @@ def single_slot_stack() -> Iterator[Stack]:
         yield running
 
 
-@pytest.fixture(scope="session")
-def embedding_stack() -> Iterator[Stack]:
-    """The default chat model and all-MiniLM-L6-v2 (an engine of its own) behind one shim, as
-    `make run-stack` serves them; `embedding_address` is the embedding engine's gRPC address."""
-    from clients.launch import Stack
-
-    with Stack(embedding_model="all-MiniLM-L6-v2", startup_timeout=STARTUP_TIMEOUT_S) as running:
-        yield running
-
-
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """For a test running a model in the test process: torch on one thread. Beside the other worker and

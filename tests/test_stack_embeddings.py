@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import struct
+from collections.abc import Iterator
 
 import grpc
 import httpx
@@ -16,7 +17,9 @@ import openai
 import pytest
 
 from clients import AsyncEngineClient, EngineClient
+from clients.launch import Stack
 from clients.errors import ConduitError
+from conftest import STARTUP_TIMEOUT_S
 from embedding_texts import varied_texts
 
 pytestmark = [pytest.mark.model, pytest.mark.in_process_engine]
@@ -24,6 +27,15 @@ pytestmark = [pytest.mark.model, pytest.mark.in_process_engine]
 MODEL = "all-MiniLM-L6-v2"
 TEXTS = varied_texts(300)
 MIN_COSINE = 0.9999
+
+
+@pytest.fixture(scope="module")
+def embedding_stack() -> Iterator[Stack]:
+    """The default chat model and all-MiniLM-L6-v2 (an engine of its own) behind one shim, as
+    `make run-stack` serves them; `embedding_address` is the embedding engine's gRPC address. Module
+    scope: its three processes (~2 GB) stop before the next module's start."""
+    with Stack(embedding_model="all-MiniLM-L6-v2", startup_timeout=STARTUP_TIMEOUT_S) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
