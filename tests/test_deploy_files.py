@@ -90,7 +90,7 @@ def entrypoint_args(dockerfile: str, k8s_args: list[str]) -> list[str]:
 # --- security: the engine token, the network policy, the shim's writable store -----------------------
 # Shared with test_deploy_gateway.py: both topologies keep them.
 
-ENGINE_TOKEN_SECRET = "conduit-engine-token"  # the operator creates it (README, docs/security.md)
+ENGINE_TOKEN_SECRET = "conduit-engine-token"  # the operator creates it (docs/security.md)
 ENGINE_TOKEN_KEY = "token"
 SHIM_HOME = "/home/conduit"  # the shim image's user's home (useradd --create-home), where the store goes by default
 ANYONE = {"from": "anyone"}  # a rule without `from`: every source

@@ -6,7 +6,7 @@ renders while `<script>`, an `<img onerror>` and a javascript: link in an answer
 settings and the conversation reach the engine; Stop cancels the engine's call; 400, 429 and 503
 show as readable messages and the page keeps working; a shim with API keys gets one asked for.
 Against the real stack (default model): a streamed answer, Stop mid-answer with the engine's
-metrics showing the request cancelled and nothing running; and the README's screenshot.
+metrics showing the request cancelled and nothing running; and docs/playground.md's screenshot.
 
 A failed test leaves a screenshot of its page in tests/artifacts/<test name>.png.
 """
@@ -341,7 +341,7 @@ def test_real_model_streams_and_stop_leaves_the_engine_idle(page: Page, stack: S
 
 @pytest.mark.model
 def test_real_model_answer_screenshot(page: Page, stack: Stack) -> None:
-    """A finished Markdown answer with its stats: the README's screenshot."""
+    """A finished Markdown answer with its stats: docs/playground.md's screenshot."""
     open_playground(page, stack.shim_url)
     page.fill("#system", "You are a helpful coding assistant.")
     page.fill("#temperature", "0")

@@ -9,7 +9,7 @@ whose start was evicted can no longer be continued (its id answers 404, as at Op
 
 Each row holds the whole response object and the context it was generated from (every input item,
 inherited ones included, without `instructions`), so continuing a chain reads one row, never a chain.
-Shims do not share a store: each has its own file (see the README for pinning a conversation).
+Shims do not share a store: each has its own file (docs/responses.md says how to pin a conversation).
 
 Under gevent every greenlet runs on one OS thread and a sqlite3 call never yields, so one connection
 serves them all; the lock only keeps a statement and its commit together.
