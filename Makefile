@@ -91,7 +91,7 @@ check-protos: $(STAMP)
 # docs/flags.md from the three programs' argparse parsers; tests/test_docs.py (in `make test`) fails when
 # it is stale.
 docs: $(STAMP)
-	$(BIN)/python -m conduit.common.flagdoc
+	$(BIN)/python -m conduit_common.flagdoc
 
 # Settings from the environment: the launcher's variables (MODEL, ENGINE_PORT, SHIM_PORT, REPLICAS, METRICS_PORT,
 # ENGINE_TOKEN, ENGINE_TLS_*) and the engine's and the shim's own CONDUIT_* ones: docs/flags.md.

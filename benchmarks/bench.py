@@ -152,7 +152,7 @@ def conduit_stack(
     if args.base_url or args.engine:
         yield args.base_url, args.engine, [], []
         return
-    from clients.launch import Stack  # only needed when the bench starts the stack itself
+    from launcher.stack import Stack  # only needed when the bench starts the stack itself
 
     log("starting the Conduit stack (engine + shim)...")
     with Stack(model=args.model, engine_args=shlex.split(args.engine_args),

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from benchmarks.soak import CHAT, MODEL
-from clients.launch import Stack
+from launcher.stack import Stack
 
 MAX_TOKENS = 48
 DROP_EVERY = 7  # every 7th stream is dropped by its client after a few chunks

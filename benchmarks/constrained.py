@@ -16,7 +16,7 @@ import time
 import grpc
 
 from benchmarks.stats import percentile
-from clients.launch import Stack
+from launcher.stack import Stack
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc as pb_grpc
 

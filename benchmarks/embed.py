@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from clients.launch import Stack, free_port
+from launcher.stack import Stack, free_port
 
 BENCH_DIR = Path(__file__).resolve().parent
 OUT = BENCH_DIR / "out"

@@ -17,7 +17,7 @@ from typing import Any
 
 import openai
 
-from clients.launch import Stack
+from launcher.stack import Stack
 
 MODEL = "SmolLM2-135M-Instruct"
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]

@@ -23,8 +23,8 @@ import grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vpb, vllm_engine_pb2_grpc as vpb_grpc
 
 from benchmarks.routing import PolicyStats, markdown, run_policy, start_shim, workload
-from clients.launch import Stack
-from clients.smg_gateway import Gateway
+from launcher.stack import Stack
+from launcher.smg_gateway import Gateway
 
 SIDES = ("shim", "gateway")
 

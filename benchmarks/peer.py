@@ -12,7 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from clients.launch import free_port
+from launcher.stack import free_port
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_BINARY = BENCH_DIR / "peers" / "llama-server"

@@ -29,8 +29,8 @@ from pathlib import Path
 from benchmarks.prompts import PROMPTS, long_system_prompt
 from benchmarks.stats import RequestResult, percentile
 from benchmarks.targets import OpenAITarget
-from clients.launch import REPO_ROOT, Stack
-from conduit.common.lifetime import child_env
+from launcher.stack import REPO_ROOT, Stack
+from conduit_common.lifetime import child_env
 
 POLICIES = ("cache_aware", "round_robin", "least_load")
 MAX_TOKENS = 16

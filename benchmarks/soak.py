@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from clients.launch import Stack
+from launcher.stack import Stack
 
 MODEL = "SmolLM2-135M-Instruct"
 CHAT = [{"role": "user", "content": "Tell me about lighthouses."}]

@@ -34,7 +34,7 @@ import grpc
 from benchmarks.prompts import PROMPTS
 from benchmarks.stats import RequestResult
 from benchmarks.targets import SYSTEM_PROMPT, GrpcTarget, OpenAITarget
-from clients.launch import Stack, free_port
+from launcher.stack import Stack, free_port
 from conduit.v1 import engine_pb2, engine_pb2_grpc
 
 # Rounds run first and not counted: every path warm.

@@ -4,7 +4,7 @@ from clients.engine_client import AsyncEngineClient, AsyncGenerateStream, Engine
 from clients.errors import (Cancelled, ConduitError, DeadlineExceeded, Internal, InvalidArgument, NotFound,
                             ResourceExhausted, Unauthenticated, Unavailable)
 from clients.request_builder import build_request
-from conduit.common.results import Choice, Completion, ToolCall, Usage
+from conduit_common.results import Choice, Completion, ToolCall, Usage
 
 __all__ = [
     "AsyncEngineClient", "AsyncGenerateStream", "Cancelled", "Choice", "Completion", "ConduitError",

@@ -27,7 +27,7 @@ from clients.errors import from_rpc_error
 from clients.many_calls import ManyCallsChannel
 from clients.replicas import channel_target, replica_options, spans_replicas
 from clients.request_builder import Message, ToolSpec, build_request, embed_request, tokenize_request
-from conduit.common.results import Completion, CompletionBuilder
+from conduit_common.results import Completion, CompletionBuilder
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
 from conduit.v1.contract import AUTHORIZATION_METADATA_KEY, ENGINE_SERVICE, MESSAGE_SIZE_OPTIONS, keepalive_options

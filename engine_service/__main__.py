@@ -20,7 +20,7 @@ from pathlib import Path
 
 if __name__ == "__main__":
     # First, before torch loads: a launcher killed meanwhile must not leave this engine running.
-    from conduit.common.lifetime import die_with_parent
+    from conduit_common.lifetime import die_with_parent
 
     die_with_parent()
 
@@ -28,8 +28,8 @@ from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
 from engine_service.core.config import BOUNDS, QUANTIZATIONS, EngineConfig  # noqa: E402
 from engine_service.text.reasoning import PARSER_CHOICES  # noqa: E402
 from engine_service.core.pacing import AUTO_MAX_STREAM_INTERVAL, AUTO_STREAMS_PER_STEP  # noqa: E402
-from conduit.common.cli import EnvArgumentParser, prog_name  # noqa: E402
-from conduit.common.logs import LOG_FORMATS, configure_logging  # noqa: E402
+from conduit_common.cli import EnvArgumentParser, prog_name  # noqa: E402
+from conduit_common.logs import LOG_FORMATS, configure_logging  # noqa: E402
 from engine_service.serving.security import ServerSecurity, collect_tokens  # noqa: E402
 
 
@@ -176,7 +176,7 @@ def main() -> None:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch  # after logging is set up; slow to import
 
-    from conduit.common.memory import release_freed_memory
+    from conduit_common.memory import release_freed_memory
     from engine_service.core.engine import build_engine
     from engine_service.core.faults import (FAULT_INJECT_ENV, FAULT_INJECT_TAKE_ENV, HOLD_MARKER, TOKENIZE_HOLD_ENV,
                                             FaultInjectingChoices, FaultInjectingRunner, TokenizeHold)
@@ -231,7 +231,7 @@ def embeds(args: argparse.Namespace) -> bool:
 
 def serve_embeddings(args: argparse.Namespace) -> None:
     """An embedding model's engine (core/embedding_engine.py), served by serving/embed.py."""
-    from conduit.common.memory import release_freed_memory
+    from conduit_common.memory import release_freed_memory
     from engine_service.core.embedding_engine import EmbeddingEngine
     from engine_service.core.metrics import EngineMetrics
     from engine_service.model.encoder import load_embedding_model

@@ -21,7 +21,7 @@ grpc._common.MAXIMUM_WAIT_TIMEOUT = 60.0
 
 if __name__ == "__main__":
     # As early as gevent allows: a launcher killed meanwhile must not leave this shim running.
-    from conduit.common.lifetime import die_with_parent
+    from conduit_common.lifetime import die_with_parent
 
     die_with_parent()
 
@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence  # noqa: E402
 from clients.engine_client import EngineClient  # noqa: E402
 
 from .app import ENGINE_CHANNEL_OPTIONS, ShimConfig, create_app  # noqa: E402
-from conduit.common.cli import prog_name  # noqa: E402
-from conduit.common.logs import configure_logging  # noqa: E402
+from conduit_common.cli import prog_name  # noqa: E402
+from conduit_common.logs import configure_logging  # noqa: E402
 from .options import parse_args  # noqa: E402
 from .responses import StoreError  # noqa: E402
 from .server import serve  # noqa: E402

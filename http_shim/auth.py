@@ -6,7 +6,7 @@ lines starting with # are ignored) and the environment (`CONDUIT_API_KEYS`, comm
 `Authorization: Bearer <key>` (or `x-api-key: <key>`, as Anthropic's clients send it); /health, /metrics and /openapi.json stay open (probes, scrapers
 and the schema carry no secrets).
 
-Keys are read, checked and compared by the rules the engine's tokens follow (conduit.common.bearer):
+Keys are read, checked and compared by the rules the engine's tokens follow (conduit_common.bearer):
 no empty key, no whitespace in one, a key file without keys stops the shim at start, and the check
 takes the same time whichever key matched.
 """
@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from conduit.common.bearer import BearerSecrets, collect_secrets
+from conduit_common.bearer import BearerSecrets, collect_secrets
 
 KEYS_ENV = "CONDUIT_API_KEYS"
 KEY_ENV = "CONDUIT_API_KEY"  # one key; kept from before several keys were allowed

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from conduit.common.logs import REQUEST_ID
+from conduit_common.logs import REQUEST_ID
 
 from .request_ids import accept_request_id
 from .metrics import UNMATCHED_ROUTE, ShimMetrics

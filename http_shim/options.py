@@ -14,8 +14,8 @@ from typing import Any
 
 from clients.replicas import split_addresses
 
-from conduit.common.cli import EnvArgumentParser, prog_name
-from conduit.common.logs import LOG_FORMATS
+from conduit_common.cli import EnvArgumentParser, prog_name
+from conduit_common.logs import LOG_FORMATS
 from conduit.v1.contract import (ENGINE_TOKEN_ENV, KEEPALIVE_TIME_S, KEEPALIVE_TIMEOUT_S, MAX_N, MAX_STOP_STRINGS,
                                  MIN_PING_INTERVAL_S, keepalive_options)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from conduit.common.results import ToolCall, Usage
+from conduit_common.results import ToolCall, Usage
 from conduit.v1 import engine_pb2 as pb
 
 from . import sse

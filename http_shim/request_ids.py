@@ -2,7 +2,7 @@
 
 The id is the client's `X-Request-Id` when it is acceptable (printable ASCII, at most
 `MAX_REQUEST_ID_CHARS`; gRPC metadata accepts no more), otherwise a new one. observe.py holds it
-in conduit.common.logs.REQUEST_ID for the life of the request, its stream included, so the log lines
+in conduit_common.logs.REQUEST_ID for the life of the request, its stream included, so the log lines
 written meanwhile carry it.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from conduit.common.logs import MAX_REQUEST_ID_CHARS
+from conduit_common.logs import MAX_REQUEST_ID_CHARS
 
 _ACCEPTABLE_ID = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_REQUEST_ID_CHARS)
 

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from conduit.common.results import Choice, Completion, CompletionBuilder, Usage
+from conduit_common.results import Choice, Completion, CompletionBuilder, Usage
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import finish_reason_name, new_tool_call_id
 

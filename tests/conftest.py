@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 from _pytest.mark.expression import Expression  # `-m`'s own parser (pytest_ignore_collect)
 
-from conduit.common.memory import release_freed_memory
+from conduit_common.memory import release_freed_memory
 
 # The fixtures import what they start: the controller process, which runs no test, then starts the
 # workers ~1 s sooner (the openai SDK alone takes 0.8 s to import).
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import openai
 
     from clients import AsyncEngineClient, EngineClient
-    from clients.launch import Stack
+    from launcher.stack import Stack
     from fake_engine import FakeEngineServer
 
 # Bytecode, even where the environment says not to write it (PYTHONDONTWRITEBYTECODE, common in
@@ -209,15 +209,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 @pytest.fixture(scope="session", autouse=True)
 def forked_stack_processes() -> Iterator[None]:
-    """The stacks the tests start (clients.launch.Stack) fork their engines and shims from processes
+    """The stacks the tests start (launcher.stack.Stack) fork their engines and shims from processes
     that imported them already (forked.py): an engine's start took ~7 s, ~4 s of it importing torch
     and transformers, and the suite starts ~20."""
-    import clients.launch
+    import launcher.stack
     import forked
 
-    clients.launch.spawn = forked.spawn
+    launcher.stack.spawn = forked.spawn
     yield
-    clients.launch.spawn = forked.launch_spawn
+    launcher.stack.spawn = forked.launch_spawn
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +235,7 @@ def stack() -> Iterator[Stack]:
     """The default stack; its `base_url` is for the openai SDK, `engine_address` for gRPC, and
     `metrics_url` shows what the engine is doing. Its engine holds the tokenization of a text with
     faults.HOLD_MARKER until a test releases it (in the folder `engine_env[TOKENIZE_HOLD_ENV]`)."""
-    from clients.launch import Stack, free_port
+    from launcher.stack import Stack, free_port
     from engine_service.core.faults import TOKENIZE_HOLD_ENV
 
     with Stack(metrics_port=free_port(), engine_env={TOKENIZE_HOLD_ENV: tempfile.mkdtemp(prefix="conduit-hold-")},
@@ -249,7 +249,7 @@ def single_slot_stack() -> Iterator[Stack]:
     next request, and a fourth concurrent request finds the queue full. Its shim writes a heartbeat
     after a second of silence (not 5): a queued stream's response starts, and a departed client is
     noticed, a heartbeat after the request."""
-    from clients.launch import Stack
+    from launcher.stack import Stack
 
     with Stack(engine_args=["--max-batch-size", "1", "--max-queue", "2"], shim_args=["--heartbeat-interval", "1"],
                startup_timeout=STARTUP_TIMEOUT_S) as running:

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from clients.launch import TLSFiles
+from launcher.stack import TLSFiles
 
 
 def _key() -> ec.EllipticCurvePrivateKey:

@@ -47,7 +47,7 @@ from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2
 
 import forked
-from conduit.common.lifetime import child_env
+from conduit_common.lifetime import child_env
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
 from conduit.v1.contract import ENGINE_SERVICE, ERROR_CODE_METADATA_KEY, PARAM_METADATA_KEY
@@ -368,7 +368,7 @@ def stop_process(process: subprocess.Popen) -> None:
 
 def _main() -> None:
     """`python tests/fake_engine.py --port N`: serve the fake until SIGTERM (or the parent's death)."""
-    from conduit.common.lifetime import die_with_parent
+    from conduit_common.lifetime import die_with_parent
 
     die_with_parent()
     parser = argparse.ArgumentParser()

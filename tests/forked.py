@@ -1,6 +1,6 @@
 """The test side of forkserver.py: `start(program, argv, env, cwd)` -> a process object that the tests
 use as they used subprocess.Popen's (pid, stdout, poll, wait, send_signal, terminate, kill,
-returncode); `spawn` is clients.launch.spawn's double, which forks the stacks' engines and shims."""
+returncode); `spawn` is launcher.stack.spawn's double, which forks the stacks' engines and shims."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
-from clients.launch import REPO_ROOT
-from clients.launch import spawn as launch_spawn
-from conduit.common.lifetime import child_env
+from launcher.stack import REPO_ROOT
+from launcher.stack import spawn as launch_spawn
+from conduit_common.lifetime import child_env
 
 SERVER = Path(__file__).with_name("forkserver.py")
 PROGRAMS = ("http_shim", "engine_service")
@@ -137,7 +137,7 @@ def start(program: str, argv: list[str], env: dict[str, str], cwd: Path, stderr:
 
 def spawn(cmd: list[str], log_path: Path, env: Mapping[str, str] | None = None,
           append: bool = False) -> ForkedProcess | subprocess.Popen[bytes]:
-    """clients.launch.spawn for the tests' stacks: `python -m engine_service` and `python -m http_shim`
+    """launcher.stack.spawn for the tests' stacks: `python -m engine_service` and `python -m http_shim`
     forked from their servers, with what spawn gives them (the log for both outputs, the environment,
     the repository as the working folder, a session of its own); any other command as spawn runs it."""
     if cmd[:2] != [sys.executable, "-m"] or cmd[2] not in PROGRAMS:

@@ -25,7 +25,7 @@ import sys
 PROGRAM = sys.argv[1]
 program_main = importlib.import_module(f"{PROGRAM}.__main__")
 # What the engine's main() imports once its flags are parsed: torch, transformers and the engine.
-PRELOAD = {"engine_service": ["torch", "transformers.models.llama.modeling_llama", "conduit.common.memory",
+PRELOAD = {"engine_service": ["torch", "transformers.models.llama.modeling_llama", "conduit_common.memory",
                               "engine_service.core.engine", "engine_service.core.faults",
                               "engine_service.core.metrics", "engine_service.model.loader",
                               "engine_service.serving.background", "engine_service.serving.server"]}
@@ -38,7 +38,7 @@ import signal  # noqa: E402
 import socket  # noqa: E402
 import traceback  # noqa: E402
 
-from conduit.common.lifetime import ENV_VAR, die_with_parent  # noqa: E402
+from conduit_common.lifetime import ENV_VAR, die_with_parent  # noqa: E402
 
 
 def _run_child(request: dict, conn: socket.socket) -> None:

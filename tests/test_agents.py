@@ -69,7 +69,7 @@ def npm_install(package: str, version: str, binary: str) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from clients.launch import Stack
+    from launcher.stack import Stack
     from test_model_families import assemble_gemma_gguf
 
     template = tmp_path_factory.mktemp("template") / "turns.jinja"

@@ -1,4 +1,4 @@
-"""The engine's tokens and the shim's API keys follow one set of rules (conduit.common.bearer): the same
+"""The engine's tokens and the shim's API keys follow one set of rules (conduit_common.bearer): the same
 tests, run against both. A real engine or shim given a file without a secret, a file it cannot read,
 a secret holding whitespace or an empty one refuses to start (a usage error naming the file) rather
 than run open; both sides accept and refuse the same authorization values, comparing in constant time."""
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import forked
-from clients.launch import REPO_ROOT
-from conduit.common import bearer
-from conduit.common.lifetime import child_env
+from launcher.stack import REPO_ROOT
+from conduit_common import bearer
+from conduit_common.lifetime import child_env
 from engine_service.serving.security import TokenAuthInterceptor
 from http_shim.auth import KeyChecker
 

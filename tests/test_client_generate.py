@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from clients import AsyncEngineClient, DeadlineExceeded, EngineClient
-from clients.launch import Stack
+from launcher.stack import Stack
 from common import QUESTION, STORY
 from conduit.v1 import engine_pb2 as pb
 

@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from clients import launch
-from clients.launch import Stack, StackError, ephemeral_port_range, free_port
+from launcher import stack as launch
+from launcher.stack import Stack, StackError, ephemeral_port_range, free_port
 
 
 def test_taken_port_fails_before_starting_anything() -> None:

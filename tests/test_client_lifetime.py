@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conduit.common.lifetime import ENV_VAR
+from conduit_common.lifetime import ENV_VAR
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR
 # A launcher process: starts the shim the way Stack.start() does, reports its pid and URL, then waits.
 LAUNCHER = """
 import sys, time
-from clients.launch import Stack, spawn
+from launcher.stack import Stack, spawn
 stack = Stack(engine_port=int(sys.argv[1]), log_dir=sys.argv[2])
 shim = spawn(stack.shim_command(), stack.shim_log)
 print(shim.pid, stack.shim_url, flush=True)

@@ -8,7 +8,7 @@ from google.protobuf import descriptor_pool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from clients import DeadlineExceeded, EngineClient, InvalidArgument, NotFound
-from clients.launch import Stack
+from launcher.stack import Stack
 from common import MODEL, QUESTION
 
 pytestmark = pytest.mark.model

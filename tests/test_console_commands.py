@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from clients import launch
+from launcher import stack as launch
 from engine_service import __main__ as engine_main
 from fake_engine import MODEL_ID, _first_line, stop_process
 from http_shim import options as shim_options

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conduit.common import flagdoc
+from conduit_common import flagdoc
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MAX_LINE = 120

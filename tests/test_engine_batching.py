@@ -14,7 +14,7 @@ import grpc
 import pytest
 from conftest import STARTUP_TIMEOUT_S
 
-from clients.launch import Stack
+from launcher.stack import Stack
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc as pb_grpc
 from engine_service.core.faults import HOLD_MARKER, TOKENIZE_HOLD_ENV

@@ -20,7 +20,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients import EngineClient
-from clients.launch import Stack
+from launcher.stack import Stack
 from common import MODEL, QUESTION, STORY
 
 pytestmark = pytest.mark.model

@@ -11,13 +11,13 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from clients.launch import free_port
+from launcher.stack import free_port
 from engine_service.core.block_manager import BlockManager
 from engine_service.core.metrics import EngineMetrics
 from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
 from engine_service.core.scheduler import Scheduler
 from engine_service.core.sequence import Request, Sequence
-from conduit.common.logs import REQUEST_ID, JsonFormatter, RequestIdFilter, TextFormatter, request_extra
+from conduit_common.logs import REQUEST_ID, JsonFormatter, RequestIdFilter, TextFormatter, request_extra
 
 pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import STARTUP_TIMEOUT_S
 from test_engine_batching import PROMPTS, chat, collect, run_concurrently
 
-from clients.launch import Stack
+from launcher.stack import Stack
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc as pb_grpc
 

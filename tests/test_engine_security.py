@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from clients import AsyncEngineClient, ConduitError, EngineClient, Unauthenticated, Unavailable
-from clients.launch import TLSFiles
+from launcher.stack import TLSFiles
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
 from engine_service.serving.background import BackgroundServer

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from clients.launch import REPO_ROOT
-from conduit.common.lifetime import child_env
+from launcher.stack import REPO_ROOT
+from conduit_common.lifetime import child_env
 from engine_service.__main__ import build_parser, parse_args
 from engine_service.core.config import BOUNDS, EngineConfig
 

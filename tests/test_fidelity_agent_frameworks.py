@@ -22,7 +22,7 @@ import openai
 import pydantic
 import pytest
 
-from clients.launch import Stack
+from launcher.stack import Stack
 from common import MODEL, lazy_module
 
 agents = lazy_module("agents")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from clients.launch import Stack
+from launcher.stack import Stack
 from common import MODEL, QUESTION, WEATHER_QUESTION
 
 pytestmark = pytest.mark.model

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from clients.launch import Stack
+from launcher.stack import Stack
 from common import MODEL, QUESTION, WEATHER_QUESTION
 
 pytestmark = pytest.mark.model

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from clients import EngineClient
-from clients.launch import Stack
+from launcher.stack import Stack
 from common import MODEL, ask, text_of
 
 pytestmark = pytest.mark.model

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from clients import EngineClient, Unavailable
-from clients.launch import Stack
+from launcher.stack import Stack
 from common import MODEL, STORY
 from conftest import STARTUP_TIMEOUT_S
 

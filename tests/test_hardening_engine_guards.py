@@ -16,10 +16,10 @@ from collections.abc import Iterator
 import pytest
 
 from clients import EngineClient, Internal
-from clients.launch import Stack, free_port
+from launcher.stack import Stack, free_port
 from clients.request_builder import build_request
 from common import ANSWER, QUESTION
-from conduit.common.logs import MAX_REQUEST_ID_CHARS
+from conduit_common.logs import MAX_REQUEST_ID_CHARS
 from conftest import STARTUP_TIMEOUT_S
 from engine_service.core.faults import FAULT_INJECT_TAKE_ENV
 

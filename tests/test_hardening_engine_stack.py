@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients import EngineClient, Internal, Unauthenticated, Unavailable
-from clients.launch import Stack, TLSFiles, free_port
+from launcher.stack import Stack, TLSFiles, free_port
 from common import ANSWER, MODEL, QUESTION, ask, assert_same_greedy_until_near_tie, text_of
 from conftest import STARTUP_TIMEOUT_S
 from engine_service.core.faults import FAULT_INJECT_ENV

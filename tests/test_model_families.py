@@ -21,8 +21,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from clients.launch import Stack
-from conduit.common.memory import release_freed_memory
+from launcher.stack import Stack
+from conduit_common.memory import release_freed_memory
 from conduit.v1 import engine_pb2 as pb
 from engine_service.core.config import EngineConfig
 from engine_service.core.engine import Engine, build_engine
@@ -276,7 +276,7 @@ def test_gemma3_matches_transformers(gemma_gguf, gemma_prompts, gemma_expected, 
 
 def test_gemma3_gguf_served_by_the_launcher(gemma_gguf, gemma_prompts, gemma_expected, gemma_tokenizer,
                                             tmp_path: Path):
-    """`python -m clients.launch --model gemma-3-270m-q4_k_m.gguf -- --dtype float32 --chat-template F`:
+    """`python -m launcher.stack --model gemma-3-270m-q4_k_m.gguf -- --dtype float32 --chat-template F`:
     completions equal transformers' greedy generate, and chat goes through the given template."""
     model = "gemma-3-270m-q4_k_m"
     template = tmp_path / "turns.jinja"

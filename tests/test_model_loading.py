@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from engine_service.model.attention import causal_mask
-from clients.launch import REPO_ROOT
-from conduit.common.lifetime import child_env
+from launcher.stack import REPO_ROOT
+from conduit_common.lifetime import child_env
 from engine_service.model.loader import gguf_cache_folder, resolve_model
 
 pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from clients.launch import Stack
+from launcher.stack import Stack
 from common import MODEL
 from fake_engine import MARKDOWN_ANSWER, REPO_ROOT, start_shim, stop_process
 

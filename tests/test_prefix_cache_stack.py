@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from clients import EngineClient
-from clients.launch import Stack
-from conduit.common.results import Completion, CompletionBuilder
+from launcher.stack import Stack
+from conduit_common.results import Completion, CompletionBuilder
 from conduit.v1 import engine_pb2 as pb
 from common import MODEL
 

@@ -15,7 +15,7 @@ from conftest import STARTUP_TIMEOUT_S
 from tiny_models import RunnerSeq, tiny_config, tiny_in_memory
 
 from clients import EngineClient
-from clients.launch import Stack
+from launcher.stack import Stack
 
 from engine_service.core.scheduler import ScheduledBatch
 from engine_service.model.linear import (CPU_BF16_DEFAULT, INT4_GROUP, LOW_BIT_MAX_ROWS,

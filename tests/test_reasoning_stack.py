@@ -12,7 +12,7 @@ import anthropic
 import openai
 import pytest
 
-from clients.launch import Stack
+from launcher.stack import Stack
 from conftest import STARTUP_TIMEOUT_S
 from reasoning_tokenizers import r1_distill_tokenizer, scripted_model
 

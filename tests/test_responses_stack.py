@@ -16,7 +16,7 @@ import pydantic
 import pytest
 
 from clients import EngineClient
-from clients.launch import Stack
+from launcher.stack import Stack
 from common import ANSWER, ASK_MAX_TOKENS, MODEL, QUESTION, lazy_module
 from fake_engine import start_shim, stop_process
 

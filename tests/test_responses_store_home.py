@@ -18,8 +18,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from clients.launch import REPO_ROOT
-from conduit.common.lifetime import child_env
+from launcher.stack import REPO_ROOT
+from conduit_common.lifetime import child_env
 from fake_engine import MODEL_ID, FakeEngineServer, start_shim, stop_process
 
 STORE_VARIABLES = ("CONDUIT_RESPONSES_STORE_DIR", "XDG_STATE_HOME")

@@ -29,7 +29,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients import EngineClient, ResourceExhausted, Unavailable
-from clients.launch import free_port
+from launcher.stack import free_port
 from conduit.v1 import engine_pb2 as pb
 from fake_engine import MODEL_ID, FakeEngineServer, start_fake_engine_process, start_shim, stop_process
 from http_shim.metrics import ShimMetrics

@@ -95,7 +95,7 @@ def test_engine_params_map_to_the_body() -> None:
 def test_run_stack_serves_the_embedding_model_beside_the_chat_model() -> None:
     """`make run-stack` (conduit-stack) adds all-MiniLM-L6-v2's engine, after the chat engines' ports,
     behind the same shim; EMBEDDING_MODEL=none leaves it out. A Stack's default starts none."""
-    from clients.launch import Stack, build_parser
+    from launcher.stack import Stack, build_parser
 
     args = build_parser().parse_args(["--engine-port", "7100", "--replicas", "2"])
     assert args.embedding_model == "all-MiniLM-L6-v2"

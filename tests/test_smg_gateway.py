@@ -28,8 +28,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2 as vpb, vllm_engine_pb2_grpc as vpb_grpc
 
-from clients.launch import Stack
-from clients.smg_gateway import Gateway
+from launcher.stack import Stack
+from launcher.smg_gateway import Gateway
 from common import ANSWER, ASK_MAX_TOKENS, MODEL, PROMPT, QUESTION, STORY, WEATHER_QUESTION
 from conftest import STARTUP_TIMEOUT_S
 

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from clients import AsyncEngineClient, EngineClient
-from clients.launch import Stack
+from launcher.stack import Stack
 from clients.errors import ConduitError
 from conftest import STARTUP_TIMEOUT_S
 from embedding_texts import varied_texts

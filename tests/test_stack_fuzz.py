@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from clients.launch import Stack
+from launcher.stack import Stack
 from common import ANSWER, MODEL, QUESTION
 from fake_engine import start_shim, stop_process
 from http_shim.openai_to_proto import RequestLimits

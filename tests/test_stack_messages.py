@@ -12,7 +12,7 @@ import jsonschema
 import pydantic
 import pytest
 
-from clients.launch import Stack
+from launcher.stack import Stack
 from common import ANSWER, ASK_MAX_TOKENS, MODEL, QUESTION, lazy_module
 
 anthropic = lazy_module("anthropic")

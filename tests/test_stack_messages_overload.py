@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from clients.launch import Stack
+from launcher.stack import Stack
 from common import MODEL, QUESTION, STORY, lazy_module
 
 anthropic = lazy_module("anthropic")

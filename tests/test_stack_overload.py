@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from clients.launch import Stack
+from launcher.stack import Stack
 from common import ANSWER, MODEL, QUESTION, chat_request
 
 pytestmark = pytest.mark.model

@@ -27,7 +27,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from clients.launch import Stack
+from launcher.stack import Stack
 from common import MODEL, QUESTION, STORY
 from conftest import STARTUP_TIMEOUT_S
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from clients.launch import Stack, spawn
+from launcher.stack import Stack, spawn
 from common import ANSWER, MODEL, STORY, ask, text_of
 from conftest import STARTUP_TIMEOUT_S
 

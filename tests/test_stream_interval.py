@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from clients.launch import Stack
+from launcher.stack import Stack
 from conftest import STARTUP_TIMEOUT_S, TEST_KV_CACHE_GB
 from engine_service.__main__ import parse_args
 from engine_service.core.config import EngineConfig

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from conduit.common.logs import request_extra
+from conduit_common.logs import request_extra
 from engine_service.core.config import EngineConfig
 from engine_service.core.events import FinishReason
 from engine_service.core.inbox import Inbox

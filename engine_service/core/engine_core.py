@@ -15,7 +15,7 @@ import logging
 
 import torch
 
-from conduit.common.logs import request_extra
+from conduit_common.logs import request_extra
 from engine_service.core import prompt_logprobs
 from engine_service.core.choices import Choices
 from engine_service.core.events import FinishReason

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from conduit.common.results import ToolCall
+from conduit_common.results import ToolCall
 from engine_service.text.tools import ToolCallDelta
 
 

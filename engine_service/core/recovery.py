@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from conduit.common.logs import request_extra
+from conduit_common.logs import request_extra
 from engine_service.core.choices import Choices
 from engine_service.core.events import FinishReason
 from engine_service.core.requests import Requests

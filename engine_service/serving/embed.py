@@ -17,7 +17,7 @@ import uuid
 import grpc
 import torch
 
-from conduit.common.logs import REQUEST_ID, clean_request_id
+from conduit_common.logs import REQUEST_ID, clean_request_id
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import MAX_EMBED_INPUTS
 from engine_service.core.embedding_engine import EmbeddingEngine, EmbedJob

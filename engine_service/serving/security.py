@@ -2,7 +2,7 @@
 
 Tokens come from `--auth-token` (repeatable), `--auth-token-file` (one per line; blank lines and
 `#` comments skipped) and the CONDUIT_ENGINE_TOKENS environment variable (comma-separated), read and
-checked by the rules the shim's API keys follow (conduit.common.bearer): a file without a token
+checked by the rules the shim's API keys follow (conduit_common.bearer): a file without a token
 stops the engine at start rather than leave it open. With any token configured, every call must
 carry the metadata `authorization: Bearer <token>` for one of them, or it ends with UNAUTHENTICATED
 before reaching the engine. The health service and reflection stay open (contract.OPEN_SERVICES):
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import grpc
 
-from conduit.common.bearer import BearerSecrets, collect_secrets
+from conduit_common.bearer import BearerSecrets, collect_secrets
 from conduit.v1.contract import AUTHORIZATION_METADATA_KEY, OPEN_SERVICES
 
 DENIED_MESSAGE = "missing or invalid token: send the metadata 'authorization: Bearer <token>'"

@@ -23,7 +23,7 @@ import grpc
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc as pb_grpc
 from conduit.v1.contract import ERROR_CODE_METADATA_KEY, PARAM_METADATA_KEY, REQUEST_ID_METADATA_KEY
-from conduit.common.logs import REQUEST_ID, clean_request_id
+from conduit_common.logs import REQUEST_ID, clean_request_id
 from engine_service.text import prompts, truncation
 from engine_service.serving.convert import EventEncoder, request_params
 from engine_service.serving.many import ManyCalls
@@ -46,7 +46,7 @@ DRAINING_MESSAGE = "the engine is draining (shutting down) and takes no new requ
 
 
 def caller_request_id(context: grpc.aio.ServicerContext) -> str:
-    """The call's x-request-id metadata (cleaned: conduit.common.logs), or ""."""
+    """The call's x-request-id metadata (cleaned: conduit_common.logs), or ""."""
     for key, value in context.invocation_metadata() or ():
         if key == REQUEST_ID_METADATA_KEY and isinstance(value, str):
             return clean_request_id(value)

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 import grpc
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2 as vpb, vllm_engine_pb2_grpc as vpb_grpc
 
-from conduit.common.logs import REQUEST_ID, clean_request_id
+from conduit_common.logs import REQUEST_ID, clean_request_id
 from conduit.v1 import engine_pb2 as pb
 from engine_service.core.engine import Engine
 from engine_service.core.events import FinalEvent, FinishReason

@@ -10,7 +10,7 @@ import logging
 from typing import TYPE_CHECKING
 
 
-from conduit.common.results import ToolCall
+from conduit_common.results import ToolCall
 from engine_service.text.constraints import Matcher
 from engine_service.text.detokenizer import IncrementalDetokenizer
 from engine_service.text.reasoning import Phase, ReasoningSplitter, ReasoningTokens

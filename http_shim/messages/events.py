@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from conduit.common.results import Usage
+from conduit_common.results import Usage
 from conduit.v1 import engine_pb2 as pb
 
 from ..errors import APIError

@@ -13,7 +13,7 @@ import json
 import uuid
 from typing import Any
 
-from conduit.common.results import Choice, Usage
+from conduit_common.results import Choice, Usage
 
 from ..stream_fold import Collector, Finish
 from .request import MessagesPlan

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from conduit.common.results import Choice, Usage
+from conduit_common.results import Choice, Usage
 
 from ..errors import APIError
 from ..proto_to_openai import chat_logprobs

@@ -1,8 +1,8 @@
 """docs/flags.md, written from the command lines' own parsers: each flag is described once, in its
 argparse help (which `cli.EnvArgumentParser` ends with the flag's variable and default).
 
-    python -m conduit.common.flagdoc            # write docs/flags.md (`make docs`)
-    python -m conduit.common.flagdoc --check    # exit 1 with a diff when docs/flags.md is stale
+    python -m conduit_common.flagdoc            # write docs/flags.md (`make docs`)
+    python -m conduit_common.flagdoc --check    # exit 1 with a diff when docs/flags.md is stale
 
 The programs' modules are imported only when the page is written: this library imports none of them.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 # (console command, `python -m` form, module holding build_parser), in the order a reader meets them.
 PROGRAMS = (
-    ("conduit-stack", "python -m clients.launch", "clients.launch"),
+    ("conduit-stack", "python -m launcher.stack", "launcher.stack"),
     ("conduit-engine", "python -m engine_service", "engine_service.__main__"),
     ("conduit-shim", "python -m http_shim", "http_shim.options"),
 )
@@ -30,7 +30,7 @@ WIDTH = 118
 INTRO = """\
 # Command-line flags
 
-<!-- Written by `make docs` (python -m conduit.common.flagdoc) from the programs' argparse parsers:
+<!-- Written by `make docs` (python -m conduit_common.flagdoc) from the programs' argparse parsers:
 edit the flags' help there, not here. `make test` fails when this file is stale. -->
 
 Installing the package (`pip install .`, or `make install`) puts three console commands on the PATH of its
@@ -119,7 +119,7 @@ def _variables(variables: list[tuple[str, str, str]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conduit.common.flagdoc", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m conduit_common.flagdoc", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the page (default %(default)s)")
     parser.add_argument("--check", action="store_true", help="compare with the page instead of writing it")

@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from clients.launch import free_port, log_tail
+from launcher.stack import free_port, log_tail
 
 POLL_S = 0.2
 

@@ -1,6 +1,6 @@
 """Child processes that die with their parent.
 
-A parent that is SIGKILLed (a killed test run, `kill -9` on `python -m clients.launch`) gets no
+A parent that is SIGKILLed (a killed test run, `kill -9` on `python -m launcher.stack`) gets no
 chance to stop the engine and shim it started. So each child asks the kernel itself, first thing,
 for a SIGTERM when its parent dies (Linux's PR_SET_PDEATHSIG). The child does it rather than a
 `preexec_fn` in the parent: code run between fork and exec conflicts with grpc's fork handlers.
@@ -26,7 +26,7 @@ def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """`env` (default: this process's environment) plus the request that the child die with us.
 
     The kernel signals the child when the *thread* that spawned it exits, not when the whole
-    process does: spawn from the main thread (as `clients.launch.Stack` and the tests do), or from
+    process does: spawn from the main thread (as `launcher.stack.Stack` and the tests do), or from
     a thread that lives as long as the children should.
     """
     return {**(os.environ if env is None else env), ENV_VAR: str(os.getpid())}

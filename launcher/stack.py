@@ -1,6 +1,6 @@
 """Start the engine and the HTTP shim as local processes, wait until both serve, stop both.
 
-Used by `make run-stack` (`python -m clients.launch`), by the end-to-end tests and
+Used by `make run-stack` (`python -m launcher.stack`), by the end-to-end tests and
 by the benchmarks. Each process writes stdout and stderr to a log file; when one
 fails to come up, the error carries the tail of its log.
 
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from clients.engine_client import EngineClient
-from conduit.common.cli import EnvArgumentParser, prog_name
+from conduit_common.cli import EnvArgumentParser, prog_name
 from clients.errors import ConduitError
-from conduit.common.lifetime import child_env
+from conduit_common.lifetime import child_env
 from conduit.v1.contract import ENGINE_TOKEN_ENV, ENGINE_TOKENS_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -403,7 +403,7 @@ def _stop_process(proc: subprocess.Popen[bytes], grace: float) -> None:
 def build_parser() -> EnvArgumentParser:
     """The launcher's flags. Their variables keep the names `make run-stack` has always taken
     (MODEL, ENGINE_PORT, ...); the engine's and the shim's own CONDUIT_* variables reach them too."""
-    parser = EnvArgumentParser(prog=prog_name("conduit-stack", "clients.launch"),
+    parser = EnvArgumentParser(prog=prog_name("conduit-stack", "launcher.stack"),
                                description="Run the Conduit engine and OpenAI-compatible shim locally.")
     parser.add_argument("--model", metavar="PATH_OR_ID", env="MODEL",
                         help="model path or id; default: the engine's default model")
