@@ -174,7 +174,7 @@ chaos: $(STAMP)
 	$(BIN)/python -m benchmarks.chaos --seconds $(CHAOS_SECONDS) $(CHAOS_ARGS)
 
 # One engine step (decode at batch 1/8/32, a 512-token prefill) per weights choice, no server; a few
-# minutes. STEP_ARGS='--threads 1 --deterministic' etc.
+# minutes. STEP_ARGS='--threads 1 --deterministic' etc.; on a busy machine '--threads 1 --clock cpu' (CPU time).
 # Embeddings per second (benchmarks/embed.py): Conduit's /v1/embeddings against Infinity (installed apart,
 # benchmarks/install_infinity.sh) and sentence-transformers' encode in one process; 1/8/64 clients; ~5 min.
 .PHONY: bench-embed

@@ -6,6 +6,9 @@ for each weights choice, through the engine's own ModelRunner (no server, no sam
 
 Each figure is the fastest of --repeats steps after warm-up (on a shared machine the least disturbed
 one), then the median; run it twice and compare. Decode rows attend to --context cached tokens each.
+With several variants, a second table gives each one's step time over the first's, round by round:
+the median ratio and its quartiles. On a busy machine, `--threads 1 --clock cpu` times the step's own
+work (CPU time) rather than the spells other processes took the core.
 """
 
 from __future__ import annotations
@@ -78,19 +81,31 @@ def prefill_batch(length: int) -> StepInput:
     return ScheduledBatch(prefill=[(seq, length)]).step_input()
 
 
-def time_interleaved(runners: dict[str, ModelRunner], step: StepInput,
-                     rounds: int) -> dict[str, tuple[float, float]]:
-    """(fastest, median) step time in ms per runner. Rounds alternate between the runners, so a busy
-    spell on the shared machine slows them all alike rather than one of them."""
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def time_interleaved(runners: dict[str, ModelRunner], step: StepInput, rounds: int,
+                     clock: str = "wall") -> dict[str, list[float]]:
+    """Step times in ms per runner, one per round. Rounds alternate between the runners, every other
+    one in reverse order, so a busy spell on the shared machine slows them all alike rather than one
+    of them, and none always runs right after another."""
+    now = CLOCKS[clock]
     times: dict[str, list[float]] = {name: [] for name in runners}
     for name, runner in runners.items():  # warm-up
         runner.run(step)
-    for _ in range(rounds):
-        for name, runner in runners.items():
-            start = time.perf_counter()
-            runner.run(step)
-            times[name].append((time.perf_counter() - start) * 1000)
-    return {name: (min(t), statistics.median(t)) for name, t in times.items()}
+    names = list(runners)
+    for round_ in range(rounds):
+        for name in names if round_ % 2 == 0 else reversed(names):
+            start = now()
+            runners[name].run(step)
+            times[name].append((now() - start) * 1000)
+    return times
+
+
+def paired(times: list[float], baseline: list[float]) -> str:
+    """The median of the round-by-round ratios times / baseline, with their quartiles."""
+    q1, median, q3 = statistics.quantiles([t / b for t, b in zip(times, baseline)], n=4)
+    return f"{median:.3f} ({q1:.3f}-{q3:.3f})"
 
 
 def main() -> None:
@@ -112,6 +127,9 @@ def main() -> None:
                         help="also time each weights choice's lean forward under torch.compile (inductor, with "
                              "its Python wrapper and with its C++ one; compiled at the first step, not timed)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; default: all cores")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall: elapsed time; cpu: this process's CPU time (with --threads 1, a step's own work "
+                             "without the time other processes held the core)")
     parser.add_argument("--dtypes", nargs="+", default=["auto"], choices=["auto", "bfloat16", "float32"],
                         help="the model's dtype (auto: the engine's choice, bf16 where the CPU has native bf16 or AVX2)")
     args = parser.parse_args()
@@ -144,17 +162,27 @@ def main() -> None:
     if args.prefill:
         cases.append((f"prefill {args.prefill}", prefill_batch(args.prefill), max(3, args.repeats // 5)))
     print(f"dtype {', '.join(args.dtypes)} (auto: {pick_dtype('auto', torch.device('cpu'))}); "
-          f"threads={torch.get_num_threads()} context={args.context} repeats={args.repeats}; "
+          f"threads={torch.get_num_threads()} context={args.context} repeats={args.repeats} clock={args.clock}; "
           f"ms per step, fastest (median)")
-    print("| weights | " + " | ".join(name for name, _, _ in cases) + " |")
-    print("| --- " * (len(cases) + 1) + "|")
+    header = " | ".join(name for name, _, _ in cases)
+    print(f"| weights | {header} |\n" + "| --- " * (len(cases) + 1) + "|")
     cells: dict[str, list[str]] = {name: [] for name in runners}
+    ratios: dict[str, list[str]] = {name: [] for name in list(runners)[1:]}
+    first = next(iter(runners))
     with torch.inference_mode():
         for _, step, rounds in cases:
-            for name, (fastest, median) in time_interleaved(runners, step, rounds).items():
-                cells[name].append(f"{fastest:.1f} ({median:.1f})")
+            times = time_interleaved(runners, step, rounds, args.clock)
+            for name, t in times.items():
+                cells[name].append(f"{min(t):.1f} ({statistics.median(t):.1f})")
+            for name in ratios:
+                ratios[name].append(paired(times[name], times[first]))
     for name, row in cells.items():
         print(f"| {name} | " + " | ".join(row) + " |")
+    if ratios:
+        print(f"\nstep time / {first}'s, round by round: median (quartiles)\n| variant | {header} |\n"
+              + "| --- " * (len(cases) + 1) + "|")
+        for name, row in ratios.items():
+            print(f"| {name} | " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.call_attempts import AttemptedCall
 from clients.errors import from_rpc_error
+from clients.http_proxy import proxy_options
 from clients.many_calls import ManyCallsChannel
 from clients.replicas import channel_target, replica_options, spans_replicas
 from clients.request_builder import Message, ToolSpec, build_request, embed_request, tokenize_request
@@ -41,9 +42,11 @@ def _channel_options(target: str, options: ChannelOptions,
                      tls_server_name: str | None = None) -> list[tuple[str, Any]]:
     """The contract's message size limits and keepalive (a dead engine fails its calls rather than
     leaving them waiting), the replica service config (round robin, health checking, retries of
-    calls that produced nothing), overridden by the caller's `options`."""
+    calls that produced nothing), no HTTP proxy where none can serve the target (clients/http_proxy.py),
+    overridden by the caller's `options`."""
     extra = {"grpc.ssl_target_name_override": tls_server_name} if tls_server_name else {}
-    defaults = {**dict(MESSAGE_SIZE_OPTIONS), **dict(keepalive_options()), **dict(replica_options(target))}
+    defaults = {**dict(MESSAGE_SIZE_OPTIONS), **dict(keepalive_options()), **dict(replica_options(target)),
+                **dict(proxy_options(target))}
     return list({**defaults, **extra, **dict(options)}.items())
 
 

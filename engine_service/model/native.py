@@ -8,7 +8,8 @@ benchmarks/RESULTS.md, "Native kernels"):
 - decode_attention.c: decode attention read in place from the paged KV cache, where torch's path
   gathers each sequence's blocks and then runs SDPA; 1.2-1.25x a step at 1-32 rows.
 - rms_norm.c: the residual add and the RMSNorm after it in one call, where the lean Llama forward
-  runs ~10 small torch ops; 1.04-1.1x.
+  runs ~10 small torch ops; 1.1-1.3x a decode step at 1 row, 1.1x at 8, 1.05-1.1x at 32 (re-measured
+  for issue 41).
 
 Binding: native_ops.cpp registers them with TORCH_LIBRARY as typed ops that check every shape,
 dtype and index the C code reads, so callers pass tensors (`kernels().int8_matmul(rows, weight,

@@ -1,0 +1,97 @@
+"""An http_proxy in the environment does not take engine channels that no proxy can serve
+(clients/http_proxy.py): real channels in a subprocess whose http_proxy names a port where nothing
+listens, to real gRPC health servers on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clients.http_proxy import proxy_options
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DIRECT = [("grpc.enable_http_proxy", 0)]
+
+# Two health servers on loopback, then each client's health() answer (or its error's class) by case.
+CLIENTS = """
+import asyncio, json
+from concurrent import futures
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from clients import AsyncEngineClient, EngineClient
+from conduit.v1.contract import ENGINE_SERVICE
+
+servers, ports = [], []  # held: a grpc.Server that is collected stops
+for _ in range(2):
+    servicer = health.HealthServicer()
+    servicer.set(ENGINE_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    ports.append(server.add_insecure_port("127.0.0.1:0"))
+    server.start()
+    servers.append(server)
+a, b = (f"127.0.0.1:{port}" for port in ports)
+
+def health(target, **options):
+    try:
+        with EngineClient(target, timeout=5, **options) as client:
+            return client.health()
+    except Exception as exc:
+        return type(exc).__name__
+
+async def async_health(target):
+    async with AsyncEngineClient(target, timeout=5) as client:
+        return await client.health()
+
+print(json.dumps({
+    "one": health(a),
+    "localhost": health(a.replace("127.0.0.1", "localhost")),
+    "list": health([a, b]),
+    "async list": asyncio.run(async_health([a, b])),
+    "proxy asked for": health(a, options=[("grpc.enable_http_proxy", 1)]),
+}))
+"""
+
+
+def unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def health_through_bogus_proxy(no_proxy: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env["http_proxy"] = f"http://127.0.0.1:{unused_port()}"
+    if no_proxy is not None:
+        env["no_proxy"] = no_proxy
+    done = subprocess.run([sys.executable, "-c", CLIENTS], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("no_proxy", [None, "127.0.0.1,localhost"])
+def test_engine_channels_on_loopback_and_address_lists_bypass_the_proxy(no_proxy: str | None) -> None:
+    """Without the bypass every case but the second run's single addresses fails: gRPC proxies
+    loopback unless no_proxy lists it, and address lists even when it does."""
+    assert health_through_bogus_proxy(no_proxy) == {
+        "one": "SERVING", "localhost": "SERVING", "list": "SERVING", "async list": "SERVING",
+        # The caller's options win: asked for, the (bogus) proxy is used, and the call fails.
+        "proxy asked for": "SERVING" if no_proxy else "Unavailable",
+    }
+
+
+def test_other_targets_keep_grpcs_proxy_rule() -> None:
+    for target in ("127.0.0.1:5", "[::1]:5", "localhost:5", "ipv4:127.0.0.1:5", "dns:///localhost:5",
+                   "dns://8.8.8.8/localhost:5", "ipv4:10.0.0.1:5,10.0.0.2:5", "ipv6:[fd00::1]:5,[fd00::2]:5"):
+        assert proxy_options(target) == DIRECT, target
+    for target in ("10.0.0.1:5", "engine:50051", "dns:///engine.ns.svc:50051", "ipv4:10.0.0.1:5", "unix:/tmp/e.sock",
+                   "localhost.example.com:5"):
+        assert proxy_options(target) == [], target
