@@ -1,4 +1,4 @@
-// A gRPC client of the engines in Node (tests/test_interop_node.py): @grpc/grpc-js with the stubs that ts-proto
+// A gRPC client of the engines in Node (tests/test_interop.py): @grpc/grpc-js with the stubs that ts-proto
 // generated from protos/conduit/v1/engine.proto at test time (GENERATED: their compiled module). Prints what it got
 // as JSON on stdout, for the Python test to check.
 // Usage: node grpc_engine.cjs '{"stubs", "embeddingAddress", "chatAddress", "texts", "prompt", "maxTokens"}'

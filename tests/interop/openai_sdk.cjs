@@ -1,4 +1,4 @@
-// The openai SDK for Node against Conduit's shim (tests/test_interop_node.py): prints what it got as JSON
+// The openai SDK for Node against Conduit's shim (tests/test_interop.py): prints what it got as JSON
 // on stdout, for the Python test to check.
 // Usage: node openai_sdk.cjs '{"baseURL", "embeddingModel", "chatModel", "texts"}'
 const OpenAI = require("openai");

@@ -1,15 +1,16 @@
-"""Conduit from Node (issue 43), on a real stack (the chat model and all-MiniLM-L6-v2, as `make run-stack`
+"""Conduit from other clients (issue 43), on a real stack (the chat model and all-MiniLM-L6-v2, as `make run-stack`
 serves them): the openai SDK for Node (embeddings in float and in its default base64, a list input, a bad
-input, a chat completion), and a gRPC client in another language generated from the `.proto` at test time:
+input, a chat completion); a gRPC client in another language generated from the `.proto` at test time:
 @grpc/grpc-js with ts-proto's stubs (protoc from grpcio-tools, ts-proto as its plugin, esbuild to JavaScript),
-calling Embed and a streamed Generate. What the Node programs (tests/interop/) got is checked here, against
-the Python client's answers to the same requests.
+calling Embed and a streamed Generate; and LlamaIndex's OpenAI-like embedding class with its in-memory vector
+store. What the Node programs (tests/interop/) got is checked here, against the Python client's answers to the
+same requests.
 
 Why ts-proto rather than grpc-tools' grpc_tools_node_protoc: grpc-tools' install downloads its protoc from
 grpc.io, not from the npm registry, so it cannot install where only package registries are reachable.
 
-`make test-interop` runs this module (an npm install into the cache the first time): left out of
-`make test` unless CONDUIT_INTEROP_TESTS=1.
+`make test-interop` runs this module (an npm install into the cache the first time): left out of `make test`
+unless CONDUIT_INTEROP_TESTS=1 (importing LlamaIndex alone takes ~5 s here).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from launcher.stack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.timeout(900),  # a first npm install included
               pytest.mark.skipif(os.environ.get("CONDUIT_INTEROP_TESTS") != "1",
-                                 reason="the Node interop tests run with `make test-interop`")]
+                                 reason="the interop tests run with `make test-interop`")]
 
 HERE = Path(__file__).parent
 REPO = HERE.parent
@@ -45,6 +46,16 @@ TEXTS = ["What is the capital of France?", "Paris is the capital and largest cit
          "I love pizza 🍕🍕 and rain ☔", "x"]
 MIN_COSINE = 0.9999
 PROMPT, MAX_TOKENS = "Write a sentence about the sea.", 12
+DOCUMENTS = {
+    "paris": "Paris is the capital and largest city of France, on the river Seine.",
+    "python": "Python is a programming language known for its readable syntax.",
+    "whales": "Blue whales are the largest animals that ever lived; they feed on krill in the ocean.",
+    "sourdough": "Sourdough bread rises with wild yeast and lactic acid bacteria instead of baker's yeast.",
+    "volcano": "A volcano erupts when magma from deep below rises through the crust.",
+}
+QUERIES = {"Which city is the capital of France?": "paris", "Which language is easy to read for programmers?": "python",
+           "What do the biggest sea mammals eat?": "whales", "How is sourdough bread leavened?": "sourdough",
+           "Why does lava come out of a mountain?": "volcano"}
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +163,19 @@ def test_grpc_client_generated_from_the_proto(stack: Stack, node_modules: Path, 
     assert "".join(generate["chunks"]) == expected.text
     assert generate["finishReason"] == f"FINISH_REASON_{expected.choices[0].finish_reason.upper()}"
     assert generate["completionTokens"] == expected.choices[0].completion_tokens
+
+
+def test_llamaindex_embeddings_and_vector_store(stack: Stack, python_embeddings: pb.EmbedResponse) -> None:
+    """LlamaIndex's class for OpenAI-compatible servers, as its docs configure it, gets the Python
+    client's vectors; its in-memory VectorStoreIndex retrieves the right document for each query."""
+    # Imported here: ~5 s, paid only where the test runs (the module is imported, and skipped, in `make test`).
+    from llama_index.core import Document, VectorStoreIndex
+    from llama_index.embeddings.openai_like import OpenAILikeEmbedding
+
+    embed_model = OpenAILikeEmbedding(model_name=EMBEDDING_MODEL, api_base=stack.base_url, api_key="unused",
+                                      max_retries=0)
+    assert_same_vectors(embed_model.get_text_embedding_batch(TEXTS), python_embeddings)
+    index = VectorStoreIndex.from_documents([Document(text=text, doc_id=name) for name, text in DOCUMENTS.items()],
+                                            embed_model=embed_model)  # no LLM: a retriever needs none
+    retriever = index.as_retriever(similarity_top_k=1)
+    assert {query: retriever.retrieve(query)[0].node.ref_doc_id for query in QUERIES} == QUERIES
