@@ -1,6 +1,6 @@
 // A gRPC client of the engines in Node (tests/test_interop.py): @grpc/grpc-js with the stubs that ts-proto
-// generated from protos/conduit/v1/engine.proto at test time (GENERATED: their compiled module). Prints what it got
-// as JSON on stdout, for the Python test to check.
+// generated from protos/conduit/v1/engine.proto at test time (`stubs`: their compiled module). Prints what it got as
+// JSON on stdout, for the Python test to check.
 // Usage: node grpc_engine.cjs '{"stubs", "embeddingAddress", "chatAddress", "texts", "prompt", "maxTokens"}'
 const grpc = require("@grpc/grpc-js");
 
@@ -32,14 +32,15 @@ async function main() {
   const embedder = new EngineClient(embeddingAddress, grpc.credentials.createInsecure());
   const chat = new EngineClient(chatAddress, grpc.credentials.createInsecure());
 
-  const embedded = await unary(embedder, "embed", EmbedRequest.fromPartial({ inputs: texts.map((text) => ({ text })) }));
+  // ts-proto's messages are whole objects (its encoders skip only default values): fromPartial fills the rest.
+  const request = EmbedRequest.fromPartial({ inputs: texts.map((text) => ({ text })) });
+  const embedded = await unary(embedder, "embed", request);
   let refused = null;
   try {
     await unary(embedder, "embed", EmbedRequest.fromPartial({ inputs: [{ text: "fine" }, { text: "" }] }));
   } catch (error) {
     refused = failure(error);
   }
-  // ts-proto's messages are whole objects (its encoders skip only default values): fromPartial fills the rest.
   const messages = await streamed(chat, GenerateRequest.fromPartial({
     chat: { messages: [{ role: "user", content: prompt }] }, sampling: { temperature: 0 }, stopping: { maxTokens },
   }));
