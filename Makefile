@@ -111,6 +111,12 @@ test: $(STAMP) browser check-protos kernels
 test-agents: $(STAMP) node kernels
 	CONDUIT_AGENT_TESTS=1 $(BIN)/python -m pytest -n 0 tests/test_agents.py $(PYTEST_ARGS)
 
+# Other clients on a real stack (tests/test_interop.py): the openai SDK for Node, a grpc-js client whose stubs are
+# generated from the .proto at test time, LlamaIndex; tests/interop/package.json's npm packages go into the cache once.
+.PHONY: test-interop
+test-interop: $(STAMP) node kernels
+	CONDUIT_INTEROP_TESTS=1 $(BIN)/python -m pytest -n 0 tests/test_interop.py $(PYTEST_ARGS)
+
 # The tier that loads no model and starts no real engine (the shim runs against tests/fake_engine.py).
 test-fast: $(STAMP) browser check-protos kernels
 	$(BIN)/python -m pytest -m "not model" $(PYTEST_ARGS)
