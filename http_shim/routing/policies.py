@@ -10,14 +10,15 @@
   enough of goes where the fewest prefixes are held (the most cache room), within the same
   balance, so a set's prefixes spread evenly over the caches. This is SGLang's cache-aware policy
   (cache threshold, smallest tree on a miss, absolute and relative balance thresholds) on
-  replica.py's load; prefix.py says what the prefix view is.
+  replica.py's load. The prefix view is the engine's own, from its KV events, where every replica
+  publishes them (kv_index.py), else the shim's text view of what it sent (prefix.py).
 Every policy says why it chose (`Choice.reason`): the shim's metrics count the reasons.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,9 +40,23 @@ class Choice:
     reason: str
 
 
+class PrefixView(Protocol):
+    """What a replica holds of prompts: prefix.PrefixIndex (text) or kv_index.KvIndex (tokens)."""
+
+    def __len__(self) -> int: ...
+
+    def match(self, blocks: list[int]) -> int: ...
+
+
+def text_view(replica: Replica) -> PrefixView:
+    return replica.prefixes
+
+
 class Policy(Protocol):
-    def choose(self, replicas: Sequence[Replica], blocks: list[int]) -> Choice:
-        """`replicas` (not empty) in a stable order; `blocks` the request's prefix hashes."""
+    def choose(self, replicas: Sequence[Replica], blocks: list[int],
+               view: Callable[[Replica], PrefixView] = text_view) -> Choice:
+        """`replicas` (not empty) in a stable order; `blocks` the request's prefix hashes in the view
+        `view(replica)` gives of each replica."""
         ...
 
 
@@ -61,7 +76,8 @@ class RoundRobin:
     def __init__(self) -> None:
         self._turns = Turns()
 
-    def choose(self, replicas: Sequence[Replica], blocks: list[int]) -> Choice:
+    def choose(self, replicas: Sequence[Replica], blocks: list[int],
+               view: Callable[[Replica], PrefixView] = text_view) -> Choice:
         return Choice(self._turns.next(replicas), "round_robin")
 
 
@@ -74,7 +90,8 @@ class LeastLoad:
         lowest = min(replica.load for replica in replicas)
         return self._turns.next([replica for replica in replicas if replica.load == lowest])
 
-    def choose(self, replicas: Sequence[Replica], blocks: list[int]) -> Choice:
+    def choose(self, replicas: Sequence[Replica], blocks: list[int],
+               view: Callable[[Replica], PrefixView] = text_view) -> Choice:
         return Choice(self.least_loaded(replicas), "least_load")
 
 
@@ -84,24 +101,26 @@ class CacheAware:
         self.balance_rel = balance_rel
         self._least = LeastLoad()
 
-    def choose(self, replicas: Sequence[Replica], blocks: list[int]) -> Choice:
+    def choose(self, replicas: Sequence[Replica], blocks: list[int],
+               view: Callable[[Replica], PrefixView] = text_view) -> Choice:
         least = self._least.least_loaded(replicas)
         if not blocks:
             return Choice(least, "cache_miss")
-        matches = [(replica.prefixes.match(blocks), replica) for replica in replicas]
+        matches = [(view(replica).match(blocks), replica) for replica in replicas]
         best = max(matched for matched, _ in matches)
         if best < MIN_MATCH * len(blocks) or best == 0:
-            return Choice(self._roomiest(replicas, least), "cache_miss")
+            return Choice(self._roomiest(replicas, least, view), "cache_miss")
         holder = min((replica for matched, replica in matches if matched == best), key=lambda r: r.load)
         if self._overloaded(holder, least):
             return Choice(least, "load_override")
         return Choice(holder, "cache_hit")
 
-    def _roomiest(self, replicas: Sequence[Replica], least: Replica) -> Replica:
+    def _roomiest(self, replicas: Sequence[Replica], least: Replica,
+                  view: Callable[[Replica], PrefixView]) -> Replica:
         """Where a new prefix goes: the replica holding the fewest prefixes (the most room left, so
         the set's prefixes spread evenly over the caches: one over-full cache would evict them all in
         turn), unless it is loaded beyond the balance thresholds; among equals the least loaded."""
-        roomiest = min(replicas, key=lambda replica: (len(replica.prefixes), replica is not least, replica.load))
+        roomiest = min(replicas, key=lambda replica: (len(view(replica)), replica is not least, replica.load))
         if self._overloaded(roomiest, least):
             return least
         return roomiest
