@@ -1,12 +1,15 @@
-"""Routing policies side by side (issue 32): cache_aware, least_load and round_robin on the same replicas.
+"""Routing policies side by side (issues 32, 42): cache_aware (by the engines' KV events, and by the shim's
+text view), least_load and round_robin on the same replicas.
 
 Two engine replicas (started here, or `--engines A,B` of a running `REPLICAS=2 make run-stack`),
 each with a KV cache too small to hold every shared prefix (--kv-cache-tokens, default 10,000
 tokens: about nine of the workload's sixteen ~1,020-token system prompts; half of them fit). The workload: PROMPTS_N distinct ~1,000-token system
 prompts, USERS users each asking their own question under each, in rounds (every system prompt
-once per round, each round in a new random order), CONCURRENCY requests in flight. Each policy gets
-its own shim process (`--routing P`) against the same engines and a fresh set of system prompts
-(so no policy finds another's prefixes cached); the first round of every policy is all misses.
+once per round, each round in a new random order), CONCURRENCY requests in flight. Each arm gets
+its own shim process (`--routing P`, and for cache_aware `--routing-prefix-view V`: kv_events, the
+engines' own KV events with each prompt tokenized by an engine, or text, the shim's view of what it
+sent) against the same engines and a fresh set of system prompts (so no arm finds another's prefixes
+cached); the first round of every arm is all misses.
 
 Reported per policy: the prefix-cache hit rate (cached_tokens over prompt_tokens, the engines'
 own counts in the usage chunk), TTFT p50/p99 and output tok/s over the policy's wall time.
@@ -32,7 +35,13 @@ from benchmarks.targets import OpenAITarget
 from launcher.stack import REPO_ROOT, Stack
 from conduit_common.lifetime import child_env
 
-POLICIES = ("cache_aware", "round_robin", "least_load")
+# Arm -> the shim's routing flags.
+ARMS = {
+    "cache_aware:kv_events": ["--routing", "cache_aware", "--routing-prefix-view", "kv_events"],
+    "cache_aware:text": ["--routing", "cache_aware", "--routing-prefix-view", "text"],
+    "round_robin": ["--routing", "round_robin"],
+    "least_load": ["--routing", "least_load"],
+}
 MAX_TOKENS = 16
 
 
@@ -49,8 +58,10 @@ class PolicyStats:
 
 
 def start_shim(engines: str, policy: str) -> tuple[subprocess.Popen, str]:
+    """A shim over `engines` routing as `policy` (an arm of ARMS, or a --routing policy)."""
+    flags = ARMS.get(policy, ["--routing", policy])
     process = subprocess.Popen([sys.executable, "-m", "http_shim", "--engine", engines, "--port", "0",
-                                "--routing", policy, "--log-level", "WARNING", "--responses-store-dir", ""],
+                                *flags, "--log-level", "WARNING", "--responses-store-dir", ""],
                                cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True, env=child_env())
     line = process.stdout.readline()
     match = re.search(r"http://[\d.]+:(\d+)", line)
@@ -131,7 +142,7 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=4, help="questions per system prompt (rounds)")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--seed", type=int, default=int(time.time()))
-    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    parser.add_argument("--policies", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args()
     context = {"replicas": args.replicas, "kv_cache_tokens": args.kv_cache_tokens, "system_prompts": args.prompts,
