@@ -51,6 +51,8 @@ class KvFeed:
         while not self._stop.is_set():
             try:
                 offered = self._read()
+            except ValueError:  # its channel was closed: the replica retired
+                return
             finally:
                 self.live = False
                 self.index.clear()
