@@ -2,17 +2,21 @@
 the events the engine's block manager publishes (serving/kv_events.py, in this process) name the blocks a
 prompt's token ids cut into; blocks removed, cleared or chained to an unknown parent are not held; blocks
 the router sent a request to count until the events confirm them or they expire; cache_aware follows the
-view it is given. tests/test_stack_replicas.py runs it on real engines."""
+view it is given; a prompt is tokenized by an engine once, a short one not at all. tests/test_stack_replicas.py runs it on real engines."""
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
+from clients.errors import from_status
+from conduit.v1 import engine_pb2 as pb
 from engine_service.core.block_manager import BlockManager
 from engine_service.serving.kv_events import KvEventPublisher
 from http_shim.routing import kv_index
 from http_shim.routing.kv_index import KvIndex, token_blocks
 from http_shim.routing.policies import CacheAware, Choice
+from http_shim.routing.request_prefix import RequestPrefix
 from smg_grpc_proto.generated import common_pb2
 from test_vllm_worker_units import BLOCK, Subscriber, admitted, computed, loop  # noqa: F401 (loop: a fixture)
 
@@ -104,3 +108,39 @@ def test_cache_aware_follows_the_view_it_is_given() -> None:
     assert policy.choose([a, b], mine, view) == Choice(b, "cache_hit")
     assert policy.choose([a, b], token_blocks(list(range(100, 140)), BLOCK), view) == Choice(a, "cache_miss"), \
         "a new prefix goes where the fewest blocks are held"
+
+
+class Tokenizer:
+    """An engine client's tokenize(), counting its calls; `fails`: the engine refuses it."""
+
+    def __init__(self, fails: bool = False) -> None:
+        self.calls = 0
+        self.fails = fails
+
+    def tokenize(self, *, request, timeout, metadata):
+        self.calls += 1
+        if self.fails:
+            raise from_status(grpc.StatusCode.UNAVAILABLE, "down")
+        assert request.chat.messages[0].content == LONG and request.model == "m"
+        return pb.TokenizeResponse(token_ids=list(range(300)))
+
+
+LONG = "a long system prompt " * 20
+
+
+def test_a_prompt_is_tokenized_once_by_an_engine_and_a_short_one_not_at_all() -> None:
+    engine = Tokenizer()
+    prefix = RequestPrefix("m", pb.GenerateRequest(chat=pb.ChatInput(messages=[pb.ChatMessage(role="user",
+                                                                                              content=LONG)])))
+    assert prefix.token_blocks(engine, 16) == token_blocks(list(range(300)), 16)
+    assert prefix.token_blocks(engine, 16) and engine.calls == 1  # again on a retry elsewhere: asked once
+
+    short = RequestPrefix("m", pb.GenerateRequest(chat=pb.ChatInput(messages=[pb.ChatMessage(role="user",
+                                                                                             content="Hi")])))
+    assert short.token_blocks(engine, 16) == [] and engine.calls == 1  # placed by load, nothing asked
+    given = RequestPrefix("m", pb.GenerateRequest(token_ids=pb.TokenIds(ids=list(range(200)))))
+    assert given.token_blocks(engine, 16) == [] and engine.calls == 1  # its own ids, under MIN_PROMPT_TOKENS
+
+    down = RequestPrefix("m", pb.GenerateRequest(chat=pb.ChatInput(messages=[pb.ChatMessage(role="user",
+                                                                                            content=LONG)])))
+    assert down.token_blocks(Tokenizer(fails=True), 16) is None  # routed by the text view

@@ -51,7 +51,10 @@ def prompt_text(request: pb.GenerateRequest) -> str:
 
 def prefix_blocks(request: pb.GenerateRequest) -> list[int]:
     """Chained hashes of the input's whole BLOCK_CHARS blocks (a short input has none)."""
-    text = prompt_text(request)
+    return text_blocks(prompt_text(request))
+
+
+def text_blocks(text: str) -> list[int]:
     hashes, chained = [], 0
     for start in range(0, len(text) - BLOCK_CHARS + 1, BLOCK_CHARS):
         chained = hash((chained, text[start:start + BLOCK_CHARS]))

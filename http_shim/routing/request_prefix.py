@@ -22,11 +22,15 @@ from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
 
 from .kv_index import token_blocks
-from .prefix import prefix_blocks
+from .prefix import prompt_text, text_blocks
 
 log = logging.getLogger("http_shim.routing")
 
 TOKENIZE_TIMEOUT_S = 2.0
+# Shorter prompts are placed by load alone, as the text view places inputs under one text block: their
+# prefill is cheap, and their blocks are mostly the chat template's boilerplate (a default system
+# prompt), which would otherwise draw every short request of a burst to the first replica holding it.
+MIN_PROMPT_TOKENS = 256
 
 
 def tokenize_request(model: str, request: pb.GenerateRequest) -> pb.TokenizeRequest | None:
@@ -44,7 +48,9 @@ class RequestPrefix:
         self.model = model
         self.request = request
         self.metadata = metadata
-        self.text = prefix_blocks(request)
+        text = prompt_text(request)
+        self.chars = len(text)
+        self.text = text_blocks(text)
         self._ids: list[int] | None = None
         self._asked = False
 
@@ -64,5 +70,10 @@ class RequestPrefix:
         return self._ids
 
     def token_blocks(self, client: EngineClient, block_size: int) -> list[int] | None:
+        """The prompt's token blocks; none for a prompt under MIN_PROMPT_TOKENS; None when unknown."""
+        if self.chars < MIN_PROMPT_TOKENS // 2:  # not asked: a token is nearly always a character or more (the template
+            return []  # would have to add over MIN_PROMPT_TOKENS / 2 tokens of its own)
         ids = self.token_ids(client)
-        return None if ids is None else token_blocks(ids, block_size)
+        if ids is None:
+            return None
+        return token_blocks(ids, block_size) if len(ids) >= MIN_PROMPT_TOKENS else []
