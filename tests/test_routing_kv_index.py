@@ -16,6 +16,7 @@ from engine_service.serving.kv_events import KvEventPublisher
 from http_shim.routing import kv_index
 from http_shim.routing.kv_index import KvIndex, token_blocks
 from http_shim.routing.policies import CacheAware, Choice
+from http_shim.routing.prefix import PrefixIndex
 from http_shim.routing.request_prefix import RequestPrefix
 from smg_grpc_proto.generated import common_pb2
 from test_vllm_worker_units import BLOCK, Subscriber, admitted, computed, loop  # noqa: F401 (loop: a fixture)
@@ -97,17 +98,19 @@ class StandIn:
         self.address = address
         self.load = load
         self.index = KvIndex()
+        self.prefixes = PrefixIndex()  # the text view: what this shim sent there
 
 
-def test_cache_aware_follows_the_view_it_is_given() -> None:
+def test_cache_aware_matches_in_the_view_it_is_given_and_places_by_what_it_sent() -> None:
     a, b = StandIn("a"), StandIn("b")
     policy, view = CacheAware(), (lambda replica: replica.index)
     mine = token_blocks(list(range(40)), BLOCK)
     assert policy.choose([a, b], mine, view) == Choice(a, "cache_miss")
     b.index.apply(batch(stored([list(range(k, k + BLOCK)) for k in range(0, 40, BLOCK)], list(range(1, 11)))))
     assert policy.choose([a, b], mine, view) == Choice(b, "cache_hit")
-    assert policy.choose([a, b], token_blocks(list(range(100, 140)), BLOCK), view) == Choice(a, "cache_miss"), \
-        "a new prefix goes where the fewest blocks are held"
+    a.index.apply(batch(stored([[7] * BLOCK], [99])))  # a's cache holds fewer blocks, but this shim sent it more:
+    a.prefixes.add([1, 2, 3])  # a new prefix goes to b (a warm engine's cache is always full: no measure of room)
+    assert policy.choose([a, b], token_blocks(list(range(100, 140)), BLOCK), view) == Choice(b, "cache_miss")
 
 
 class Tokenizer:

@@ -3,11 +3,11 @@
 - round_robin: each in turn (what gRPC's round_robin did), blind to cache and load.
 - least_load: the replica with the fewest running and waiting requests (replica.py's `load`);
   ties in turn.
-- cache_aware (the default): the replica that was sent the longest prefix of this request, when
+- cache_aware (the default): the replica holding the longest prefix of this request, when
   that prefix is at least MIN_MATCH of the input (its prefill is mostly skipped there), unless
   that replica is loaded well beyond the least loaded one: more than `balance_abs` requests more
   AND more than `balance_rel` times as many; then the least loaded wins. A prefix no replica holds
-  enough of goes where the fewest prefixes are held (the most cache room), within the same
+  enough of goes where this shim sent the fewest recent prefixes (the most cache room), within the same
   balance, so a set's prefixes spread evenly over the caches. This is SGLang's cache-aware policy
   (cache threshold, smallest tree on a miss, absolute and relative balance thresholds) on
   replica.py's load. The prefix view is the engine's own, from its KV events, where every replica
@@ -109,18 +109,19 @@ class CacheAware:
         matches = [(view(replica).match(blocks), replica) for replica in replicas]
         best = max(matched for matched, _ in matches)
         if best < MIN_MATCH * len(blocks) or best == 0:
-            return Choice(self._roomiest(replicas, least, view), "cache_miss")
+            return Choice(self._roomiest(replicas, least), "cache_miss")
         holder = min((replica for matched, replica in matches if matched == best), key=lambda r: r.load)
         if self._overloaded(holder, least):
             return Choice(least, "load_override")
         return Choice(holder, "cache_hit")
 
-    def _roomiest(self, replicas: Sequence[Replica], least: Replica,
-                  view: Callable[[Replica], PrefixView]) -> Replica:
-        """Where a new prefix goes: the replica holding the fewest prefixes (the most room left, so
-        the set's prefixes spread evenly over the caches: one over-full cache would evict them all in
-        turn), unless it is loaded beyond the balance thresholds; among equals the least loaded."""
-        roomiest = min(replicas, key=lambda replica: (len(view(replica)), replica is not least, replica.load))
+    def _roomiest(self, replicas: Sequence[Replica], least: Replica) -> Replica:
+        """Where a new prefix goes: the replica this shim sent the fewest recent prefixes (the most room
+        left, so the set's prefixes spread evenly over the caches: one over-full cache would evict them
+        all in turn), unless it is loaded beyond the balance thresholds; among equals the least loaded.
+        Counted in the text view whatever view matched: an engine's cache is full once warm (released
+        blocks stay cached until evicted), so the blocks its KV events say it holds tell nothing of room."""
+        roomiest = min(replicas, key=lambda replica: (len(replica.prefixes), replica is not least, replica.load))
         if self._overloaded(roomiest, least):
             return least
         return roomiest
