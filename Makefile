@@ -151,7 +151,7 @@ bench: $(STAMP)
 		--json benchmarks/out/short_chat.json
 
 # Routing policies side by side (benchmarks/routing.py): two replicas with small KV caches, 16 shared
-# ~1,000-token system prompts; cache_aware vs round_robin vs least_load in one run; ~15 min here.
+# ~1,000-token system prompts; cache_aware (by the engines' KV events, and by text) vs round_robin vs least_load.
 # ROUTING_ARGS='--engines A,B' uses running replicas (REPLICAS=2 CONDUIT_KV_CACHE_TOKENS=10000 make run-stack).
 bench-routing: $(STAMP)
 	$(BIN)/python -m benchmarks.routing --json benchmarks/out/routing.json $(ROUTING_ARGS)

@@ -221,6 +221,18 @@ class EngineClient:
         """The engine's running and waiting requests, KV-cache usage and layout (GetLoad), for routers."""
         return self._unary(self._stub.GetLoad, pb.GetLoadRequest(), timeout, metadata)
 
+    def kv_events(self, start_sequence_number: int = 0, *, metadata: Metadata | None = None) -> GenerateStream:
+        """The engine's prefix-cache events (vllm.grpc.engine's SubscribeKvEvents, smg-grpc-proto's
+        KvEventBatch), for routers: what it holds, then each block stored and removed, until closed.
+        UNIMPLEMENTED from an engine that does not publish them."""
+        from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2_grpc  # only routers need it
+
+        stub = vllm_engine_pb2_grpc.VllmEngineStub(self._channel)
+        options = self._options.call_options(None, metadata)
+        options["timeout"] = None  # it runs for the engine's life
+        return GenerateStream(stub.SubscribeKvEvents(
+            common_pb2.SubscribeKvEventsRequest(start_sequence_number=start_sequence_number), **options))
+
     def health(self, service: str = ENGINE_SERVICE, *, timeout: float | None = None,
                metadata: Metadata | None = None) -> str:
         """The grpc.health.v1 status name: "SERVING" once the model is loaded, else "NOT_SERVING"."""

@@ -237,6 +237,7 @@ def serve_embeddings(args: argparse.Namespace) -> None:
     from engine_service.model.encoder import load_embedding_model
     from engine_service.serving.background import BackgroundServer
     from engine_service.serving.embed import EmbeddingServicer
+    from engine_service.serving.vllm_embed import VllmEmbedWorker
 
     loaded = load_embedding_model(args.model, device=args.device, dtype=args.dtype)
     if args.served_model_name:
@@ -246,8 +247,9 @@ def serve_embeddings(args: argparse.Namespace) -> None:
     release_freed_memory()
     if metrics is not None:
         metrics.serve(args.metrics_port, args.metrics_host)
-    server = BackgroundServer(EmbeddingServicer(engine), args.host, args.port, security=args.security,
-                              description=loaded.model_id)
+    servicer = EmbeddingServicer(engine)
+    server = BackgroundServer(servicer, args.host, args.port, security=args.security, description=loaded.model_id,
+                              companions=[VllmEmbedWorker(servicer).add_to])  # the Shepherd gateway's protocol
     server.start()
     serve_until_drained(engine.run, server, args.drain_seconds)
 

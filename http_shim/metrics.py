@@ -79,6 +79,13 @@ class ShimMetrics:
             ["replica"],
             registry=self.registry,
         )
+        self.router_replica_kv_blocks = Gauge(
+            "conduit:router_replica_kv_blocks",
+            "Blocks the replica's prefix cache holds as its KV events say (--routing-prefix-view kv_events; "
+            "0 while it publishes none).",
+            ["replica"],
+            registry=self.registry,
+        )
 
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition format and its content type."""

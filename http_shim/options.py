@@ -24,7 +24,8 @@ from .auth import KEY_ENV, KEYS_ENV, collect_keys
 from .cors import CorsPolicy, normal_origin
 from .limits import DEFAULT_LIMITS, RequestLimits
 from .responses import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RESPONSES, IN_MEMORY, StoreLimits
-from .routing import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, POLICIES, RoutingConfig
+from .routing import (DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, DEFAULT_PREFIX_VIEW, POLICIES,
+                      PREFIX_VIEWS, RoutingConfig)
 from .server import DEFAULT_DRAIN_S, DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
 
 DEFAULT_ENGINE = "127.0.0.1:50051"
@@ -79,12 +80,17 @@ def add_routing_args(parser: EnvArgumentParser) -> None:
                             "the least loaded ...")
     group.add_argument("--routing-balance-rel", type=float, metavar="X", default=DEFAULT_BALANCE_REL,
                        help="... and more than X times as many")
+    group.add_argument("--routing-prefix-view", choices=PREFIX_VIEWS, default=DEFAULT_PREFIX_VIEW,
+                       help="what cache_aware knows of each replica's cache: kv_events, the engines' own KV events "
+                            "(exact; each prompt tokenized by an engine) where every replica publishes them, else "
+                            "text; text, the prompt text this shim sent each replica (approximate, no call)")
 
 
 def routing_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
     """The ShimConfig field of routing; bad thresholds end the program with a usage error."""
     try:
-        return {"routing": RoutingConfig(args.routing, args.routing_balance_abs, args.routing_balance_rel)}
+        return {"routing": RoutingConfig(args.routing, args.routing_balance_abs, args.routing_balance_rel,
+                                         args.routing_prefix_view)}
     except ValueError as error:
         parser.error(str(error))
 

@@ -408,7 +408,10 @@ def test_routing_flags() -> None:
     args = parser.parse_args(["--routing", "least_load", "--routing-balance-abs", "3"])
     assert routing_config(parser, args) == {"routing": RoutingConfig("least_load", 3, 1.5)}
     assert routing_config(parser, parser.parse_args([]))["routing"].policy == "cache_aware"
-    for bad in (["--routing", "random"], ["--routing-balance-rel", "0.5"], ["--routing-balance-abs", "-1"]):
+    assert routing_config(parser, parser.parse_args([]))["routing"].prefix_view == "kv_events"
+    assert routing_config(parser, parser.parse_args(["--routing-prefix-view", "text"]))["routing"].prefix_view == "text"
+    for bad in (["--routing", "random"], ["--routing-balance-rel", "0.5"], ["--routing-balance-abs", "-1"],
+                ["--routing-prefix-view", "tokens"]):
         with pytest.raises(SystemExit):
             routing_config(parser, parser.parse_args(bad))
 

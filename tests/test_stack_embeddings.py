@@ -246,3 +246,34 @@ def test_langchain_vector_store_retrieves_the_right_document(embedding_stack) ->
     for query, expected in [("Which is Africa's tallest peak?", 3), ("How do plants make food from light?", 1),
                             ("baking bread with fermented dough", 4), ("landmarks in the French capital", 0)]:
         assert store.similarity_search(query, k=1)[0].page_content == DOCUMENTS[expected], query
+
+
+def test_the_gateways_worker_protocol_embeds_the_models_own_ids_as_embed_does(embedding_stack) -> None:
+    """vllm.grpc.engine's Embed on the embedding engine (serving/vllm_embed.py), for the Shepherd gateway:
+    one input's token ids in, the vector conduit.v1's Embed gives that text; generation, foreign ids and
+    KV events refused by name."""
+    from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2 as vpb, vllm_engine_pb2_grpc as vpb_grpc
+
+    address = embedding_stack.embedding_address
+    text = DOCUMENTS[0]
+    with EngineClient(address, timeout=60) as engine, grpc.insecure_channel(address) as channel:
+        ids = list(engine.tokenize(text).token_ids)
+        expected = np.array(engine.embed([text]).embeddings[0].values)
+        worker = vpb_grpc.VllmEngineStub(channel)
+        answer = worker.Embed(vpb.EmbedRequest(request_id="smg-1", tokenized=vpb.TokenizedInput(
+            original_text=text, input_ids=ids)), timeout=60)
+        assert answer.embedding_dim == len(answer.embedding) == len(expected) and answer.prompt_tokens == len(ids)
+        assert_close(np.array([answer.embedding]), np.array([expected]))
+        assert not worker.GetModelInfo(vpb.GetModelInfoRequest(), timeout=10).is_generation
+
+        refusals = [
+            (lambda: worker.Embed(vpb.EmbedRequest(tokenized=vpb.TokenizedInput(input_ids=ids[1:])), timeout=10),
+             grpc.StatusCode.INVALID_ARGUMENT),  # no [CLS]: not this tokenizer's ids
+            (lambda: list(worker.Generate(vpb.GenerateRequest(tokenized=vpb.TokenizedInput(input_ids=ids)),
+                                          timeout=10)), grpc.StatusCode.FAILED_PRECONDITION),
+            (lambda: list(worker.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest(), timeout=10)),
+             grpc.StatusCode.UNIMPLEMENTED)]
+        for call, code in refusals:
+            with pytest.raises(grpc.RpcError) as refused:
+                call()
+            assert refused.value.code() == code, refused.value.details()

@@ -2,6 +2,8 @@
 
 - Requests sharing a long prompt prefix stay on one replica (the shim's cache-aware routing), whose
   prefix cache then serves it (cached_tokens); short prompts are spread over both replicas.
+- A prefix computed on one engine without the shim draws the shim's requests sharing it to that engine:
+  the router follows the engines' KV events (its exact view), not only the prompts it sent.
 - One replica frozen with SIGSTOP (its kernel still ACKs TCP) under 8 streams: its streams end with
   an error event within the shim's keepalive bound, the other's stream on, and new requests are
   served there; SIGCONT brings it back.
@@ -27,9 +29,12 @@ from pathlib import Path
 import openai
 import pytest
 
+from clients import EngineClient
 from launcher.stack import Stack
 from common import MODEL, QUESTION, STORY
 from conftest import STARTUP_TIMEOUT_S
+from test_replicas import wait_until
+from test_routing import router_metrics
 
 pytestmark = pytest.mark.model
 
@@ -84,6 +89,37 @@ def test_a_shared_prefix_stays_on_one_replica_and_is_served_from_its_cache(stack
     assert usages[0].prompt_tokens > 300
     for usage in usages[1:]:  # the system prompt's blocks, at least
         assert usage.prompt_tokens_details.cached_tokens >= 256, usage
+
+
+def test_a_prefix_cached_on_one_engine_draws_the_shims_requests_there_by_its_kv_events(stack: Stack) -> None:
+    """Documents computed on an engine directly (so the shim's text view of what it sent knows nothing of
+    them), placed out of turn: each question through the shim goes where its document is cached, as a
+    cache hit (the text view would call each a miss and place it by load), and is served from that cache."""
+    client = openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=WAIT_S)
+    tag = uuid.uuid4().hex[:8]
+    placement = (1, 1, 0, 1)
+    documents = [{"role": "system", "content": f"Document {tag}-{doc}: " + " ".join(f"w{doc}x{i}" for i in range(120))}
+                 for doc in range(len(placement))]
+
+    def kv_blocks() -> list[float]:
+        found = router_metrics(stack.shim_url)
+        return [found.get(("conduit:router_replica_kv_blocks", address), 0.0) for address in stack.engine_addresses]
+
+    for document, engine in zip(documents, placement):
+        before = kv_blocks()[engine]
+        with EngineClient(stack.engine_addresses[engine], timeout=WAIT_S) as direct:
+            direct.complete(messages=[document, {"role": "user", "content": "Seen?"}], max_tokens=1)
+        wait_until(lambda: kv_blocks()[engine] > before, 30.0)  # its events reached the shim
+    hits = [router_metrics(stack.shim_url).get(("conduit:router_requests_total", address, "cache_hit"), 0.0)
+            for address in stack.engine_addresses]
+    for document, engine in zip(documents, placement):
+        response = client.chat.completions.create(
+            model=MODEL, messages=[document, {"role": "user", "content": "One word?"}], max_tokens=1)
+        usage = response.usage
+        assert usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 2 * 16, usage  # all but the end
+    found = router_metrics(stack.shim_url)
+    assert [found.get(("conduit:router_requests_total", address, "cache_hit"), 0.0) - hit
+            for address, hit in zip(stack.engine_addresses, hits)] == [placement.count(0), placement.count(1)]
 
 
 def test_a_frozen_replica_fails_its_streams_within_the_keepalive_bound(stack: Stack) -> None:

@@ -74,12 +74,15 @@ def test_kv_events_name_each_stored_block_with_its_parent_and_the_gateway_reconn
     blocks = BlockManager(8, BLOCK, lambda src, dst: None)
     publisher = KvEventPublisher(blocks)
     before = computed(blocks, list(range(9)))
-    assert blocks.listener is None, "nothing is collected before anyone subscribes"
+    assert blocks.listener is None, "no events are made before anyone subscribes"
     blocks.free(before)
 
     first = Subscriber(publisher, loop)
-    opening = first.next()
-    assert opening.sequence_number == 1 and [e.WhichOneof("data") for e in opening.events] == ["cleared"]
+    opening = first.next()  # what was cached before anyone subscribed is in the first snapshot too
+    assert opening.sequence_number == 1
+    assert [e.WhichOneof("data") for e in opening.events] == ["cleared", "stored", "stored"]
+    assert [e.stored.blocks[0].block_hash for e in opening.events[1:]] == names(list(range(9)))
+    assert opening.events[2].stored.parent_block_hash == names(list(range(9)))[0]
 
     prompt = [50 + t for t in range(10)]
     held = computed(blocks, prompt)  # two full blocks: one stored event, the chain from the prompt's start
@@ -104,11 +107,13 @@ def test_kv_events_name_each_stored_block_with_its_parent_and_the_gateway_reconn
     snapshot = second.next()
     assert snapshot.sequence_number == 4
     kinds = [e.WhichOneof("data") for e in snapshot.events]
-    assert kinds == ["cleared", "stored", "stored", "stored"]
-    chain = [e.stored.blocks[0].block_hash for e in snapshot.events[1:]]
-    assert chain == names(prompt[:8] + [7, 7, 7, 7])
-    assert [e.stored.parent_block_hash if e.stored.HasField("parent_block_hash") else None
-            for e in snapshot.events[1:]] == [None, *chain[:2]]
+    assert kinds == ["cleared"] + ["stored"] * 5
+    sent = [e.stored.blocks[0].block_hash for e in snapshot.events[1:]]
+    chain = names(prompt[:8] + [7, 7, 7, 7])
+    assert [name for name in sent if name in chain] == chain and set(sent) == {*chain, *names(list(range(9)))}
+    parents = {e.stored.blocks[0].block_hash: e.stored.parent_block_hash for e in snapshot.events[1:]
+               if e.stored.HasField("parent_block_hash")}
+    assert parents == {chain[1]: chain[0], chain[2]: chain[1], names(list(range(9)))[1]: names(list(range(9)))[0]}
 
     blocks.free(held)
     blocks.free(longer)

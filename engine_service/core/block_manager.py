@@ -17,9 +17,11 @@ that holds a hash stays cached, evictable, in least-recently-released order; all
 never-used (hashless) free blocks first, then evicts the least recently used cached block.
 Evictable blocks count as free.
 
-A `listener` (serving/kv_events.py, set once a gateway subscribes to KV events) is told each
-block that enters the prefix cache and each that leaves it, on the engine thread; unset, it costs
-a test per registration and eviction.
+A `listener` (serving/kv_events.py, set once a gateway or router subscribes to KV events) is told
+each block that enters the prefix cache and each that leaves it, on the engine thread; unset, it
+costs a test per registration and eviction. So that the first subscriber learns what was cached
+before it came, every cached block also keeps its chain (`chains`: parent key, token ids,
+position), a dict entry per registration.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class BlockManager:
         self._refs = [0] * num_blocks
         self._hash_of: list[bytes | None] = [None] * num_blocks
         self._cached: dict[bytes, int] = {}  # hash -> the block that holds it
+        # hash -> (its parent's hash, its token ids, its position): the cache as KV events describe it.
+        self.chains: dict[bytes, tuple[bytes | None, list[int], int]] = {}
         # Prompt tokens looked up in the cache, and those found, at admissions (vLLM's counters).
         self.queries = 0
         self.hits = 0
@@ -117,17 +121,18 @@ class BlockManager:
         full = seq.num_cached // self.block_size
         if not self.enable_caching or full <= seq.num_registered_blocks:
             return
-        hashes = self._hashes(seq, full)
+        hashes, size = self._hashes(seq, full), self.block_size
         first = seq.num_registered_blocks
-        for i in range(first, full):
-            block, key = seq.block_table[i], hashes[i]
+        chain = [(hashes[i], seq.token_ids[i * size:(i + 1) * size]) for i in range(first, full)]
+        for i, (key, tokens) in enumerate(chain, first):
+            block = seq.block_table[i]
             if self._hash_of[block] is None and key not in self._cached:
                 self._hash_of[block] = key
                 self._cached[key] = block
+                self.chains[key] = (hashes[i - 1] if i else None, tokens, i)
         seq.num_registered_blocks = full
+        # After the chains: a listener attached meanwhile finds these either there or in this call.
         if self.listener is not None:
-            size = self.block_size
-            chain = [(hashes[i], seq.token_ids[i * size:(i + 1) * size]) for i in range(first, full)]
             self.listener.stored(hashes[first - 1] if first else None, chain, first)
 
     def free(self, seq: Sequence) -> None:
@@ -183,6 +188,7 @@ class BlockManager:
         else:  # evict the least recently used cached block
             block, _ = self._evictable.popitem(last=False)
             del self._cached[self._hash_of[block]]
+            del self.chains[self._hash_of[block]]
             if self.listener is not None:
                 self.listener.removed(self._hash_of[block])
             self._hash_of[block] = None
@@ -199,5 +205,6 @@ class BlockManager:
         for block in self._cached.values():
             self._hash_of[block] = None
         self._cached.clear()
+        self.chains.clear()
         if self.listener is not None:
             self.listener.cleared()

@@ -7,8 +7,9 @@ name is the first 8 bytes of its prefix-cache key (block_manager.block_hash, whi
 the whole prefix), as a signed int64.
 
 Nothing is collected until the first subscriber: then the publisher becomes the block manager's
-listener and keeps a mirror of the cached blocks it has seen stored (key -> position, parent,
-tokens) for the rest of the engine's life, so a subscriber that reconnects gets the state whole.
+listener and keeps a mirror of the cached blocks (key -> position, parent, tokens), seeded with what
+the cache held already (the block manager's `chains`), for the rest of the engine's life, so every
+subscriber gets the state whole.
 Each stream starts with a snapshot (cleared, then every mirrored block, parents first) and numbers
 its batches from the subscriber's `start_sequence_number` + 1: the gateway skips numbers it has
 seen and reconnects on a gap, so each stream's numbers run on without one.
@@ -90,6 +91,14 @@ class KvEventPublisher:
             else:
                 queue.put_nowait(events)
 
+    def _seed(self) -> None:
+        """The mirror from what the cache held before the listener was attached (the lock is held, so
+        the engine thread's calls from now on wait). The engine thread updates `chains` before it
+        calls the listener: a block stored or evicted meanwhile is either in the copy or in a call
+        that follows, and the mirror's updates are idempotent."""
+        for key, (parent, tokens, position) in dict(self.blocks.chains).items():  # dict(): one atomic copy
+            self._mirror[key] = (position, parent, tokens)
+
     def _snapshot(self) -> list[common_pb2.KvCacheEvent]:
         events = [common_pb2.KvCacheEvent(cleared=common_pb2.KvCacheCleared())]
         for key, (_, parent, tokens) in sorted(self._mirror.items(), key=lambda item: item[1][0]):
@@ -106,6 +115,7 @@ class KvEventPublisher:
             if self._loop is None:
                 self._loop = asyncio.get_running_loop()
                 self.blocks.listener = self  # from here on, for the engine's life (the mirror must stay whole)
+                self._seed()
             else:  # what the snapshot already holds must not reach the new stream again
                 self._deliver_pending()
             first = self._snapshot()

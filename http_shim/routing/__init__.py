@@ -2,7 +2,7 @@
 
 from .policies import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, POLICIES
 from .pool import ReplicaPool
-from .router import RoutedEngine, Router, RoutingConfig
+from .router import DEFAULT_PREFIX_VIEW, PREFIX_VIEWS, RoutedEngine, Router, RoutingConfig
 
-__all__ = ["DEFAULT_BALANCE_ABS", "DEFAULT_BALANCE_REL", "DEFAULT_POLICY", "POLICIES", "ReplicaPool",
-           "RoutedEngine", "Router", "RoutingConfig"]
+__all__ = ["DEFAULT_BALANCE_ABS", "DEFAULT_BALANCE_REL", "DEFAULT_POLICY", "DEFAULT_PREFIX_VIEW", "POLICIES",
+           "PREFIX_VIEWS", "ReplicaPool", "RoutedEngine", "Router", "RoutingConfig"]

@@ -3,21 +3,22 @@
 - round_robin: each in turn (what gRPC's round_robin did), blind to cache and load.
 - least_load: the replica with the fewest running and waiting requests (replica.py's `load`);
   ties in turn.
-- cache_aware (the default): the replica that was sent the longest prefix of this request, when
+- cache_aware (the default): the replica holding the longest prefix of this request, when
   that prefix is at least MIN_MATCH of the input (its prefill is mostly skipped there), unless
   that replica is loaded well beyond the least loaded one: more than `balance_abs` requests more
   AND more than `balance_rel` times as many; then the least loaded wins. A prefix no replica holds
-  enough of goes where the fewest prefixes are held (the most cache room), within the same
+  enough of goes where this shim sent the fewest recent prefixes (the most cache room), within the same
   balance, so a set's prefixes spread evenly over the caches. This is SGLang's cache-aware policy
   (cache threshold, smallest tree on a miss, absolute and relative balance thresholds) on
-  replica.py's load; prefix.py says what the prefix view is.
+  replica.py's load. The prefix view is the engine's own, from its KV events, where every replica
+  publishes them (kv_index.py), else the shim's text view of what it sent (prefix.py).
 Every policy says why it chose (`Choice.reason`): the shim's metrics count the reasons.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,9 +40,23 @@ class Choice:
     reason: str
 
 
+class PrefixView(Protocol):
+    """What a replica holds of prompts: prefix.PrefixIndex (text) or kv_index.KvIndex (tokens)."""
+
+    def __len__(self) -> int: ...
+
+    def match(self, blocks: list[int]) -> int: ...
+
+
+def text_view(replica: Replica) -> PrefixView:
+    return replica.prefixes
+
+
 class Policy(Protocol):
-    def choose(self, replicas: Sequence[Replica], blocks: list[int]) -> Choice:
-        """`replicas` (not empty) in a stable order; `blocks` the request's prefix hashes."""
+    def choose(self, replicas: Sequence[Replica], blocks: list[int],
+               view: Callable[[Replica], PrefixView] = text_view) -> Choice:
+        """`replicas` (not empty) in a stable order; `blocks` the request's prefix hashes in the view
+        `view(replica)` gives of each replica."""
         ...
 
 
@@ -61,7 +76,8 @@ class RoundRobin:
     def __init__(self) -> None:
         self._turns = Turns()
 
-    def choose(self, replicas: Sequence[Replica], blocks: list[int]) -> Choice:
+    def choose(self, replicas: Sequence[Replica], blocks: list[int],
+               view: Callable[[Replica], PrefixView] = text_view) -> Choice:
         return Choice(self._turns.next(replicas), "round_robin")
 
 
@@ -74,7 +90,8 @@ class LeastLoad:
         lowest = min(replica.load for replica in replicas)
         return self._turns.next([replica for replica in replicas if replica.load == lowest])
 
-    def choose(self, replicas: Sequence[Replica], blocks: list[int]) -> Choice:
+    def choose(self, replicas: Sequence[Replica], blocks: list[int],
+               view: Callable[[Replica], PrefixView] = text_view) -> Choice:
         return Choice(self.least_loaded(replicas), "least_load")
 
 
@@ -84,11 +101,12 @@ class CacheAware:
         self.balance_rel = balance_rel
         self._least = LeastLoad()
 
-    def choose(self, replicas: Sequence[Replica], blocks: list[int]) -> Choice:
+    def choose(self, replicas: Sequence[Replica], blocks: list[int],
+               view: Callable[[Replica], PrefixView] = text_view) -> Choice:
         least = self._least.least_loaded(replicas)
         if not blocks:
             return Choice(least, "cache_miss")
-        matches = [(replica.prefixes.match(blocks), replica) for replica in replicas]
+        matches = [(view(replica).match(blocks), replica) for replica in replicas]
         best = max(matched for matched, _ in matches)
         if best < MIN_MATCH * len(blocks) or best == 0:
             return Choice(self._roomiest(replicas, least), "cache_miss")
@@ -98,9 +116,11 @@ class CacheAware:
         return Choice(holder, "cache_hit")
 
     def _roomiest(self, replicas: Sequence[Replica], least: Replica) -> Replica:
-        """Where a new prefix goes: the replica holding the fewest prefixes (the most room left, so
-        the set's prefixes spread evenly over the caches: one over-full cache would evict them all in
-        turn), unless it is loaded beyond the balance thresholds; among equals the least loaded."""
+        """Where a new prefix goes: the replica this shim sent the fewest recent prefixes (the most room
+        left, so the set's prefixes spread evenly over the caches: one over-full cache would evict them
+        all in turn), unless it is loaded beyond the balance thresholds; among equals the least loaded.
+        Counted in the text view whatever view matched: an engine's cache is full once warm (released
+        blocks stay cached until evicted), so the blocks its KV events say it holds tell nothing of room."""
         roomiest = min(replicas, key=lambda replica: (len(replica.prefixes), replica is not least, replica.load))
         if self._overloaded(roomiest, least):
             return least

@@ -58,10 +58,12 @@ def resolve(host: str, port: str) -> list[str]:
 
 class ReplicaPool:
     def __init__(self, targets: Sequence[str], connect: Callable[..., EngineClient],
-                 on_change: Callable[[Replica], None] = lambda replica: None) -> None:
+                 on_change: Callable[[Replica], None] = lambda replica: None, kv_events: bool = False) -> None:
         """`connect(address)` makes a replica's client; for an address a name resolved to,
-        `connect(address, name)`: the name its TLS certificate carries."""
+        `connect(address, name)`: the name its TLS certificate carries. `kv_events`: each replica
+        follows its engine's KV events."""
         self._connect = connect
+        self._kv_events = kv_events
         self._on_change = on_change
         self._replicas: dict[str, Replica] = {}
         self._owners: dict[str, str] = {}  # address -> the dns target it came from
@@ -95,7 +97,7 @@ class ReplicaPool:
             if address in self._replicas:
                 return
             client = self._connect(address, server_name) if server_name else self._connect(address)
-            replica = Replica(address, client, self._on_change)
+            replica = Replica(address, client, self._on_change, self._kv_events)
             self._replicas[address] = replica
             self._owners[address] = owner
         log.info("engine replica %s added%s", address, f" ({owner})" if owner else "")

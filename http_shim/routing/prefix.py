@@ -6,10 +6,10 @@ request's input (tools, then each message's role and content; or the prompt text
 ids) into blocks of BLOCK_CHARS characters and chains their hashes, so a block's hash stands for
 the whole prefix up to it, as the engine's block hashes do for tokens. Each replica remembers the
 hashes of what it was sent, least recently used first out, bounded by what its cache can hold
-(the engine reports its blocks and block size) and aged out after MAX_AGE_S. An exact view (the
-engine publishing the hashes of the blocks it holds and evicts, as Dynamo's KV events do) would
-need the shim to tokenize every request the engine's way; the text view costs nothing per request
-and is right whenever this shim is what filled the cache. With several shims sharing engines each
+(the engine reports its blocks and block size) and aged out after MAX_AGE_S. The exact view, from
+the engines' KV events (kv_index.py), needs each prompt tokenized by an engine; this one costs
+nothing per request and is right whenever this shim is what filled the cache: the router falls back
+to it where an engine publishes no events (router.py). With several shims sharing engines each
 one's view misses the others' prompts, which only makes it fall back to load balancing more often.
 """
 
@@ -51,7 +51,10 @@ def prompt_text(request: pb.GenerateRequest) -> str:
 
 def prefix_blocks(request: pb.GenerateRequest) -> list[int]:
     """Chained hashes of the input's whole BLOCK_CHARS blocks (a short input has none)."""
-    text = prompt_text(request)
+    return text_blocks(prompt_text(request))
+
+
+def text_blocks(text: str) -> list[int]:
     hashes, chained = [], 0
     for start in range(0, len(text) - BLOCK_CHARS + 1, BLOCK_CHARS):
         chained = hash((chained, text[start:start + BLOCK_CHARS]))

@@ -1,5 +1,6 @@
 """One engine replica as the router sees it: its own channel (and so its own GenerateMany stream),
-its health, its load, the models it serves and the prompt prefixes it was sent.
+its health, its load, the models it serves, the prompt prefixes it was sent and, where the router
+follows the engines' KV events, the token blocks its prefix cache holds (kv_feed.py).
 
 A watcher thread (a greenlet in the shim) asks the engine for its load (GetLoad) every
 POLL_INTERVAL_S: the answer also says whether it drains. An engine that refuses the connection is
@@ -28,6 +29,7 @@ from clients.engine_client import EngineClient
 from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
 
+from .kv_feed import KvFeed
 from .prefix import PrefixIndex
 
 log = logging.getLogger("http_shim.routing")
@@ -44,14 +46,16 @@ LIST_TIMEOUT_S = 2.0
 
 class Replica:
     def __init__(self, address: str, client: EngineClient,
-                 on_change: Callable[[Replica], None] = lambda replica: None) -> None:
-        """`on_change(replica)` is called (on the watcher's thread) when its state or models change."""
+                 on_change: Callable[[Replica], None] = lambda replica: None, kv_events: bool = False) -> None:
+        """`on_change(replica)` is called (on the watcher's thread) when its state or models change;
+        `kv_events`: follow the engine's KV events (`kv`), where it publishes them."""
         self.address = address
         self.client = client
         self.state = UNREACHABLE
         self.report: pb.LoadReport | None = None
         self.models: list[pb.ModelInfo] = []  # as last listed; kept while it is away
         self.prefixes = PrefixIndex()
+        self.kv = KvFeed(address, client) if kv_events else None
         self.inflight = 0  # this shim's calls running there
         self._delta = 0  # this shim's calls started minus ended since the last report
         self._on_change = on_change
@@ -63,6 +67,8 @@ class Replica:
 
     def start(self) -> Replica:
         self._thread.start()
+        if self.kv is not None:
+            self.kv.start()
         return self
 
     @property
@@ -97,6 +103,8 @@ class Replica:
         closes once the calls running there have ended."""
         self.retired = True
         self._stop.set()
+        if self.kv is not None:
+            self.kv.stop()
         self.state = UNREACHABLE
         with self._lock:
             idle = not self.inflight

@@ -2,7 +2,7 @@
 
 `Router.engine(model)` is what the relay calls instead of one engine client: a `RoutedEngine`
 whose `generate_shared` picks a replica among the healthy ones serving the model (policies.py),
-remembers the request's prefix there (prefix.py), and starts the call on that replica's own
+remembers the request's prefix there, and starts the call on that replica's own
 GenerateMany stream. A call refused before any answer (UNAVAILABLE: the replica died or drains;
 RESOURCE_EXHAUSTED: its queue is full) goes to another replica serving the model: `_Routed` says
 so, and clients/call_attempts.py does it (one deadline over the attempts, none after an answer or
@@ -11,6 +11,12 @@ retry it on its own stream first (no backoff on a replica that drains). A call f
 (its replica's connection died: keepalive) takes that replica out at once, until its next poll.
 With no healthy replica the call is tried on the others anyway, so the client gets the engine's
 own refusal (503) rather than a guess.
+
+The prefix view (`RoutingConfig.prefix_view`): "kv_events" (the default) follows each engine's KV
+events (kv_feed.py) and matches the prompt's token blocks against what the engine holds, when every
+healthy replica of the model publishes them; otherwise, and with "text", the shim's text view of
+what it sent each replica (prefix.py). Both are kept, so a replica whose events stop falls back at once.
+benchmarks/RESULTS.md (`make bench-routing`) compares the two.
 """
 
 from __future__ import annotations
@@ -27,13 +33,17 @@ from clients.engine_client import EngineClient, Metadata
 from clients.errors import ConduitError, from_status
 from conduit.v1 import engine_pb2 as pb
 
-from .policies import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, Choice, make_policy
+from .kv_index import KvIndex
+from .policies import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, CacheAware, Choice, make_policy
 from .pool import ReplicaPool
-from .prefix import prefix_blocks
 from .replica import SERVING, Replica
+from .request_prefix import RequestPrefix
 
 # Refusals before any answer that another replica may not give.
 _RETRY_ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+PREFIX_VIEWS = ("kv_events", "text")
+DEFAULT_PREFIX_VIEW = "kv_events"
 
 
 @dataclass(frozen=True)
@@ -41,9 +51,12 @@ class RoutingConfig:
     policy: str = DEFAULT_POLICY
     balance_abs: int = DEFAULT_BALANCE_ABS
     balance_rel: float = DEFAULT_BALANCE_REL
+    prefix_view: str = DEFAULT_PREFIX_VIEW
 
     def __post_init__(self) -> None:
         make_policy(self.policy)  # raises ValueError for an unknown name
+        if self.prefix_view not in PREFIX_VIEWS:
+            raise ValueError(f"unknown prefix view {self.prefix_view!r}; one of {', '.join(PREFIX_VIEWS)}")
         if self.balance_abs < 0 or self.balance_rel < 1.0:
             raise ValueError("the balance thresholds are a count >= 0 and a ratio >= 1")
 
@@ -55,7 +68,9 @@ class Router:
         self._policy = make_policy(config.policy, config.balance_abs, config.balance_rel)
         self._metrics = metrics
         self._lock = threading.Lock()
-        self.pool = ReplicaPool(targets, connect, self._replica_changed)
+        # Only cache_aware reads prefixes: the others follow no events.
+        self._kv_events = config.prefix_view == "kv_events" and isinstance(self._policy, CacheAware)
+        self.pool = ReplicaPool(targets, connect, self._replica_changed, self._kv_events)
 
     def engine(self, model: str) -> RoutedEngine:
         return RoutedEngine(self, model)
@@ -65,20 +80,39 @@ class Router:
         replicas = [replica for replica in self.pool.replicas() if replica.serves(model)]
         return sorted(replicas, key=lambda replica: replica.state != SERVING)
 
-    def choose(self, model: str, request: pb.GenerateRequest, exclude: Iterable[Replica] = ()) -> Choice | None:
+    def choose(self, model: str, request: pb.GenerateRequest, exclude: Iterable[Replica] = (),
+               prefix: RequestPrefix | None = None) -> Choice | None:
         """A replica for `request` (not one of `exclude`), its prefix remembered there; None when
-        every replica serving `model` was excluded."""
-        blocks = prefix_blocks(request)
+        every replica serving `model` was excluded. `prefix`: the request's, kept over its attempts."""
+        prefix = prefix or RequestPrefix(model, request)
+        candidates = [replica for replica in self.serving(model) if replica not in exclude]
+        if not candidates:
+            return None
+        healthy = [replica for replica in candidates if replica.state == SERVING]
+        tokens = self._token_blocks(healthy, prefix)  # outside the lock: it may ask an engine
         with self._lock:
-            candidates = [replica for replica in self.serving(model) if replica not in exclude]
-            if not candidates:
-                return None
-            healthy = [replica for replica in candidates if replica.state == SERVING]
-            choice = self._policy.choose(healthy, blocks) if healthy else Choice(candidates[0], "unhealthy")
-            choice.replica.prefixes.add(blocks)
+            if not healthy:
+                choice = Choice(candidates[0], "unhealthy")
+            elif tokens is not None:
+                choice = self._policy.choose(healthy, tokens, kv_view)
+                kv_view(choice.replica).expect(tokens)
+            else:
+                choice = self._policy.choose(healthy, prefix.text)
+            choice.replica.prefixes.add(prefix.text)
         if self._metrics is not None:
             self._metrics.router_requests.labels(choice.replica.address, choice.reason).inc()
         return choice
+
+    def _token_blocks(self, healthy: list[Replica], prefix: RequestPrefix) -> list[int] | None:
+        """The prompt's token blocks when the KV view decides: a choice to make, and every healthy
+        replica following its engine's events with one block size; else None (the text view)."""
+        if not self._kv_events or len(healthy) < 2 or not all(r.kv is not None and r.kv.live for r in healthy):
+            return None
+        sizes = {replica.kv.index.block_size or (replica.report.block_size if replica.report else 0)
+                 for replica in healthy}
+        if len(sizes) != 1 or 0 in sizes:
+            return None
+        return prefix.token_blocks(min(healthy, key=lambda replica: replica.load).client, sizes.pop())
 
     def retried(self, replica: Replica) -> None:
         if self._metrics is not None:
@@ -89,12 +123,20 @@ class Router:
         if self._metrics is None:
             return
         gauges = (self._metrics.router_replica_healthy, self._metrics.router_replica_load)
+        kv_blocks = self._metrics.router_replica_kv_blocks if replica.kv is not None else None
         if replica.retired:
-            for gauge in gauges:
-                gauge.remove(replica.address)
+            for gauge in (*gauges, kv_blocks):
+                if gauge is not None:
+                    gauge.remove(replica.address)
         else:
             gauges[0].labels(replica.address).set_function(lambda: replica.state == SERVING)
             gauges[1].labels(replica.address).set_function(lambda: replica.load)
+            if kv_blocks is not None:
+                kv_blocks.labels(replica.address).set_function(lambda: len(replica.kv.index))
+
+
+def kv_view(replica: Replica) -> KvIndex:
+    return replica.kv.index
 
 
 class _OnReplica:
@@ -131,9 +173,10 @@ class _Routed:
         self._request = request
         self._metadata = metadata
         self._tried: list[Replica] = []
+        self._prefix = RequestPrefix(model, request, metadata)
 
     def start(self, timeout_s: float | None) -> _OnReplica | None:
-        choice = self._router.choose(self._model, self._request, self._tried)
+        choice = self._router.choose(self._model, self._request, self._tried, self._prefix)
         if choice is None:
             if not self._tried:
                 raise from_status(grpc.StatusCode.UNAVAILABLE, f"no engine replica serves {self._model!r}")

@@ -1,0 +1,119 @@
+"""An exact view of the token blocks one replica's prefix cache holds, fed by the engine's KV events.
+
+The engine publishes every block that enters or leaves its prefix cache (vllm.grpc.engine's
+SubscribeKvEvents, engine_service/serving/kv_events.py): a block's token ids and a name, chained to
+its parent's name; a new stream starts with everything the engine holds. Here a block is keyed, as
+the engine keys it, by the whole prefix up to its end: a hash chained over the token ids of each
+block (`token_blocks`), computed from the events' token ids, so the engine's naming stays the
+engine's (the Shepherd gateway does the same). A request's prompt, cut into the same blocks, is held
+there as far as its leading blocks are (`match`): the engine reuses exactly those.
+
+Events arrive after the engine's step stored the blocks, so a burst of requests sharing a new prefix
+would all find nothing; the router therefore `expect`s the blocks of each request it sends here
+until the events confirm them (or EXPECT_S passes: the request failed, or its blocks were evicted).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+
+from smg_grpc_proto.generated import common_pb2
+
+# How long a block the router sent here counts as held before the engine's events say it is.
+EXPECT_S = 30.0
+
+
+def token_blocks(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """Chained hashes of the whole `block_size` blocks of a prompt's token ids (Python's hash of a
+    tuple of ints: the same in every process, and 64 bits are plenty to tell prefixes apart)."""
+    hashes, chained = [], 0
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        chained = hash((chained, tuple(token_ids[start:start + block_size])))
+        hashes.append(chained)
+    return hashes
+
+
+class KvIndex:
+    """The blocks one engine's prefix cache holds, as its events said (plus those expected)."""
+
+    def __init__(self) -> None:
+        self.block_size = 0  # learned from the first stored block
+        self._keys: dict[int, int] = {}  # the engine's block name -> the prefix key here
+        self._held: Counter[int] = Counter()  # prefix key -> engine blocks holding it
+        self._expected: OrderedDict[int, float] = OrderedDict()  # prefix key -> until when, oldest first
+        self._lock = threading.Lock()  # the feed writes, requests read
+
+    def __len__(self) -> int:
+        """Blocks held: how full the engine's cache is, for placing a new prefix."""
+        return len(self._held)
+
+    def apply(self, batch: common_pb2.KvEventBatch) -> None:
+        with self._lock:
+            for event in batch.events:
+                self._apply(event)
+
+    def _apply(self, event: common_pb2.KvCacheEvent) -> None:
+        kind = event.WhichOneof("data")
+        if kind == "stored":
+            self._stored(event.stored)
+        elif kind == "removed":
+            for name in event.removed.block_hashes:
+                self._forget(name)
+        elif kind == "cleared":
+            self._clear()
+
+    def _stored(self, stored: common_pb2.KvBlocksStored) -> None:
+        parent = 0
+        if stored.HasField("parent_block_hash"):
+            found = self._keys.get(stored.parent_block_hash)
+            if found is None:  # a parent never seen (or gone): the chain cannot be named
+                return
+            parent = found
+        for block in stored.blocks:
+            self.block_size = self.block_size or block.block_size or len(block.token_ids)
+            parent = hash((parent, tuple(block.token_ids)))
+            self._forget(block.block_hash)  # a name reused: the engine's old block under it is gone
+            self._keys[block.block_hash] = parent
+            self._held[parent] += 1
+            self._expected.pop(parent, None)
+
+    def _forget(self, name: int) -> None:
+        key = self._keys.pop(name, None)
+        if key is not None:
+            self._held[key] -= 1
+            if self._held[key] <= 0:
+                del self._held[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._clear()
+
+    def _clear(self) -> None:
+        self._keys.clear()
+        self._held.clear()
+        self._expected.clear()
+
+    def expect(self, blocks: list[int]) -> None:
+        """The router sent a request with these blocks here: count them held until the events say."""
+        until = time.monotonic() + EXPECT_S
+        with self._lock:
+            for block in blocks:
+                if block not in self._held:
+                    self._expected[block] = until
+                    self._expected.move_to_end(block)
+
+    def match(self, blocks: list[int]) -> int:
+        """How many of `blocks`, from the first, the engine holds (or is about to)."""
+        now = time.monotonic()
+        with self._lock:
+            while self._expected and next(iter(self._expected.values())) < now:
+                self._expected.popitem(last=False)
+            matched = 0
+            for block in blocks:
+                if block not in self._held and block not in self._expected:
+                    break
+                matched += 1
+        return matched
