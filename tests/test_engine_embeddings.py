@@ -172,3 +172,17 @@ def test_shorter_vectors_only_where_the_model_was_trained_for_them() -> None:
     assert listed.allows_dimensions(4) and not listed.allows_dimensions(3) and not listed.allows_dimensions(16)
     short = shorten(torch.nn.functional.normalize(torch.arange(1.0, 9.0).reshape(1, 8), dim=-1), 2, True)
     assert torch.allclose(short, torch.nn.functional.normalize(torch.tensor([[1.0, 2.0]]), dim=-1))
+
+
+def test_a_short_request_is_tokenized_on_the_event_loop_and_a_large_one_off_it() -> None:
+    from conduit.v1 import engine_pb2 as pb
+    from engine_service.serving.embed import INLINE_INPUT_SIZE, inline_work
+
+    def request(*inputs: pb.EmbedInput) -> pb.EmbedRequest:
+        return pb.EmbedRequest(inputs=list(inputs))
+
+    query = pb.EmbedInput(text="what is retrieval augmented generation?")
+    assert inline_work(request(query, pb.EmbedInput(token_ids=pb.TokenIds(ids=[101, 2054, 102]))))
+    assert not inline_work(request(pb.EmbedInput(text="x" * (INLINE_INPUT_SIZE + 1))))
+    assert not inline_work(request(pb.EmbedInput(token_ids=pb.TokenIds(ids=[7] * (INLINE_INPUT_SIZE + 1)))))
+    assert not inline_work(request(*[pb.EmbedInput(text="") for _ in range(INLINE_INPUT_SIZE + 1)]))  # many inputs
