@@ -63,10 +63,15 @@ async def phase(target: OpenAITarget, url: str, passages: list[str], args: argpa
 async def run(stack: Stack, args: argparse.Namespace) -> list[dict]:
     target = OpenAITarget("Conduit", stack.base_url, args.max_tokens, system="")
     await target.open()
-    ids = [m.id for m in (await target.client.models.list()).data]  # type: ignore[union-attr]
-    chat_models = [i for i in ids if i != EMBEDDING_MODEL]
-    if not chat_models:
-        raise RuntimeError(f"no chat model among {ids}")
+    deadline = time.monotonic() + 60  # on a loaded machine the shim may not have heard from both engines yet
+    while True:
+        ids = [m.id for m in (await target.client.models.list()).data]  # type: ignore[union-attr]
+        chat_models = [i for i in ids if i != EMBEDDING_MODEL]
+        if chat_models and EMBEDDING_MODEL in ids:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the shim lists {ids}, not a chat model and {EMBEDDING_MODEL}")
+        await asyncio.sleep(1)
     target.model = chat_models[0]
     passages = workloads()["~200-token passages"]
     url = f"{stack.base_url}/embeddings"

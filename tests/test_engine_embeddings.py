@@ -186,3 +186,35 @@ def test_a_short_request_is_tokenized_on_the_event_loop_and_a_large_one_off_it()
     assert not inline_work(request(pb.EmbedInput(text="x" * (INLINE_INPUT_SIZE + 1))))
     assert not inline_work(request(pb.EmbedInput(token_ids=pb.TokenIds(ids=[7] * (INLINE_INPUT_SIZE + 1)))))
     assert not inline_work(request(*[pb.EmbedInput(text="") for _ in range(INLINE_INPUT_SIZE + 1)]))  # many inputs
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls", "lasttoken"])
+def test_packed_bert_equals_bert_on_each_input_alone(mode) -> None:
+    """model/packed_bert.py: inputs of mixed lengths packed without padding give, per input, what
+    transformers' BertModel gives for that input alone (a tiny random BERT, one input 1 token long)."""
+    from transformers import BertConfig, BertModel
+
+    from engine_service.model.packed_bert import PackedBert, pool_packed, supports
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=64, max_position_embeddings=64), add_pooling_layer=False).eval()
+    assert supports(model)
+    inputs = [[1, 5, 9, 2], [1, 7, 2], [1] + list(range(10, 40)) + [2], [3]]
+    hidden, starts = PackedBert(model)(inputs, torch.device("cpu"))
+    packed = pool_packed(hidden, starts, mode)
+    with torch.no_grad():
+        alone = [model(input_ids=torch.tensor([ids])).last_hidden_state for ids in inputs]
+    reference = torch.cat([pool(h, torch.ones(h.shape[:2], dtype=torch.long), mode) for h in alone])
+    assert torch.allclose(packed, reference, atol=1e-5)
+
+
+def test_only_a_plain_bert_is_packed() -> None:
+    from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
+
+    from engine_service.model.packed_bert import supports
+
+    small = dict(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+    assert not supports(BertModel(BertConfig(**small, is_decoder=True)))
+    assert not supports(BertModel(BertConfig(**small, chunk_size_feed_forward=4)))
+    assert not supports(RobertaModel(RobertaConfig(**small)))  # its own positions (after the padding id)
