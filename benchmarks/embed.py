@@ -10,8 +10,9 @@ loader); every client is an asyncio task of one process (aiohttp), so the client
 alike. httpx was the client until its ~6 ms of CPU a request (aiohttp: ~0.4) made the client the
 bottleneck of both servers on 2 cores. Figures: inputs/s and tokens/s (the model's tokens, [CLS] and
 [SEP] included), and the CPU milliseconds an input cost the server's processes and the client, which a
-loaded machine moves less than the rates. The ceiling runs before the servers and after them: two
-figures show how much the machine's load moved during the run.
+loaded machine moves less than the rates. The ceiling runs before the servers and after them (two
+figures show how much the machine's load moved during the run), each time under both OpenMP wait
+policies (see ceilings()).
 """
 
 from __future__ import annotations
@@ -115,6 +116,22 @@ def ceiling(folder: Path, texts: dict[str, list[str]], lengths: dict[str, list[i
     return rows
 
 
+def ceilings(workloads_arg: str, when: str) -> list[dict]:
+    """The ceiling under both OpenMP wait policies, each in a process of its own (the policy is read when
+    torch loads): torch's default spins after each op, which is fastest on an idle machine and far
+    slower on a loaded one; Conduit's embedding engine sleeps at once (PASSIVE)."""
+    rows = []
+    for policy in ("default", "PASSIVE"):
+        env = {**os.environ, "OMP_WAIT_POLICY": policy} if policy != "default" else \
+            {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        done = subprocess.run([sys.executable, "-m", "benchmarks.embed", "--workloads", workloads_arg,
+                               "--ceiling", f"{when}, OpenMP {policy}"],
+                              env=env, capture_output=True, text=True, check=True)
+        rows += json.loads(done.stdout.strip().splitlines()[-1])
+        print(done.stdout.strip().rsplit("\n", 1)[0], flush=True)
+    return rows
+
+
 def start_infinity(folder: Path, path: Path, port: int) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(path), "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0",
            "HF_HUB_OFFLINE": "1"}
@@ -137,6 +154,11 @@ def start_infinity(folder: Path, path: Path, port: int) -> subprocess.Popen:
     raise RuntimeError("Infinity did not start in 300 s")
 
 
+def _commit(root: Path) -> str:
+    return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip() or root.name
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| server | workload | clients | inputs/s | tokens/s | CPU ms/input: server, client | load |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -155,6 +177,8 @@ def main() -> None:
     parser.add_argument("--skip-peer", action="store_true", help="no Infinity")
     parser.add_argument("--infinity-dir", type=Path, default=BENCH_DIR / "peers" / "infinity")
     parser.add_argument("--workloads", default="short,passages", help="short and/or passages")
+    parser.add_argument("--ceiling", metavar="WHEN", help=argparse.SUPPRESS)  # only the ceiling, as JSON
+    parser.add_argument("--baseline", type=Path, help="also Conduit with its engine from this checkout (a before arm)")
     parser.add_argument("--json", type=Path, default=OUT / "embed.json")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -168,10 +192,21 @@ def main() -> None:
     picked = args.workloads.split(",")
     texts = {name: pool for key, (name, pool) in zip(("short", "passages"), workloads().items()) if key in picked}
     lengths = {name: [min(len(ids), 256) for ids in tokenizer(pool)["input_ids"]] for name, pool in texts.items()}
-    rows = ceiling(folder, texts, lengths, "before")
-    with Stack(model=MODEL, engine_args=["--max-step-tokens", "8192"], log_dir=OUT / "embed-stack") as stack:
-        pids = [stack.engine.pid, stack.shim.pid]  # type: ignore[union-attr]
-        rows += measure("Conduit (HTTP)", f"{stack.base_url}/embeddings", texts, lengths, levels, args.seconds, pids)
+    if args.ceiling:
+        print(json.dumps(ceiling(folder, texts, lengths, args.ceiling)))
+        return
+    rows = ceilings(args.workloads, "before")
+    arms = [("Conduit (HTTP)", {})]
+    if args.baseline:
+        root = args.baseline.resolve()
+        # PYTHONSAFEPATH: the launcher starts the engine in this checkout, which -m would put first on the path.
+        arms.append((f"Conduit {_commit(root)} (HTTP)", {"PYTHONPATH": f"{root}:{root / 'protos'}",
+                                                         "PYTHONSAFEPATH": "1"}))
+    for name, engine_env in arms:
+        with Stack(model=MODEL, engine_args=["--max-step-tokens", "8192"], engine_env=engine_env,
+                   log_dir=OUT / "embed-stack") as stack:
+            pids = [stack.engine.pid, stack.shim.pid]  # type: ignore[union-attr]
+            rows += measure(name, f"{stack.base_url}/embeddings", texts, lengths, levels, args.seconds, pids)
     if not args.skip_peer:
         port = free_port()
         infinity = start_infinity(folder, args.infinity_dir, port)
@@ -181,7 +216,7 @@ def main() -> None:
         finally:
             infinity.terminate()
             infinity.wait(30)
-    rows += ceiling(folder, texts, lengths, "after")
+    rows += ceilings(args.workloads, "after")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(rows, indent=1))
     print()
