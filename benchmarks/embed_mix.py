@@ -96,8 +96,8 @@ def table(rows: list[dict]) -> str:
     lines = ["| phase | ITL p50 ms | ITL p99 ms | chat tokens/s | embeddings/s | failed | load |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        lines.append(f"| {r['phase']} | {r['itl_p50_ms']:.1f} | {r['itl_p99_ms']:.1f} | "
-                     f"{r['chat_tokens_per_s']:.1f} | {r['embeddings_per_s']:.1f} | {r['failed']} | {r['load_avg']:.1f} |")
+        lines.append(f"| {r['phase']} | {r['itl_p50_ms']:.1f} | {r['itl_p99_ms']:.1f} | {r['chat_tokens_per_s']:.1f} | "
+                     f"{r['embeddings_per_s']:.1f} | {r['failed']} | {r['load_avg']:.1f} |")
     return "\n".join(lines)
 
 
