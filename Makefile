@@ -188,6 +188,12 @@ bench-embed: $(STAMP)
 	PIP=$(BIN)/pip benchmarks/install_infinity.sh benchmarks/peers/infinity
 	$(BIN)/python -m benchmarks.embed $(EMBED_ARGS)
 
+# Chat streams' inter-token latency alone and beside embedding traffic, on one stack as run-stack starts it
+# (benchmarks/embed_mix.py): 4 streams, 8 embedding clients, alternating 20 s phases; ~2 min.
+.PHONY: bench-embed-mix
+bench-embed-mix: $(STAMP)
+	$(BIN)/python -m benchmarks.embed_mix $(EMBED_MIX_ARGS)
+
 .PHONY: bench-step
 bench-step: $(STAMP)
 	$(BIN)/python -m benchmarks.step_time $(STEP_ARGS)

@@ -172,3 +172,49 @@ def test_shorter_vectors_only_where_the_model_was_trained_for_them() -> None:
     assert listed.allows_dimensions(4) and not listed.allows_dimensions(3) and not listed.allows_dimensions(16)
     short = shorten(torch.nn.functional.normalize(torch.arange(1.0, 9.0).reshape(1, 8), dim=-1), 2, True)
     assert torch.allclose(short, torch.nn.functional.normalize(torch.tensor([[1.0, 2.0]]), dim=-1))
+
+
+def test_a_short_request_is_tokenized_on_the_event_loop_and_a_large_one_off_it() -> None:
+    from conduit.v1 import engine_pb2 as pb
+    from engine_service.serving.embed import INLINE_INPUT_SIZE, inline_work
+
+    def request(*inputs: pb.EmbedInput) -> pb.EmbedRequest:
+        return pb.EmbedRequest(inputs=list(inputs))
+
+    query = pb.EmbedInput(text="what is retrieval augmented generation?")
+    assert inline_work(request(query, pb.EmbedInput(token_ids=pb.TokenIds(ids=[101, 2054, 102]))))
+    assert not inline_work(request(pb.EmbedInput(text="x" * (INLINE_INPUT_SIZE + 1))))
+    assert not inline_work(request(pb.EmbedInput(token_ids=pb.TokenIds(ids=[7] * (INLINE_INPUT_SIZE + 1)))))
+    assert not inline_work(request(*[pb.EmbedInput(text="") for _ in range(INLINE_INPUT_SIZE + 1)]))  # many inputs
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls", "lasttoken"])
+def test_packed_bert_equals_bert_on_each_input_alone(mode) -> None:
+    """model/packed_bert.py: inputs of mixed lengths packed without padding give, per input, what
+    transformers' BertModel gives for that input alone (a tiny random BERT, one input 1 token long)."""
+    from transformers import BertConfig, BertModel
+
+    from engine_service.model.packed_bert import PackedBert, pool_packed, supports
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=64, max_position_embeddings=64), add_pooling_layer=False).eval()
+    assert supports(model)
+    inputs = [[1, 5, 9, 2], [1, 7, 2], [1] + list(range(10, 40)) + [2], [3]]
+    hidden, starts = PackedBert(model)(inputs, torch.device("cpu"))
+    packed = pool_packed(hidden, starts, mode)
+    with torch.no_grad():
+        alone = [model(input_ids=torch.tensor([ids])).last_hidden_state for ids in inputs]
+    reference = torch.cat([pool(h, torch.ones(h.shape[:2], dtype=torch.long), mode) for h in alone])
+    assert torch.allclose(packed, reference, atol=1e-5)
+
+
+def test_only_a_plain_bert_is_packed() -> None:
+    from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
+
+    from engine_service.model.packed_bert import supports
+
+    small = dict(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+    assert not supports(BertModel(BertConfig(**small, is_decoder=True)))
+    assert not supports(BertModel(BertConfig(**small, chunk_size_feed_forward=4)))
+    assert not supports(RobertaModel(RobertaConfig(**small)))  # its own positions (after the padding id)

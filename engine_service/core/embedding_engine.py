@@ -167,6 +167,7 @@ class EmbeddingEngine:
             if job.done == len(job.inputs):
                 self.recorder.prompt_done(job.prompt_tokens)
                 self._end(job, FinishReason.STOP)
+        log.debug("step: %d rows of up to %d tokens", len(rows), max(len(job.inputs[i]) for job, i in rows))
 
     def _pack(self) -> list[tuple[EmbedJob, int]]:
         """(job, input index) pairs for this step: first come first served, padded size in budget."""

@@ -10,7 +10,8 @@ normalized, as the Qwen3-Embedding and gte-Qwen families expect. Modules this co
 Dense projection, several pooling modes at once) stop the start with a clear error rather than
 serving vectors that differ from the model's own.
 
-One forward embeds many inputs, right-padded; the padding is masked out of attention and pooling.
+One forward embeds many inputs: a plain BERT packed end to end without padding (packed_bert.py), any
+other model right-padded, the padding masked out of attention and pooling.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine_service.model import packed_bert
 from engine_service.model.embedding_wheel import DEFAULT_EMBEDDING_MODEL_ID, default_embedding_folder
 
 if TYPE_CHECKING:
@@ -55,6 +57,7 @@ class EmbeddingModel:
     matryoshka_dimensions: tuple[int, ...] | None
     special_prefix: tuple[int, ...]  # what the tokenizer puts around every text: [CLS] ... [SEP]
     special_suffix: tuple[int, ...]
+    packed: packed_bert.PackedBert | None = None  # the padding-free forward, where the model has one
 
     @property
     def vocab_size(self) -> int:
@@ -87,6 +90,9 @@ class EmbeddingModel:
     def embed(self, inputs: list[list[int]]) -> torch.Tensor:
         """One forward over `inputs` (right-padded); returns float32 vectors, one row per input,
         pooled and (where the model says so) normalized."""
+        if self.packed is not None:
+            hidden, starts = self.packed(inputs, self.device)
+            return self._finish(packed_bert.pool_packed(hidden.float(), starts, self.pooling.mode))
         longest = max(len(ids) for ids in inputs)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         input_ids = torch.full((len(inputs), longest), pad, dtype=torch.long)
@@ -96,7 +102,9 @@ class EmbeddingModel:
             mask[row, :len(ids)] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state.float()
-        vectors = pool(hidden, mask, self.pooling.mode)
+        return self._finish(pool(hidden, mask, self.pooling.mode))
+
+    def _finish(self, vectors: torch.Tensor) -> torch.Tensor:
         if self.pooling.normalize:
             vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
         return vectors.cpu()
@@ -193,7 +201,8 @@ def load_embedding_model(spec: str | None, device: str = "auto", dtype: str = "a
     loaded = EmbeddingModel(
         model_id=model_id, source=str(folder), model=model, tokenizer=tokenizer, device=dev, dtype=dt,
         max_context_length=_max_seq_length(folder, config, tokenizer), dimensions=hidden, pooling=pooling,
-        matryoshka_dimensions=_matryoshka(config), special_prefix=prefix, special_suffix=suffix)
+        matryoshka_dimensions=_matryoshka(config), special_prefix=prefix, special_suffix=suffix,
+        packed=packed_bert.PackedBert(model) if packed_bert.supports(model) else None)
     log.info("embedding model %s: %d dimensions, %s pooling%s, inputs up to %d tokens", model_id, hidden,
              pooling.mode, ", normalized" if pooling.normalize else "", loaded.max_context_length)
     return loaded

@@ -69,6 +69,20 @@ def embed_inputs(model: EmbeddingModel, request: pb.EmbedRequest, max_len: int) 
     return [_within_context(given[i], f"inputs[{i}]", max_len) for i in range(len(request.inputs))]
 
 
+# Inputs small enough to check and tokenize on the event loop: a query's take ~0.03 ms, less than the
+# hop to a worker thread and back (~0.07 ms of CPU, and a thread to schedule on a busy machine).
+INLINE_INPUT_SIZE = 2048  # characters of text plus token ids (and one per input), over the request
+
+
+def inline_work(request: pb.EmbedRequest) -> bool:
+    size = 0
+    for item in request.inputs:
+        size += 1 + len(item.text) + len(item.token_ids.ids)
+        if size > INLINE_INPUT_SIZE:
+            return False
+    return True
+
+
 def _own_ids(model: EmbeddingModel, ids: list[int], param: str, truncate_to: int | None) -> list[int]:
     _check_own_ids(model, ids, param)
     if truncate_to is not None and len(ids) > truncate_to:
@@ -119,8 +133,11 @@ class EmbeddingServicer(EngineServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
         await self._check_model(request.model, context)
         model: EmbeddingModel = self.engine.loaded
-        try:  # off the event loop: 2048 texts take a while to tokenize
-            inputs = await self._off_loop(embed_inputs, model, request, self.engine.max_model_len)
+        try:  # 2048 texts take a while to tokenize: off the event loop, but not a query (see inline_work)
+            if inline_work(request):
+                inputs = embed_inputs(model, request, self.engine.max_model_len)
+            else:
+                inputs = await self._off_loop(embed_inputs, model, request, self.engine.max_model_len)
         except InvalidRequest as exc:
             log.info("invalid: %s", exc)
             await abort_invalid(context, exc, None)
