@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, GetJsonSchemaHandler, PlainValidator, \
     ValidationError, ValidationInfo, WithJsonSchema, model_validator
@@ -31,8 +31,8 @@ _CONDUIT = "conduit"  # the pydantic error type of the failures raised by `fail`
 
 
 def fail(template: str, field: str | int | tuple[str | int, ...] | None = None, **values: Any) -> PydanticCustomError:
-    """A validation failure; `template` is formatted with `param` (the failing field's path) and
-    `values`. `field`: a field (or a path, as a tuple) below the failing value, for checks across the
+    """A validation failure; `template` is formatted with `param` (the failing field's path, OpenAI's
+    spelling: "messages[0].role"), `path` (pydantic's and Anthropic's: "messages.0.role") and `values`. `field`: a field (or a path, as a tuple) below the failing value, for checks across the
     fields of one object and for failures of values checked inside another's validator."""
     return PydanticCustomError(_CONDUIT, template, {"template": template, "field": field, **values})
 
@@ -240,6 +240,7 @@ def param_path(loc: tuple[str | int, ...], prefix: str = "") -> str:
     return path
 
 
+_PYDANTIC_TYPES = frozenset(get_args(core_schema.ErrorType))
 # Pydantic's own failures in today's words ({param}: the path; {input}: the value sent).
 _PYDANTIC_MESSAGES = {
     "missing": "'{param}' is required.",
@@ -259,10 +260,13 @@ def _loc(error: dict[str, Any]) -> tuple[str | int, ...]:
 
 
 def _template(error: dict[str, Any], top_level: bool) -> tuple[str, dict[str, Any]]:
-    """The error's message template (with {param}) and its values."""
+    """The error's message template (with {param}, maybe {path}) and its values."""
     values = {k: v for k, v in (error.get("ctx") or {}).items() if k not in ("template", "field")}
     if error["type"] == _CONDUIT:
         return error["ctx"]["template"], values
+    if error["type"] not in _PYDANTIC_TYPES:  # an API's own PydanticCustomError: its message, placeholders kept
+        escaped = error["msg"].replace("{", "{{").replace("}", "}}")
+        return escaped.replace("{{param}}", "{param}").replace("{{path}}", "{path}"), values
     if error["type"] == "missing" and top_level:
         article = "an" if str(error["loc"][0])[:1] in tuple("aeiou") else "a"
         return "you must provide " + article + " {param} parameter.", values  # OpenAI's words
@@ -280,4 +284,5 @@ def parse(model: type[M], body: Any, *, limits: RequestLimits = DEFAULT_LIMITS, 
         loc = _loc(error)
         param = param_path(loc, prefix)
         template, values = _template(error, top_level=len(loc) == 1)
-        raise invalid(template.format(param=param, **values), param or None) from None
+        path = ".".join(str(part) for part in (*prefix.split(".")[:-1], *loc))  # pydantic's (Anthropic's) spelling
+        raise invalid(template.format(param=param, path=path, **values), param or None) from None
