@@ -32,8 +32,9 @@ _CONDUIT = "conduit"  # the pydantic error type of the failures raised by `fail`
 
 def fail(template: str, field: str | int | tuple[str | int, ...] | None = None, **values: Any) -> PydanticCustomError:
     """A validation failure; `template` is formatted with `param` (the failing field's path, OpenAI's
-    spelling: "messages[0].role"), `path` (pydantic's and Anthropic's: "messages.0.role") and `values`. `field`: a field (or a path, as a tuple) below the failing value, for checks across the
-    fields of one object and for failures of values checked inside another's validator."""
+    spelling: "messages[0].role"), `path` (pydantic's and Anthropic's: "messages.0.role") and `values`.
+    `field`: a field (or a path, as a tuple) below the failing value, for checks across the fields
+    of one object and for failures of values checked inside another's validator."""
     return PydanticCustomError(_CONDUIT, template, {"template": template, "field": field, **values})
 
 
