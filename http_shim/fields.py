@@ -5,25 +5,15 @@ read bodies with until they move onto typed requests (http_shim/protocol/), as t
 from __future__ import annotations
 
 import json
-import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from conduit.v1.contract import Range
 
 from .errors import invalid
-
-if TYPE_CHECKING:
-    from .limits import RequestLimits
-
-UINT32_MAX = 2**32 - 1
+from .limits import UINT32_MAX, RequestLimits
+from .protocol.base import is_int, is_number
 
 
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 def int_field(body: dict, key: str, lo: int, hi: int, param: str | None = None) -> int | None:
