@@ -74,10 +74,6 @@ def list_value(value: Any, param: str, allow_empty: bool = False) -> list:
     return value
 
 
-def token_id(value: Any, param: str) -> int:
-    if not is_int(value) or not 0 <= value <= UINT32_MAX:
-        raise invalid(f"'{param}' must be a non-negative integer token id, got {json.dumps(value)}.", param)
-    return value
 
 
 def model_field(body: dict) -> str:
