@@ -14,8 +14,6 @@ from .limits import UINT32_MAX, RequestLimits
 from .protocol.base import is_int, is_number
 
 
-
-
 def int_field(body: dict, key: str, lo: int, hi: int, param: str | None = None) -> int | None:
     value = body.get(key)
     if value is None:
@@ -72,8 +70,6 @@ def list_value(value: Any, param: str, allow_empty: bool = False) -> list:
     if not allow_empty and not value:
         raise invalid(f"'{param}' must not be empty.", param)
     return value
-
-
 
 
 def model_field(body: dict) -> str:
