@@ -229,17 +229,6 @@ class Whole:
             raise fail(template, code=_code(error), **values) from None
 
 
-def nested(model: type[M], value: Any, info: ValidationInfo) -> M:
-    """`value` validated as `model` inside another value's validator (a union of shapes), its failures
-    named below that value ("tool_choice.function.name")."""
-    try:
-        return model.model_validate(value, context=info.context)
-    except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        template, values = _template(error, top_level=False)
-        raise fail(template, _loc(error), _code(error), **values) from None
-
-
 def by_type(members: dict[str, type[ApiModel]], other: type[ApiModel], shown: int | None = None,
             default: str | None = None) -> Any:
     """An object of the model its `type` names (`default` when it has none), any other type parsed as
