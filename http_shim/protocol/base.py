@@ -58,7 +58,7 @@ class ApiModel(BaseModel):
     def _drop_nulls(cls, value: Any) -> Any:
         if not isinstance(value, dict):
             raise fail("'{param}' must be an object.")
-        return {k: v for k, v in value.items() if v is not None}
+        return {k: v for k, v in value.items() if v is not None} if None in value.values() else value
 
 
 def _scalar(check: Any, schema: Schema) -> Any:
