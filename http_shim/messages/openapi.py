@@ -8,7 +8,9 @@ from typing import Any
 from conduit.v1.contract import SAMPLING_RANGES
 
 from ..limits import RequestLimits
-from .request import TEMPERATURE_RANGE
+from .protocol import TEMPERATURE_MAX
+from conduit.v1.contract import Range
+TEMPERATURE_RANGE = Range(0.0, TEMPERATURE_MAX)
 
 _UINT32_MAX = 2**32 - 1
 Schema = dict[str, Any]
