@@ -1,167 +1,287 @@
-"""The Messages API's request bodies as typed models: the one definition both validation (`parse`)
-and the /openapi.json document come from. request.py turns a validated body into the engine's request.
+"""The Messages API's request bodies as typed models (named as Anthropic's SDK names them): the one
+definition both validation (`parse`) and the /openapi.json document (`MESSAGES_API`) come from;
+request.py turns a validated body into the engine's request.
 
-Shapes the engine cannot serve are still modelled where their refusal should name them: a content
-block of another type (image, document, ...) parses as `OtherBlock` and a tool of another type (a
-server tool) as `ServerTool`; request.py refuses each with a 400 that names it and its place.
-Unknown fields are ignored at every level (Anthropic adds fields often; see request.py's docstring
-for those that are hints).
+Shapes the engine cannot serve are still parsed where their refusal should name them: a content block
+of another type (image, document, ...) as `OtherBlock`, a tool of another type (a server tool) as
+`ServerTool`, any string as a role; request.py refuses each with a 400 naming it and its place
+(Anthropic's own wording for a role). The document shows what is served. Unknown fields are ignored
+at every level (request.py's docstring names those that are hints).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+import json
+import re
+from typing import Annotated, Any, Union
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import Field, PlainValidator, TypeAdapter, ValidationInfo, WithJsonSchema
+from pydantic.json_schema import SkipJsonSchema
 
-from conduit.v1.contract import SAMPLING_RANGES
+from conduit.v1.contract import SAMPLING_RANGES, Range
 
-from ._standin import ApiModel, Bool, Int, NonEmptyStr, Number, Str
+from ..protocol.base import ApiModel, Bool, Cap, NonEmptyStr, Object, Str, fail, got, int_in, number_in
+from ..protocol.openapi import REQUEST_ID_HEADER, ApiPart, Operation, ref
 
 INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1
-TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
-TEMPERATURE_MAX = 1.0  # Anthropic's, narrower than the engine's
-TOP_P = SAMPLING_RANGES["top_p"]
+ROLES = ("user", "assistant", "system")
+TOOL_NAME = re.compile("^[a-zA-Z0-9_-]{1,64}$")
 
 
-class CacheControl(ApiModel):
+def _checked(check: Any, schema: Any) -> Any:
+    """A type checked by `check`; `schema`: its JSON Schema (a dict) or the type the document shows."""
+    if isinstance(schema, dict):
+        return (PlainValidator(check), WithJsonSchema(schema))
+    return (PlainValidator(check, json_schema_input_type=schema),)
+
+
+def literal(*values: str) -> Any:
+    """A string among `values`, refused in the Messages API's words ("must be 'a', 'b' or 'c', got ...")."""
+    quoted = [f"'{v}'" for v in values]
+    words = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(values) > 1 else quoted[0]
+
+    def check(value: Any) -> str:
+        if value not in values:
+            raise fail("'{param}' must be {words}, got {got}.", words=words, got=got(value))
+        return value
+
+    return Annotated[str, *_checked(check, {"type": "string", "enum": list(values)})]
+
+
+def _tool_name(value: Any) -> str:
+    if not isinstance(value, str) or not TOOL_NAME.match(value):
+        raise fail("'{param}' must match {pattern}, got {got}.", pattern=TOOL_NAME.pattern, got=got(value))
+    return value
+
+
+def _schema_text(value: Any) -> str:
+    """A JSON Schema (an object, a boolean, or its JSON text), as text."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise fail("'{param}' is not valid JSON.") from None
+    if not isinstance(value, (dict, bool)):
+        raise fail("'{param}' must be a JSON Schema object.")
+    return json.dumps(value)
+
+
+ToolName = Annotated[str, *_checked(_tool_name, {"type": "string", "pattern": TOOL_NAME.pattern})]
+SchemaText = Annotated[str, *_checked(_schema_text, {"type": "object"})]
+Role = Annotated[Str, WithJsonSchema({"type": "string", "enum": list(ROLES)})]
+
+
+def by_type(members: dict[str, type[ApiModel]], other: type[ApiModel], shown: int, default: str = "") -> Any:
+    """An object of the model its `type` names (`default` when it has none), any other type parsed as
+    `other`; the document shows the first `shown` members. (Not pydantic's tagged union, whose tag would
+    enter the param path.)"""
+
+    def check(value: Any, info: ValidationInfo) -> ApiModel:
+        kind = value.get("type") if isinstance(value, dict) else None
+        model = members.get(default if kind is None else kind, other)
+        return model.model_validate(value, context=info.context)
+
+    return Annotated[Any, *_checked(check, Union[tuple(list(members.values())[:shown])])]
+
+
+def text_or(block: Any) -> Any:
+    """A string, or a non-empty array of `block`s."""
+    blocks = Annotated[list[block], Field(min_length=1)]
+    adapter = TypeAdapter(blocks)
+
+    def check(value: Any, info: ValidationInfo) -> str | list[ApiModel]:
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise fail("'{param}' must be a string or an array of content blocks.")
+        return adapter.validate_python(value, context=info.context)
+
+    return Annotated[Any, *_checked(check, Union[str, blocks])]
+
+
+# ------------------------------------------------------------------ content
+
+
+class CacheControlEphemeralParam(ApiModel):
     """Accepted (the engine's prefix cache serves every request); checked, so a typo is not taken for a mark."""
 
-    type: Literal["ephemeral"]
+    type: literal("ephemeral")
 
 
-class TextBlock(ApiModel):
-    type: Literal["text"]
+class TextBlockParam(ApiModel):
+    type: literal("text")
     text: Str
-    cache_control: CacheControl | None = None
+    cache_control: CacheControlEphemeralParam | None = None
 
 
-class ToolUseBlock(ApiModel):
-    type: Literal["tool_use"]
+class ToolUseBlockParam(ApiModel):
+    type: literal("tool_use")
     id: NonEmptyStr
     name: NonEmptyStr
-    input: dict[str, Any]
-    cache_control: CacheControl | None = None
+    input: Object
+    cache_control: CacheControlEphemeralParam | None = None
 
 
-class ThinkingBlock(ApiModel):
-    """An earlier turn's thinking, given back: checked, then dropped. Its signature is required
-    (request.py says so in Anthropic's words)."""
+class OtherBlock(ApiModel):
+    """A block of a type this server does not serve (image, document, ...), parsed to be named."""
 
-    type: Literal["thinking"]
+    type: Str
+
+
+TextOrTextBlocks = text_or(by_type({"text": TextBlockParam}, OtherBlock, shown=1))
+
+
+class ToolResultBlockParam(ApiModel):
+    type: literal("tool_result")
+    tool_use_id: NonEmptyStr
+    content: TextOrTextBlocks | None = None
+    is_error: Bool | None = None
+    cache_control: CacheControlEphemeralParam | None = None
+
+
+class ThinkingBlockParam(ApiModel):
+    """An earlier turn's thinking given back; request.py asks for a missing signature in Anthropic's words."""
+
+    type: literal("thinking")
     thinking: Str
     signature: Str | None = None
 
 
-class RedactedThinkingBlock(ApiModel):
-    type: Literal["redacted_thinking"]
+class RedactedThinkingBlockParam(ApiModel):
+    type: literal("redacted_thinking")
     data: Str
 
 
-class OtherBlock(ApiModel):
-    """A block of a type this server does not serve, kept so its refusal can name it."""
-
-    type: Str
-
-
-def _tagged(by: dict[str, type[ApiModel]], other: type[ApiModel], default: str | None = None) -> Any:
-    """A union chosen by the body's `type` (`default` when absent), anything else parsed as `other`."""
-
-    def tag(value: Any) -> str:
-        kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-        kind = default if kind is None else kind
-        return kind if isinstance(kind, str) and kind in by else "other"
-
-    members = [Annotated[cls, Tag(name)] for name, cls in by.items()]
-    return Annotated[Union[tuple([*members, Annotated[other, Tag("other")]])], Discriminator(tag)]
+ContentBlock = by_type({"text": TextBlockParam, "tool_use": ToolUseBlockParam, "tool_result": ToolResultBlockParam,
+                        "thinking": ThinkingBlockParam, "redacted_thinking": RedactedThinkingBlockParam},
+                       OtherBlock, shown=3)
 
 
-class ToolResultBlock(ApiModel):
-    type: Literal["tool_result"]
-    tool_use_id: NonEmptyStr
-    content: Str | list[Block] | None = None  # text blocks only (request.py refuses others, naming them)
-    is_error: Bool | None = None
-    cache_control: CacheControl | None = None
+class MessageParam(ApiModel):
+    role: Role
+    content: text_or(ContentBlock)
 
 
-Block = _tagged({"text": TextBlock, "tool_use": ToolUseBlock, "tool_result": ToolResultBlock,
-                 "thinking": ThinkingBlock, "redacted_thinking": RedactedThinkingBlock}, OtherBlock)
-Blocks = Annotated[list[Block], Field(min_length=1)]
-ToolResultBlock.model_rebuild()
+# ------------------------------------------------------------------ tools, format, thinking
 
 
-ROLES = ("user", "assistant", "system")
-
-
-class Message(ApiModel):
-    role: Annotated[Str, Field(json_schema_extra={"enum": list(ROLES)})]  # request.py words its refusal
-    content: Str | Blocks
-
-
-class CustomTool(ApiModel):
-    type: Literal["custom"] | None = None
-    name: Annotated[Str, Field(pattern=TOOL_NAME_PATTERN)]
+class ToolParam(ApiModel):
+    type: literal("custom") | None = None
+    name: ToolName
     description: Str | None = None
-    input_schema: dict[str, Any] | Str | bool
-    cache_control: CacheControl | None = None
+    input_schema: SchemaText
+    cache_control: CacheControlEphemeralParam | None = None
     defer_loading: Bool | None = None  # true: kept out of the prompt until a tool search finds it
 
 
 class ServerTool(ApiModel):
-    """A tool Anthropic runs itself (web search, code execution, ...), kept so its refusal can name it."""
+    """A tool Anthropic runs itself (web search, code execution, ...), parsed to be named."""
 
     type: Str
 
 
-Tool = _tagged({"custom": CustomTool}, ServerTool, default="custom")
-
-
-class ToolChoice(ApiModel):
-    type: Literal["auto", "any", "tool", "none"]
+class ToolChoiceParam(ApiModel):
+    type: literal("auto", "any", "tool", "none")
     name: NonEmptyStr | None = None  # for type "tool"
     disable_parallel_tool_use: Bool | None = None
 
 
-class OutputFormat(ApiModel):
-    type: Literal["json_schema"]
-    schema_: dict[str, Any] | Str | bool = Field(alias="schema")
+class JSONOutputFormatParam(ApiModel):
+    type: literal("json_schema")
+    schema_: SchemaText = Field(alias="schema")
 
 
-class OutputConfig(ApiModel):
-    format: OutputFormat | None = None
+class OutputConfigParam(ApiModel):
+    format: JSONOutputFormatParam | None = None
     effort: NonEmptyStr | None = None  # a hint
 
 
-class Thinking(ApiModel):
-    type: Literal["adaptive", "enabled", "disabled"]
-    budget_tokens: Annotated[Int, Field(ge=1, le=INT32_MAX)] | None = None  # for "enabled"
+class ThinkingConfigParam(ApiModel):
+    type: literal("adaptive", "enabled", "disabled")
+    budget_tokens: int_in(1, INT32_MAX) | None = None  # for "enabled"
 
 
-class Metadata(ApiModel):
+class MetadataParam(ApiModel):
     user_id: Str | None = None
 
 
-class PromptRequest(ApiModel):
+# ------------------------------------------------------------------ requests
+
+
+class CountTokensRequest(ApiModel):
     """What /v1/messages and /v1/messages/count_tokens both render: the prompt and the answer format."""
 
     model: NonEmptyStr
-    messages: Annotated[list[Message], Field(min_length=1)]
-    system: Str | Blocks | None = None
-    tools: list[Tool] | None = None
-    tool_choice: ToolChoice | None = None
-    output_config: OutputConfig | None = None
-    output_format: OutputFormat | None = None  # the structured-outputs beta's spelling
-    thinking: Thinking | None = None
-    cache_control: CacheControl | None = None
-    mcp_servers: Any = None  # refused when set: this server connects to no MCP server
+    messages: Annotated[list[MessageParam], Field(min_length=1), Cap("max_messages", "maxItems", "messages")]
+    system: TextOrTextBlocks | None = None
+    tools: list[by_type({"custom": ToolParam}, ServerTool, shown=1, default="custom")] | None = None
+    tool_choice: ToolChoiceParam | None = None
+    output_config: OutputConfigParam | None = None
+    output_format: JSONOutputFormatParam | None = None  # the structured-outputs beta's spelling
+    thinking: ThinkingConfigParam | None = None
+    cache_control: CacheControlEphemeralParam | None = None
+    mcp_servers: SkipJsonSchema[Any] = None  # refused when set: no MCP server is reachable from here
 
 
-class MessagesRequest(PromptRequest):
-    max_tokens: Annotated[Int, Field(ge=1, le=UINT32_MAX)]
-    stop_sequences: list[NonEmptyStr] | None = None
-    temperature: Annotated[Number, Field(ge=0.0, le=TEMPERATURE_MAX)] | None = None
-    top_p: Annotated[Number, Field(gt=TOP_P.lo, le=TOP_P.hi)] | None = None
-    top_k: Annotated[Int, Field(ge=0, le=INT32_MAX)] | None = None
-    metadata: Metadata | None = None
+class MessagesRequest(CountTokensRequest):
+    max_tokens: Annotated[int_in(1, UINT32_MAX), Cap("max_tokens")]
+    stop_sequences: Annotated[list[NonEmptyStr], Cap("max_stop", "maxItems", "strings")] | None = None
+    temperature: number_in(Range(0.0, 1.0)) | None = None  # Anthropic's range, narrower than the engine's
+    top_p: number_in(SAMPLING_RANGES["top_p"]) | None = None
+    top_k: int_in(0, INT32_MAX) | None = None
+    metadata: MetadataParam | None = None
     stream: Bool | None = None
+
+
+# ------------------------------------------------------------------ the document
+
+
+def _answers() -> dict[str, Any]:
+    usage = {"type": "object", "properties": {name: {"type": "integer"} for name in (
+        "input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")}}
+    return {
+        "Message": {"type": "object", "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
+                    "properties": {
+                        "id": {"type": "string"}, "type": {"type": "string", "enum": ["message"]},
+                        "role": {"type": "string", "enum": ["assistant"]}, "model": {"type": "string"},
+                        "content": {"type": "array", "items": {"type": "object"}},
+                        "stop_reason": {"type": "string", "enum": [
+                            "end_turn", "max_tokens", "stop_sequence", "tool_use"]},
+                        "stop_sequence": {"type": "string", "nullable": True}, "usage": usage}},
+        "MessageTokensCount": {"type": "object", "required": ["input_tokens"],
+                               "properties": {"input_tokens": {"type": "integer"}}},
+        "AnthropicError": {"type": "object", "required": ["type", "error"], "properties": {
+            "type": {"type": "string", "enum": ["error"]},
+            "error": {"type": "object", "required": ["type", "message"],
+                      "properties": {"type": {"type": "string"}, "message": {"type": "string"}}},
+            "request_id": {"type": "string"}}},
+    }
+
+
+_ERRORS = {
+    400: "invalid_request_error", 401: "authentication_error (x-api-key or Bearer)", 404: "not_found_error",
+    413: "request_too_large", 429: "rate_limit_error: the engine's queue is full (Retry-After)",
+    500: "api_error (the message names the request id)", 502: "api_error: the engine refused this server",
+    504: "timeout_error", 529: "overloaded_error: the engine is unavailable or this server is shutting down",
+}
+_VERSION_HEADER = {"name": "anthropic-version", "in": "header", "required": False, "schema": {"type": "string"},
+                   "description": "accepted; Anthropic's clients send it (errors and /v1/models then take Anthropic's "
+                                  "shape)"}
+
+
+def _operation(path: str, summary: str, request: type[ApiModel], response: str, streams: str = "") -> Operation:
+    content = {"application/json": {"schema": ref("AnthropicError")}}
+    return Operation(path, summary, request, response, streams, parameters=(REQUEST_ID_HEADER, _VERSION_HEADER),
+                     errors={str(status): {"description": what, "content": content} for status, what in _ERRORS.items()})
+
+
+MESSAGES_API = ApiPart(
+    operations=(
+        _operation("/v1/messages", "Anthropic Messages API", MessagesRequest, "Message",
+                   streams="events from message_start to message_stop"),
+        _operation("/v1/messages/count_tokens", "Tokens of a Messages request's prompt", CountTokensRequest,
+                   "MessageTokensCount"),
+    ),
+    schemas=_answers(),
+)

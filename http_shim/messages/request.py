@@ -39,10 +39,11 @@ from conduit.v1 import engine_pb2 as pb
 
 from ..errors import APIError, invalid
 from ..limits import DEFAULT_LIMITS, RequestLimits
-from ..openai.request import chat_prompt_chars, check_prompt_chars, schema_text
-from ._standin import parse
-from .protocol import (ROLES, Block, CustomTool, Message, MessagesRequest, OutputFormat, PromptRequest, RedactedThinkingBlock,
-                       TextBlock, ThinkingBlock, ToolChoice, ToolResultBlock, ToolUseBlock)
+from ..openai.request import chat_prompt_chars, check_prompt_chars
+from ..protocol.base import parse
+from .protocol import (ROLES, CountTokensRequest, JSONOutputFormatParam, MessageParam, MessagesRequest,
+                       RedactedThinkingBlockParam, TextBlockParam, ThinkingBlockParam, ToolChoiceParam, ToolParam,
+                       ToolResultBlockParam, ToolUseBlockParam)
 
 _TOOL_CHOICES = {
     "auto": pb.ToolChoice.MODE_AUTO,
@@ -86,31 +87,31 @@ def _unsupported_block(kind: str, param: str) -> APIError:
     )
 
 
-def _texts(content: str | list[Block], param: str) -> str:
+def _texts(content: str | list[TextBlockParam], param: str) -> str:
     """A string, or text blocks joined by newlines (system prompts, tool results)."""
     if isinstance(content, str):
         return content
     for j, block in enumerate(content):
-        if not isinstance(block, TextBlock):
+        if not isinstance(block, TextBlockParam):
             raise _unsupported_block(block.type, f"{param}[{j}]")
     return "\n".join(block.text for block in content)
 
 
-def _tool_result(block: ToolResultBlock, param: str) -> pb.ChatMessage:
+def _tool_result(block: ToolResultBlockParam, param: str) -> pb.ChatMessage:
     text = "" if block.content is None else _texts(block.content, f"{param}.content")
     if block.is_error:
         text = TOOL_ERROR_PREFIX + text
     return pb.ChatMessage(role="tool", tool_call_id=block.tool_use_id, content=text)
 
 
-def _given_back_thinking(block: ThinkingBlock | RedactedThinkingBlock, param: str) -> None:
+def _given_back_thinking(block: ThinkingBlockParam | RedactedThinkingBlockParam, param: str) -> None:
     """An earlier turn's thinking is dropped (see the module's docstring), but not one without its signature."""
-    if isinstance(block, ThinkingBlock) and block.signature is None:
+    if isinstance(block, ThinkingBlockParam) and block.signature is None:
         raise invalid(f"'{param}.signature': a thinking block given back needs the signature it came with.",
                       f"{param}.signature")
 
 
-def _turn(msg: Message, i: int) -> list[pb.ChatMessage]:
+def _turn(msg: MessageParam, i: int) -> list[pb.ChatMessage]:
     """One Anthropic message -> the chat messages it becomes."""
     param, role = f"messages[{i}]", msg.role
     if role == "system":
@@ -122,13 +123,13 @@ def _turn(msg: Message, i: int) -> list[pb.ChatMessage]:
     calls: list[pb.ToolCall] = []
     for j, block in enumerate(msg.content):
         where = f"{param}.content[{j}]"
-        if isinstance(block, TextBlock):
+        if isinstance(block, TextBlockParam):
             texts.append(block.text)
-        elif isinstance(block, ToolResultBlock) and role == "user":
+        elif isinstance(block, ToolResultBlockParam) and role == "user":
             results.append(_tool_result(block, where))
-        elif isinstance(block, ToolUseBlock) and role == "assistant":
+        elif isinstance(block, ToolUseBlockParam) and role == "assistant":
             calls.append(pb.ToolCall(id=block.id, name=block.name, arguments=json.dumps(block.input)))
-        elif isinstance(block, (ThinkingBlock, RedactedThinkingBlock)) and role == "assistant":
+        elif isinstance(block, (ThinkingBlockParam, RedactedThinkingBlockParam)) and role == "assistant":
             _given_back_thinking(block, where)
         elif block.type in ("tool_result", "tool_use"):
             raise invalid(f"'{where}': {block.type} blocks belong in "
@@ -163,13 +164,8 @@ def _fold_system_turns(messages: list[pb.ChatMessage]) -> list[pb.ChatMessage]:
     return out
 
 
-def _chat_messages(body: PromptRequest, limits: RequestLimits) -> list[pb.ChatMessage]:
+def _chat_messages(body: CountTokensRequest) -> list[pb.ChatMessage]:
     items = body.messages
-    if len(items) > limits.max_messages:
-        raise invalid(
-            f"'messages' may hold at most {limits.max_messages} messages on this server, got {len(items)}.",
-            "messages",
-        )
     for i, msg in enumerate(items):
         if msg.role not in ROLES:  # worded as Anthropic's validation error, which clients match on
             raise invalid(f"messages.{i}.role: Input should be 'user', 'assistant' or 'system', "
@@ -189,10 +185,10 @@ def _chat_messages(body: PromptRequest, limits: RequestLimits) -> list[pb.ChatMe
 # ------------------------------------------------------------------ tools, format, thinking
 
 
-def _tools(body: PromptRequest) -> list[pb.Tool]:
+def _tools(body: CountTokensRequest) -> list[pb.Tool]:
     tools = []
     for k, tool in enumerate(body.tools or []):
-        if not isinstance(tool, CustomTool):
+        if not isinstance(tool, ToolParam):
             raise invalid(
                 f"'tools[{k}]' is a server tool ({json.dumps(tool.type)}), which this server does not run: "
                 "define client tools with name, description and input_schema.",
@@ -201,13 +197,13 @@ def _tools(body: PromptRequest) -> list[pb.Tool]:
         if tool.defer_loading:
             continue  # not in the model's context until a tool search finds it
         tools.append(pb.Tool(name=tool.name, description=tool.description or "",
-                             parameters_json=schema_text(tool.input_schema, f"tools[{k}].input_schema")))
+                             parameters_json=tool.input_schema))
     if len({t.name for t in tools}) < len(tools):
         raise invalid("'tools' names a tool twice.", "tools")
     return tools
 
 
-def _tool_choice(choice: ToolChoice | None, tools: list[pb.Tool], chat: pb.ChatInput) -> None:
+def _tool_choice(choice: ToolChoiceParam | None, tools: list[pb.Tool], chat: pb.ChatInput) -> None:
     if choice is None:
         return
     if choice.type in ("any", "tool") and not tools:
@@ -224,11 +220,11 @@ def _tool_choice(choice: ToolChoice | None, tools: list[pb.Tool], chat: pb.ChatI
         chat.parallel_tool_calls = False
 
 
-def _format(fmt: OutputFormat | None, param: str) -> pb.Constraint | None:
-    return None if fmt is None else pb.Constraint(json_schema=schema_text(fmt.schema_, f"{param}.schema"))
+def _format(fmt: JSONOutputFormatParam | None, param: str) -> pb.Constraint | None:
+    return None if fmt is None else pb.Constraint(json_schema=fmt.schema_)
 
 
-def _constraint(body: PromptRequest) -> pb.Constraint | None:
+def _constraint(body: CountTokensRequest) -> pb.Constraint | None:
     """`output_config.format`, or the beta's top-level `output_format`."""
     from_config = _format(body.output_config and body.output_config.format, "output_config.format")
     from_beta = _format(body.output_format, "output_format")
@@ -237,7 +233,7 @@ def _constraint(body: PromptRequest) -> pb.Constraint | None:
     return from_config or from_beta
 
 
-def _thinking(body: PromptRequest) -> tuple[str, int | None]:
+def _thinking(body: CountTokensRequest) -> tuple[str, int | None]:
     """The reasoning effort and thinking budget `thinking` asks for (see the module's docstring)."""
     kind = body.thinking and body.thinking.type
     if kind == "enabled":
@@ -245,12 +241,12 @@ def _thinking(body: PromptRequest) -> tuple[str, int | None]:
     return ("none" if kind == "disabled" else ""), None
 
 
-def chat_parts(body: PromptRequest, limits: RequestLimits = DEFAULT_LIMITS) -> ChatParts:
+def chat_parts(body: CountTokensRequest, limits: RequestLimits = DEFAULT_LIMITS) -> ChatParts:
     """The rendered chat and answer format of a validated Messages (or count_tokens) body."""
     if body.mcp_servers:
         raise invalid("'mcp_servers' is not supported: this server connects to no MCP server.", "mcp_servers")
     effort, budget = _thinking(body)
-    messages = _chat_messages(body, limits)
+    messages = _chat_messages(body)
     tools = _tools(body)
     check_prompt_chars(chat_prompt_chars(messages, tools), "messages", limits)
     chat = pb.ChatInput(messages=messages, tools=tools, reasoning_effort=effort)
@@ -261,21 +257,6 @@ def chat_parts(body: PromptRequest, limits: RequestLimits = DEFAULT_LIMITS) -> C
 # ------------------------------------------------------------------ requests
 
 
-def _stop_sequences(body: MessagesRequest, limits: RequestLimits) -> list[str]:
-    stops = body.stop_sequences or []
-    if len(stops) > limits.max_stop:
-        raise invalid(f"'stop_sequences' may hold at most {limits.max_stop} strings on this server, "
-                      f"got {len(stops)}.", "stop_sequences")
-    return stops
-
-
-def _max_tokens(body: MessagesRequest, limits: RequestLimits) -> int:
-    if limits.max_tokens is not None and body.max_tokens > limits.max_tokens:
-        raise invalid(f"'max_tokens' may be at most {limits.max_tokens} on this server, got {body.max_tokens}.",
-                      "max_tokens")
-    return body.max_tokens
-
-
 def _sampling(body: MessagesRequest) -> pb.SamplingParams:
     return pb.SamplingParams(**{name: value for name in ("temperature", "top_p", "top_k")
                                 if (value := getattr(body, name)) is not None})
@@ -283,15 +264,15 @@ def _sampling(body: MessagesRequest) -> pb.SamplingParams:
 
 def parse_messages(body: Any, request_id: str, limits: RequestLimits = DEFAULT_LIMITS) -> MessagesPlan:
     """Validate a /v1/messages body and build its GenerateRequest."""
-    typed = parse(MessagesRequest, body)
+    typed = parse(MessagesRequest, body, limits=limits)
     parts = chat_parts(typed, limits)
-    stops = _stop_sequences(typed, limits)
+    stops = list(typed.stop_sequences or [])
     request = pb.GenerateRequest(
         request_id=request_id,
         model=parts.model,
         chat=parts.chat,
         sampling=_sampling(typed),
-        stopping=pb.StoppingParams(max_tokens=_max_tokens(typed, limits), stop=stops),
+        stopping=pb.StoppingParams(max_tokens=typed.max_tokens, stop=stops),
     )
     if parts.constraint is not None:
         request.constraint.CopyFrom(parts.constraint)
@@ -303,7 +284,7 @@ def parse_messages(body: Any, request_id: str, limits: RequestLimits = DEFAULT_L
 def parse_count_tokens(body: Any, limits: RequestLimits = DEFAULT_LIMITS) -> tuple[str, pb.TokenizeRequest]:
     """Validate a /v1/messages/count_tokens body: the model and the TokenizeRequest that renders
     the prompt exactly as the same /v1/messages request would."""
-    parts = chat_parts(parse(PromptRequest, body), limits)
+    parts = chat_parts(parse(CountTokensRequest, body, limits=limits), limits)
     request = pb.TokenizeRequest(model=parts.model, chat=parts.chat)
     if parts.constraint is not None:
         request.constraint.CopyFrom(parts.constraint)
