@@ -15,7 +15,7 @@ import json
 import re
 from typing import Annotated, Any, Union
 
-from pydantic import Field, PlainValidator, TypeAdapter, ValidationInfo, WithJsonSchema
+from pydantic import Field, model_validator, PlainValidator, TypeAdapter, ValidationInfo, WithJsonSchema
 from pydantic.json_schema import SkipJsonSchema
 
 from conduit.v1.contract import SAMPLING_RANGES, Range
@@ -72,14 +72,15 @@ SchemaText = Annotated[str, *_checked(_schema_text, {"type": "object"})]
 Role = Annotated[Str, WithJsonSchema({"type": "string", "enum": list(ROLES)})]
 
 
-def by_type(members: dict[str, type[ApiModel]], other: type[ApiModel], shown: int, default: str = "") -> Any:
+def by_type(members: dict[str, type[ApiModel]], other: type[ApiModel], shown: int, default: str | None = None) -> Any:
     """An object of the model its `type` names (`default` when it has none), any other type parsed as
     `other`; the document shows the first `shown` members. (Not pydantic's tagged union, whose tag would
     enter the param path.)"""
 
     def check(value: Any, info: ValidationInfo) -> ApiModel:
         kind = value.get("type") if isinstance(value, dict) else None
-        model = members.get(default if kind is None else kind, other)
+        kind = default if kind is None else kind
+        model = members.get(kind, other) if isinstance(kind, str) else other
         return model.model_validate(value, context=info.context)
 
     return Annotated[Any, *_checked(check, Union[tuple(list(members.values())[:shown])])]
@@ -141,11 +142,15 @@ class ToolResultBlockParam(ApiModel):
 
 
 class ThinkingBlockParam(ApiModel):
-    """An earlier turn's thinking given back; request.py asks for a missing signature in Anthropic's words."""
-
     type: literal("thinking")
     thinking: Str
-    signature: Str | None = None
+    signature: Str | None = None  # required, refused in Anthropic's words:
+
+    @model_validator(mode="after")
+    def _signed(self) -> ThinkingBlockParam:
+        if self.signature is None:
+            raise fail("'{param}': a thinking block given back needs the signature it came with.", field="signature")
+        return self
 
 
 class RedactedThinkingBlockParam(ApiModel):
@@ -199,7 +204,7 @@ class OutputConfigParam(ApiModel):
 
 class ThinkingConfigParam(ApiModel):
     type: literal("adaptive", "enabled", "disabled")
-    budget_tokens: int_in(1, INT32_MAX) | None = None  # for "enabled"
+    budget_tokens: int_in(1, INT32_MAX) | None = None  # for "enabled"; the engine enforces it
 
 
 class MetadataParam(ApiModel):

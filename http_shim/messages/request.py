@@ -1,10 +1,10 @@
-"""Validate a Messages API body and translate it into the engine's chat request.
+"""Translate a validated Messages API body (protocol.py's models) into the engine's chat request.
 
 Anthropic's turns become the chat the engine renders: `system` the first message, a user turn's
-`tool_result` blocks one `tool` message each (before the turn's text, as Anthropic orders them),
-an assistant turn's `tool_use` blocks its tool calls. `tools` / `tool_choice` and
-`output_config.format` become the same tool choice and constraint the chat route builds, so forced
-calls and formats are enforced by the engine's constrained decoding.
+`tool_result` blocks one `tool` message each (before the turn's text, as Anthropic orders them; with
+`is_error`, its content after "Error: "), an assistant turn's `tool_use` blocks its tool calls.
+`tools` / `tool_choice` and `output_config.format` become the same tool choice and constraint the
+chat route builds, so forced calls and formats are enforced by the engine's constrained decoding.
 
 A `system` message inside `messages` (Claude Code sends its environment, agent and skill lists that
 way) is folded into the user turn it touches: appended to the user text just before it, else put
@@ -18,17 +18,16 @@ another question): image, document and other non-text blocks, server tools, MCP 
 final assistant turn (a prefill: the engine starts a new turn). `thinking` (docs/reasoning.md): on a
 reasoning model, `enabled` asks for thinking (reasoning effort high) within `budget_tokens`, which
 the engine enforces; `disabled` asks for none (effort none) where the model's template can switch it
-off; `adaptive` leaves it to the template's default. A model that does not reason answers without
-thinking whatever is asked. Earlier `thinking` and `redacted_thinking` blocks given back in
-`messages` are accepted and dropped (DeepSeek-R1's and Qwen3's templates drop earlier turns' thinking
-too); a thinking block without its `signature` is refused, as Anthropic refuses it. Accepted and ignored, as hints that do not change
-the answer: `metadata.user_id`, `output_config.effort`, `context_management` (its edits clear old
-thinking and tool results server-side; nothing is kept here between requests), `cache_control` marks
-(the engine's prefix cache serves every request), `service_tier`, `container`, the `?beta=true` query,
-the `anthropic-beta` header, and any other unknown top-level field. Tools with `defer_loading: true`
-are left out of the prompt, as Anthropic keeps them out of the model's context until a tool search
-finds them. A `tool_result` with `is_error` reaches the model as "Error: " and its content.
+off; `adaptive` leaves it to the template's default. Earlier `thinking` and `redacted_thinking`
+blocks given back are dropped (DeepSeek-R1's and Qwen3's templates drop earlier turns' thinking too);
+one without its `signature` is refused, as Anthropic refuses it. Accepted and ignored, as hints that
+do not change the answer: `metadata.user_id`, `output_config.effort`, `context_management` (nothing
+is kept here between requests), `cache_control` marks (the engine's prefix cache serves every
+request), `service_tier`, `container`, the `?beta=true` query, the `anthropic-beta` header, and any
+other unknown field. Tools with `defer_loading: true` are left out of the prompt, as Anthropic keeps
+them out of the model's context until a tool search finds them.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,16 +40,12 @@ from ..errors import APIError, invalid
 from ..limits import DEFAULT_LIMITS, RequestLimits
 from ..openai.request import chat_prompt_chars, check_prompt_chars
 from ..protocol.base import parse
-from .protocol import (ROLES, CountTokensRequest, JSONOutputFormatParam, MessageParam, MessagesRequest,
-                       RedactedThinkingBlockParam, TextBlockParam, ThinkingBlockParam, ToolChoiceParam, ToolParam,
+from .protocol import (ROLES, CountTokensRequest, MessageParam, MessagesRequest, RedactedThinkingBlockParam,
+                       TextBlockParam, ThinkingBlockParam, ThinkingConfigParam, ToolChoiceParam, ToolParam,
                        ToolResultBlockParam, ToolUseBlockParam)
 
-_TOOL_CHOICES = {
-    "auto": pb.ToolChoice.MODE_AUTO,
-    "any": pb.ToolChoice.MODE_REQUIRED,
-    "tool": pb.ToolChoice.MODE_FUNCTION,
-    "none": pb.ToolChoice.MODE_NONE,
-}
+_TOOL_CHOICES = {"auto": pb.ToolChoice.MODE_AUTO, "any": pb.ToolChoice.MODE_REQUIRED,
+                 "tool": pb.ToolChoice.MODE_FUNCTION, "none": pb.ToolChoice.MODE_NONE}
 TOOL_ERROR_PREFIX = "Error: "
 
 
@@ -62,16 +57,6 @@ class MessagesPlan:
     request: pb.GenerateRequest
     stream: bool
     stop_sequences: list[str]
-
-
-@dataclass
-class ChatParts:
-    """What both /v1/messages and count_tokens render: the chat and the answer format."""
-
-    model: str
-    chat: pb.ChatInput
-    constraint: pb.Constraint | None
-    thinking_budget: int | None = None  # thinking.budget_tokens, for the engine to enforce
 
 
 # ------------------------------------------------------------------ turns
@@ -104,13 +89,6 @@ def _tool_result(block: ToolResultBlockParam, param: str) -> pb.ChatMessage:
     return pb.ChatMessage(role="tool", tool_call_id=block.tool_use_id, content=text)
 
 
-def _given_back_thinking(block: ThinkingBlockParam | RedactedThinkingBlockParam, param: str) -> None:
-    """An earlier turn's thinking is dropped (see the module's docstring), but not one without its signature."""
-    if isinstance(block, ThinkingBlockParam) and block.signature is None:
-        raise invalid(f"'{param}.signature': a thinking block given back needs the signature it came with.",
-                      f"{param}.signature")
-
-
 def _turn(msg: MessageParam, i: int) -> list[pb.ChatMessage]:
     """One Anthropic message -> the chat messages it becomes."""
     param, role = f"messages[{i}]", msg.role
@@ -130,7 +108,7 @@ def _turn(msg: MessageParam, i: int) -> list[pb.ChatMessage]:
         elif isinstance(block, ToolUseBlockParam) and role == "assistant":
             calls.append(pb.ToolCall(id=block.id, name=block.name, arguments=json.dumps(block.input)))
         elif isinstance(block, (ThinkingBlockParam, RedactedThinkingBlockParam)) and role == "assistant":
-            _given_back_thinking(block, where)
+            continue  # an earlier turn's thinking: dropped (see the module's docstring)
         elif block.type in ("tool_result", "tool_use"):
             raise invalid(f"'{where}': {block.type} blocks belong in "
                           f"{'user' if block.type == 'tool_result' else 'assistant'} messages.", f"{where}.type")
@@ -211,7 +189,7 @@ def _tool_choice(choice: ToolChoiceParam | None, tools: list[pb.Tool], chat: pb.
     chat.tool_choice.mode = _TOOL_CHOICES[choice.type]
     if choice.type == "tool":
         if choice.name is None:
-            raise invalid("'tool_choice.name' is required when 'tool_choice.type' is 'tool'.", "tool_choice.name")
+            raise invalid("'tool_choice.name' is required.", "tool_choice.name")
         if choice.name not in {t.name for t in tools}:
             raise invalid(f"'tool_choice' names the tool '{choice.name}', which is not in 'tools'.",
                           "tool_choice.name")
@@ -220,38 +198,27 @@ def _tool_choice(choice: ToolChoiceParam | None, tools: list[pb.Tool], chat: pb.
         chat.parallel_tool_calls = False
 
 
-def _format(fmt: JSONOutputFormatParam | None, param: str) -> pb.Constraint | None:
-    return None if fmt is None else pb.Constraint(json_schema=fmt.schema_)
-
-
 def _constraint(body: CountTokensRequest) -> pb.Constraint | None:
     """`output_config.format`, or the beta's top-level `output_format`."""
-    from_config = _format(body.output_config and body.output_config.format, "output_config.format")
-    from_beta = _format(body.output_format, "output_format")
-    if from_config is not None and from_beta is not None:
+    formats = [f for f in (body.output_config and body.output_config.format, body.output_format) if f is not None]
+    if len(formats) > 1:
         raise invalid("Use either 'output_config.format' or 'output_format', not both.", "output_format")
-    return from_config or from_beta
+    return pb.Constraint(json_schema=formats[0].schema_) if formats else None
 
 
-def _thinking(body: CountTokensRequest) -> tuple[str, int | None]:
-    """The reasoning effort and thinking budget `thinking` asks for (see the module's docstring)."""
-    kind = body.thinking and body.thinking.type
-    if kind == "enabled":
-        return "high", body.thinking.budget_tokens
-    return ("none" if kind == "disabled" else ""), None
-
-
-def chat_parts(body: CountTokensRequest, limits: RequestLimits = DEFAULT_LIMITS) -> ChatParts:
-    """The rendered chat and answer format of a validated Messages (or count_tokens) body."""
+def chat_input(body: CountTokensRequest, limits: RequestLimits = DEFAULT_LIMITS) -> pb.ChatInput:
+    """The chat the engine renders for a validated Messages (or count_tokens) body."""
     if body.mcp_servers:
         raise invalid("'mcp_servers' is not supported: this server connects to no MCP server.", "mcp_servers")
-    effort, budget = _thinking(body)
     messages = _chat_messages(body)
     tools = _tools(body)
     check_prompt_chars(chat_prompt_chars(messages, tools), "messages", limits)
+    # thinking: "enabled" asks for high effort, "disabled" for none, "adaptive" the template's default.
+    thinking = body.thinking and body.thinking.type
+    effort = {"enabled": "high", "disabled": "none"}.get(thinking, "")
     chat = pb.ChatInput(messages=messages, tools=tools, reasoning_effort=effort)
     _tool_choice(body.tool_choice, tools, chat)
-    return ChatParts(body.model, chat, _constraint(body), budget)
+    return chat
 
 
 # ------------------------------------------------------------------ requests
@@ -265,27 +232,24 @@ def _sampling(body: MessagesRequest) -> pb.SamplingParams:
 def parse_messages(body: Any, request_id: str, limits: RequestLimits = DEFAULT_LIMITS) -> MessagesPlan:
     """Validate a /v1/messages body and build its GenerateRequest."""
     typed = parse(MessagesRequest, body, limits=limits)
-    parts = chat_parts(typed, limits)
     stops = list(typed.stop_sequences or [])
+    thinking = typed.thinking or ThinkingConfigParam(type="adaptive")
+    sampling = {name: getattr(typed, name) for name in ("temperature", "top_p", "top_k")}
     request = pb.GenerateRequest(
         request_id=request_id,
-        model=parts.model,
-        chat=parts.chat,
-        sampling=_sampling(typed),
+        model=typed.model,
+        chat=chat_input(typed, limits),
+        sampling=pb.SamplingParams(**sampling),
         stopping=pb.StoppingParams(max_tokens=typed.max_tokens, stop=stops),
+        constraint=_constraint(typed),
+        max_reasoning_tokens=thinking.budget_tokens if thinking.type == "enabled" else None,
     )
-    if parts.constraint is not None:
-        request.constraint.CopyFrom(parts.constraint)
-    if parts.thinking_budget is not None:
-        request.max_reasoning_tokens = parts.thinking_budget
-    return MessagesPlan(parts.model, request, bool(typed.stream), stops)
+    return MessagesPlan(typed.model, request, bool(typed.stream), stops)
 
 
 def parse_count_tokens(body: Any, limits: RequestLimits = DEFAULT_LIMITS) -> tuple[str, pb.TokenizeRequest]:
     """Validate a /v1/messages/count_tokens body: the model and the TokenizeRequest that renders
     the prompt exactly as the same /v1/messages request would."""
-    parts = chat_parts(parse(CountTokensRequest, body, limits=limits), limits)
-    request = pb.TokenizeRequest(model=parts.model, chat=parts.chat)
-    if parts.constraint is not None:
-        request.constraint.CopyFrom(parts.constraint)
-    return parts.model, request
+    typed = parse(CountTokensRequest, body, limits=limits)
+    return typed.model, pb.TokenizeRequest(model=typed.model, chat=chat_input(typed, limits),
+                                           constraint=_constraint(typed))
