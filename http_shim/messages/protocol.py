@@ -11,65 +11,33 @@ at every level (request.py's docstring names those that are hints).
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Annotated, Any, Union
 
-from pydantic import Field, model_validator, PlainValidator, TypeAdapter, ValidationInfo, WithJsonSchema
+from pydantic import Field, PlainValidator, TypeAdapter, ValidationInfo, WithJsonSchema, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from conduit.v1.contract import SAMPLING_RANGES, Range
 
-from ..protocol.base import ApiModel, Bool, Cap, NonEmptyStr, Object, Str, fail, got, int_in, number_in
+from ..protocol.base import ApiModel, Bool, Cap, ModelId, NonEmptyStr, Object, Str, fail, got, int_in, number_in
+from ..protocol.chat import JsonSchemaText, ToolName
 from ..protocol.openapi import REQUEST_ID_HEADER, ApiPart, Operation, ref
 
 INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1
 ROLES = ("user", "assistant", "system")
-TOOL_NAME = re.compile("^[a-zA-Z0-9_-]{1,64}$")
 
 
-def _checked(check: Any, schema: Any) -> Any:
-    """A type checked by `check`; `schema`: its JSON Schema (a dict) or the type the document shows."""
-    if isinstance(schema, dict):
-        return (PlainValidator(check), WithJsonSchema(schema))
-    return (PlainValidator(check, json_schema_input_type=schema),)
-
-
-def literal(*values: str) -> Any:
+def literal(*values: str, wording: str = "'{param}' must be {words}, got {got}.") -> Any:
     """A string among `values`, refused in the Messages API's words ("must be 'a', 'b' or 'c', got ...")."""
     quoted = [f"'{v}'" for v in values]
     words = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(values) > 1 else quoted[0]
 
     def check(value: Any) -> str:
         if value not in values:
-            raise fail("'{param}' must be {words}, got {got}.", words=words, got=got(value))
+            raise fail(wording, words=words, got=got(value))
         return value
 
-    return Annotated[str, *_checked(check, {"type": "string", "enum": list(values)})]
-
-
-def _tool_name(value: Any) -> str:
-    if not isinstance(value, str) or not TOOL_NAME.match(value):
-        raise fail("'{param}' must match {pattern}, got {got}.", pattern=TOOL_NAME.pattern, got=got(value))
-    return value
-
-
-def _schema_text(value: Any) -> str:
-    """A JSON Schema (an object, a boolean, or its JSON text), as text."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise fail("'{param}' is not valid JSON.") from None
-    if not isinstance(value, (dict, bool)):
-        raise fail("'{param}' must be a JSON Schema object.")
-    return json.dumps(value)
-
-
-ToolName = Annotated[str, *_checked(_tool_name, {"type": "string", "pattern": TOOL_NAME.pattern})]
-SchemaText = Annotated[str, *_checked(_schema_text, {"type": "object"})]
-Role = Annotated[Str, WithJsonSchema({"type": "string", "enum": list(ROLES)})]
+    return Annotated[str, PlainValidator(check), WithJsonSchema({"type": "string", "enum": list(values)})]
 
 
 def by_type(members: dict[str, type[ApiModel]], other: type[ApiModel], shown: int, default: str | None = None) -> Any:
@@ -81,9 +49,10 @@ def by_type(members: dict[str, type[ApiModel]], other: type[ApiModel], shown: in
         kind = value.get("type") if isinstance(value, dict) else None
         kind = default if kind is None else kind
         model = members.get(kind, other) if isinstance(kind, str) else other
-        return model.model_validate(value, context=info.context)
+        return model.model_validate(value, context=info.context)  # its errors named below this value
 
-    return Annotated[Any, *_checked(check, Union[tuple(list(members.values())[:shown])])]
+    shown_as = Union[tuple(list(members.values())[:shown])]
+    return Annotated[Any, PlainValidator(check, json_schema_input_type=shown_as)]
 
 
 def text_or(block: Any) -> Any:
@@ -98,7 +67,13 @@ def text_or(block: Any) -> Any:
             raise fail("'{param}' must be a string or an array of content blocks.")
         return adapter.validate_python(value, context=info.context)
 
-    return Annotated[Any, *_checked(check, Union[str, blocks])]
+    return Annotated[Any, PlainValidator(check, json_schema_input_type=Union[str, blocks])]
+
+
+def _no_mcp_servers(value: Any) -> Any:
+    if value:
+        raise fail("'{param}' is not supported: this server connects to no MCP server.")
+    return value
 
 
 # ------------------------------------------------------------------ content
@@ -164,7 +139,8 @@ ContentBlock = by_type({"text": TextBlockParam, "tool_use": ToolUseBlockParam, "
 
 
 class MessageParam(ApiModel):
-    role: Role
+    # Anthropic's own validation message, which clients match on.
+    role: literal(*ROLES, wording="{path}: Input should be {words}, got {got}.")
     content: text_or(ContentBlock)
 
 
@@ -174,8 +150,8 @@ class MessageParam(ApiModel):
 class ToolParam(ApiModel):
     type: literal("custom") | None = None
     name: ToolName
-    description: Str | None = None
-    input_schema: SchemaText
+    description: Str = ""
+    input_schema: JsonSchemaText
     cache_control: CacheControlEphemeralParam | None = None
     defer_loading: Bool | None = None  # true: kept out of the prompt until a tool search finds it
 
@@ -194,7 +170,7 @@ class ToolChoiceParam(ApiModel):
 
 class JSONOutputFormatParam(ApiModel):
     type: literal("json_schema")
-    schema_: SchemaText = Field(alias="schema")
+    schema_: JsonSchemaText = Field(alias="schema")
 
 
 class OutputConfigParam(ApiModel):
@@ -215,10 +191,11 @@ class MetadataParam(ApiModel):
 
 
 class CountTokensRequest(ApiModel):
-    """What /v1/messages and /v1/messages/count_tokens both render: the prompt and the answer format."""
+    """A Messages request's prompt and answer format, which count_tokens counts as /v1/messages renders them."""
 
-    model: NonEmptyStr
-    messages: Annotated[list[MessageParam], Field(min_length=1), Cap("max_messages", "maxItems", "messages")]
+    model: ModelId
+    messages: Annotated[list[MessageParam], Field(min_length=1, description="the last message must be a user turn"),
+                        Cap("max_messages", "maxItems", "messages")]
     system: TextOrTextBlocks | None = None
     tools: list[by_type({"custom": ToolParam}, ServerTool, shown=1, default="custom")] | None = None
     tool_choice: ToolChoiceParam | None = None
@@ -226,7 +203,14 @@ class CountTokensRequest(ApiModel):
     output_format: JSONOutputFormatParam | None = None  # the structured-outputs beta's spelling
     thinking: ThinkingConfigParam | None = None
     cache_control: CacheControlEphemeralParam | None = None
-    mcp_servers: SkipJsonSchema[Any] = None  # refused when set: no MCP server is reachable from here
+    mcp_servers: SkipJsonSchema[Annotated[Any, PlainValidator(_no_mcp_servers)]] = None
+
+    @model_validator(mode="after")
+    def _ends_with_a_user_turn(self) -> CountTokensRequest:
+        if self.messages[-1].role == "assistant":
+            raise fail("The last message is an assistant turn (a prefill), which this server cannot continue: end "
+                       "with a user message.", field=("messages", len(self.messages) - 1, "role"))
+        return self
 
 
 class MessagesRequest(CountTokensRequest):

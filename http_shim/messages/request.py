@@ -38,9 +38,9 @@ from conduit.v1 import engine_pb2 as pb
 
 from ..errors import APIError, invalid
 from ..limits import DEFAULT_LIMITS, RequestLimits
-from ..openai.request import chat_prompt_chars, check_prompt_chars
+from ..protocol.chat import chat_prompt_chars, check_prompt_chars
 from ..protocol.base import parse
-from .protocol import (ROLES, CountTokensRequest, MessageParam, MessagesRequest, RedactedThinkingBlockParam,
+from .protocol import (CountTokensRequest, MessageParam, MessagesRequest, RedactedThinkingBlockParam,
                        TextBlockParam, ThinkingBlockParam, ThinkingConfigParam, ToolChoiceParam, ToolParam,
                        ToolResultBlockParam, ToolUseBlockParam)
 
@@ -143,18 +143,7 @@ def _fold_system_turns(messages: list[pb.ChatMessage]) -> list[pb.ChatMessage]:
 
 
 def _chat_messages(body: CountTokensRequest) -> list[pb.ChatMessage]:
-    items = body.messages
-    for i, msg in enumerate(items):
-        if msg.role not in ROLES:  # worded as Anthropic's validation error, which clients match on
-            raise invalid(f"messages.{i}.role: Input should be 'user', 'assistant' or 'system', "
-                          f"got {json.dumps(msg.role)}.", f"messages[{i}].role")
-    if items[-1].role == "assistant":
-        raise invalid(
-            "The last message is an assistant turn (a prefill), which this server cannot continue: end with "
-            "a user message.",
-            f"messages[{len(items) - 1}].role",
-        )
-    messages = _fold_system_turns([m for i, item in enumerate(items) for m in _turn(item, i)])
+    messages = _fold_system_turns([m for i, item in enumerate(body.messages) for m in _turn(item, i)])
     if body.system is not None:
         messages.insert(0, pb.ChatMessage(role="system", content=_texts(body.system, "system")))
     return messages
@@ -174,7 +163,7 @@ def _tools(body: CountTokensRequest) -> list[pb.Tool]:
             )
         if tool.defer_loading:
             continue  # not in the model's context until a tool search finds it
-        tools.append(pb.Tool(name=tool.name, description=tool.description or "",
+        tools.append(pb.Tool(name=tool.name, description=tool.description,
                              parameters_json=tool.input_schema))
     if len({t.name for t in tools}) < len(tools):
         raise invalid("'tools' names a tool twice.", "tools")
@@ -208,8 +197,6 @@ def _constraint(body: CountTokensRequest) -> pb.Constraint | None:
 
 def chat_input(body: CountTokensRequest, limits: RequestLimits = DEFAULT_LIMITS) -> pb.ChatInput:
     """The chat the engine renders for a validated Messages (or count_tokens) body."""
-    if body.mcp_servers:
-        raise invalid("'mcp_servers' is not supported: this server connects to no MCP server.", "mcp_servers")
     messages = _chat_messages(body)
     tools = _tools(body)
     check_prompt_chars(chat_prompt_chars(messages, tools), "messages", limits)
