@@ -2,11 +2,12 @@
 definition both validation (`parse`) and the /openapi.json document (`MESSAGES_API`) come from;
 request.py turns a validated body into the engine's request.
 
-Shapes the engine cannot serve are still parsed where their refusal should name them: a content block
-of another type (image, document, ...) as `OtherBlock`, a tool of another type (a server tool) as
-`ServerTool`, any string as a role; request.py refuses each with a 400 naming it and its place
-(Anthropic's own wording for a role). The document shows what is served. Unknown fields are ignored
-at every level (request.py's docstring names those that are hints).
+What the engine cannot serve is refused here with a 400 naming it, in the words Anthropic's clients
+know: a content block of another type (image, document, ...: `OtherBlock`) or in a role's message
+that cannot hold it (`PLACES`), a server tool (`ServerTool`), a role outside user/assistant/system
+(Anthropic's own validation message), a final assistant turn (a prefill), MCP servers. The document
+shows what is served. Unknown fields are ignored at every level (request.py's docstring names those
+that are hints).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from conduit.v1.contract import SAMPLING_RANGES, Range
 from ..protocol.base import ApiModel, Bool, Cap, ModelId, NonEmptyStr, Object, Str, fail, got, int_in, number_in
 from ..protocol.chat import JsonSchemaText, ToolName
 from ..protocol.openapi import REQUEST_ID_HEADER, ApiPart, Operation, ref
+from .errors import OVERLOADED_STATUS, error_type
 
 INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1
@@ -55,8 +57,32 @@ def by_type(members: dict[str, type[ApiModel]], other: type[ApiModel], shown: in
     return Annotated[Any, PlainValidator(check, json_schema_input_type=shown_as)]
 
 
-def text_or(block: Any) -> Any:
-    """A string, or a non-empty array of `block`s."""
+# The blocks each role's content may hold; `refusal` words the others as today.
+PLACES = {"user": {"text", "tool_result"}, "assistant": {"text", "tool_use", "thinking", "redacted_thinking"},
+          "system": {"text"}}
+
+
+def refusal(kind: str, role: str) -> str | None:
+    """Why a block of `kind` cannot stand in a `role` message's content (a template, {param}: the block)."""
+    if kind in PLACES[role]:
+        return None
+    if kind in ("thinking", "redacted_thinking"):
+        return "'{param}' is a {kind} block: thinking blocks belong in assistant messages."
+    if kind in ("tool_result", "tool_use") and role != "system":
+        return "'{param}': {kind} blocks belong in " + ("user" if kind == "tool_result" else "assistant") + " messages."
+    return ("Content blocks of type {got} are not supported by this server: it serves text, tool_use and "
+            "tool_result blocks.")
+
+
+def check_places(blocks: list[ApiModel], role: str, *where: str) -> None:
+    for j, block in enumerate(blocks):
+        template = refusal(block.type, role)
+        if template is not None:
+            raise fail(template, field=(*where, j), kind=block.type, got=got(block.type))
+
+
+def text_or(block: Any, role: str | None = None) -> Any:
+    """A string, or a non-empty array of `block`s (those a `role` message may hold, when given)."""
     blocks = Annotated[list[block], Field(min_length=1)]
     adapter = TypeAdapter(blocks)
 
@@ -65,7 +91,10 @@ def text_or(block: Any) -> Any:
             return value
         if not isinstance(value, list):
             raise fail("'{param}' must be a string or an array of content blocks.")
-        return adapter.validate_python(value, context=info.context)
+        parsed = adapter.validate_python(value, context=info.context)
+        if role is not None:
+            check_places(parsed, role)
+        return parsed
 
     return Annotated[Any, PlainValidator(check, json_schema_input_type=Union[str, blocks])]
 
@@ -100,12 +129,12 @@ class ToolUseBlockParam(ApiModel):
 
 
 class OtherBlock(ApiModel):
-    """A block of a type this server does not serve (image, document, ...), parsed to be named."""
+    """A block of a type this server does not serve (image, document, ...), parsed to be refused by name."""
 
     type: Str
 
 
-TextOrTextBlocks = text_or(by_type({"text": TextBlockParam}, OtherBlock, shown=1))
+TextOrTextBlocks = text_or(by_type({"text": TextBlockParam}, OtherBlock, shown=1), role="system")
 
 
 class ToolResultBlockParam(ApiModel):
@@ -143,6 +172,12 @@ class MessageParam(ApiModel):
     role: literal(*ROLES, wording="{path}: Input should be {words}, got {got}.")
     content: text_or(ContentBlock)
 
+    @model_validator(mode="after")
+    def _blocks_in_place(self) -> MessageParam:
+        if not isinstance(self.content, str):
+            check_places(self.content, self.role, "content")
+        return self
+
 
 # ------------------------------------------------------------------ tools, format, thinking
 
@@ -157,15 +192,26 @@ class ToolParam(ApiModel):
 
 
 class ServerTool(ApiModel):
-    """A tool Anthropic runs itself (web search, code execution, ...), parsed to be named."""
+    """A tool Anthropic runs itself (web search, code execution, ...): refused, named."""
 
     type: Str
+
+    @model_validator(mode="after")
+    def _refused(self) -> ServerTool:
+        raise fail("'{param}' is a server tool ({got}), which this server does not run: define client tools with "
+                   "name, description and input_schema.", got=got(self.type))
 
 
 class ToolChoiceParam(ApiModel):
     type: literal("auto", "any", "tool", "none")
     name: NonEmptyStr | None = None  # for type "tool"
     disable_parallel_tool_use: Bool | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> ToolChoiceParam:
+        if self.type == "tool" and self.name is None:
+            raise fail("'{param}' is required.", field="name")
+        return self
 
 
 class JSONOutputFormatParam(ApiModel):
@@ -248,21 +294,17 @@ def _answers() -> dict[str, Any]:
     }
 
 
-_ERRORS = {
-    400: "invalid_request_error", 401: "authentication_error (x-api-key or Bearer)", 404: "not_found_error",
-    413: "request_too_large", 429: "rate_limit_error: the engine's queue is full (Retry-After)",
-    500: "api_error (the message names the request id)", 502: "api_error: the engine refused this server",
-    504: "timeout_error", 529: "overloaded_error: the engine is unavailable or this server is shutting down",
-}
 _VERSION_HEADER = {"name": "anthropic-version", "in": "header", "required": False, "schema": {"type": "string"},
                    "description": "accepted; Anthropic's clients send it (errors and /v1/models then take Anthropic's "
                                   "shape)"}
 
 
 def _operation(path: str, summary: str, request: type[ApiModel], response: str, streams: str = "") -> Operation:
+    """A route answering errors in Anthropic's shape, each status with its error type."""
     content = {"application/json": {"schema": ref("AnthropicError")}}
-    return Operation(path, summary, request, response, streams, parameters=(REQUEST_ID_HEADER, _VERSION_HEADER),
-                     errors={str(status): {"description": what, "content": content} for status, what in _ERRORS.items()})
+    errors = {str(status): {"description": error_type(status), "content": content}
+              for status in (400, 401, 404, 413, 429, 500, 502, 504, OVERLOADED_STATUS)}
+    return Operation(path, summary, request, response, streams, (REQUEST_ID_HEADER, _VERSION_HEADER), errors)
 
 
 MESSAGES_API = ApiPart(
