@@ -12,18 +12,14 @@ from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import MAX_EMBED_INPUTS
 
 from ..openai.protocol import ChatMessage
-from ..protocol.base import UINT32_MAX, ApiModel, Bool, ModelId, Str, TokenId, Whole, fail, int_in, is_int, one_of
+from ..protocol.base import UINT32_MAX, ApiModel, Bool, ModelId, Str, TokenId, Whole, fail, int_in, is_int, one_of, token_ids
 from ..protocol.openapi import ApiPart, Operation
 
 ENCODING_FORMATS = ("float", "base64")
 
 
 def _token_ids(value: list, index: int | None) -> pb.EmbedInput:
-    if not value:
-        raise fail("'{param}' must not be an empty list of token ids.", field=index)
-    if not all(is_int(t) and 0 <= t <= UINT32_MAX for t in value):
-        raise fail("'{param}' must hold token ids: integers from 0 to {most}.", field=index, most=UINT32_MAX)
-    return pb.EmbedInput(token_ids=pb.TokenIds(ids=value))
+    return pb.EmbedInput(token_ids=pb.TokenIds(ids=token_ids(value, index)))
 
 
 def _text(value: str, index: int | None) -> pb.EmbedInput:

@@ -22,9 +22,8 @@ from pydantic_core import PydanticCustomError, core_schema
 from conduit.v1.contract import Range
 
 from ..errors import invalid
-from ..limits import DEFAULT_LIMITS, RequestLimits
+from ..limits import DEFAULT_LIMITS, UINT32_MAX, RequestLimits
 
-UINT32_MAX = 2**32 - 1
 Schema = dict[str, Any]
 M = TypeVar("M", bound=BaseModel)
 _CONDUIT = "conduit"  # the pydantic error type of the failures raised by `fail`
@@ -32,8 +31,9 @@ _CONDUIT = "conduit"  # the pydantic error type of the failures raised by `fail`
 
 def fail(template: str, field: str | int | tuple[str | int, ...] | None = None, **values: Any) -> PydanticCustomError:
     """A validation failure; `template` is formatted with `param` (the failing field's path, OpenAI's
-    spelling: "messages[0].role"), `path` (pydantic's and Anthropic's: "messages.0.role") and `values`. `field`: a field (or a path, as a tuple) below the failing value, for checks across the
-    fields of one object and for failures of values checked inside another's validator."""
+    spelling: "messages[0].role"), `path` (pydantic's and Anthropic's: "messages.0.role") and `values`.
+    `field`: a field (or a path, as a tuple) below the failing value, for checks across the fields
+    of one object and for failures of values checked inside another's validator."""
     return PydanticCustomError(_CONDUIT, template, {"template": template, "field": field, **values})
 
 
@@ -92,19 +92,23 @@ def int_in(lo: int, hi: int) -> Any:
     return Annotated[int, *_scalar(check, {"type": "integer", "minimum": lo, "maximum": hi})]
 
 
-def number_in(allowed: Range) -> Any:
-    """A finite number in `allowed`, as a float."""
+def number_in(allowed: Range | None) -> Any:
+    """A finite number in `allowed` (None: any), as a float."""
 
     def check(value: Any) -> float:
         if not is_number(value):
             raise fail("'{param}' must be a number, got {got}.", got=got(value))
+        if allowed is None:
+            return float(value)
         if value not in allowed:
             low = f"greater than {allowed.lo}" if allowed.lo_open else f"at least {allowed.lo}"
             raise fail("'{param}' must be {low} and at most {hi}, got {got}.", low=low, hi=allowed.hi, got=value)
         return float(value)
 
-    schema: Schema = {"type": "number", "minimum": allowed.lo, "maximum": allowed.hi}
-    if allowed.lo_open:
+    schema: Schema = {"type": "number"}
+    if allowed is not None:
+        schema.update(minimum=allowed.lo, maximum=allowed.hi)
+    if allowed is not None and allowed.lo_open:
         schema["exclusiveMinimum"] = True
     return Annotated[float, *_scalar(check, schema)]
 
@@ -133,10 +137,19 @@ def _object(value: Any) -> dict:
     return value
 
 
-def _token_id(value: Any) -> int:
+def _token_id(value: Any, field: int | None = None) -> int:
     if not is_int(value) or not 0 <= value <= UINT32_MAX:
-        raise fail("'{param}' must be a non-negative integer token id, got {got}.", got=got(value))
+        raise fail("'{param}' must be a non-negative integer token id, got {got}.", field=field, got=got(value))
     return value
+
+
+def token_ids(ids: list, field: int | None = None) -> list[int]:
+    """A prompt as token ids: a non-empty list (at `field` below the value checked, when given)."""
+    if not ids:
+        raise fail("'{param}' must not be empty.", field=field)
+    for t in ids:
+        _token_id(t, field)
+    return ids
 
 
 def one_of(*values: str) -> Any:
@@ -154,7 +167,7 @@ Str = Annotated[str, *_scalar(_str, {"type": "string"})]
 NonEmptyStr = Annotated[str, *_scalar(_non_empty_str, {"type": "string", "minLength": 1})]
 Bool = Annotated[bool, *_scalar(_bool, {"type": "boolean"})]
 Object = Annotated[dict, *_scalar(_object, {"type": "object"})]  # any JSON object, kept as it is
-Number = number_in(Range(-math.inf, math.inf))
+Number = number_in(None)
 TokenId = Annotated[int, *_scalar(_token_id, {"type": "integer", "minimum": 0, "maximum": UINT32_MAX})]
 Count = int_in(0, UINT32_MAX)  # a token count: min_tokens, budgets
 ModelId = Annotated[str, *_scalar(_non_empty_str, {"type": "string", "minLength": 1,
