@@ -254,7 +254,8 @@ def test_the_schema_states_the_caps(shim):
     assert chat["stop"]["oneOf"][1]["maxItems"] == CAPS["stop"]
     messages = schemas["MessagesRequest"]["properties"]
     assert messages["max_tokens"]["maximum"] == CAPS["max_tokens"]
-    assert messages["stop_sequences"]["maxItems"] == CAPS["stop"] and messages["messages"]["maxItems"] == CAPS["messages"]
+    assert messages["stop_sequences"]["maxItems"] == CAPS["stop"]
+    assert messages["messages"]["maxItems"] == CAPS["messages"]
 
 
 def test_limits_beyond_the_engine_are_refused_at_start():
