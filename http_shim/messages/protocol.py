@@ -134,6 +134,7 @@ class OtherBlock(ApiModel):
     type: Str
 
 
+# System prompts and tool results: text blocks only, as a system message holds.
 TextOrTextBlocks = text_or(by_type({"text": TextBlockParam}, OtherBlock, shown=1), role="system")
 
 
@@ -148,7 +149,7 @@ class ToolResultBlockParam(ApiModel):
 class ThinkingBlockParam(ApiModel):
     type: literal("thinking")
     thinking: Str
-    signature: Str | None = None  # required, refused in Anthropic's words:
+    signature: Str | None = None  # required; its absence refused in Anthropic's words
 
     @model_validator(mode="after")
     def _signed(self) -> ThinkingBlockParam:
