@@ -15,7 +15,7 @@ from pydantic_core import PydanticCustomError
 from http_shim.errors import APIError
 from http_shim.limits import DEFAULT_LIMITS, RequestLimits
 from http_shim.openai.request import parse_chat
-from http_shim.protocol.base import ApiModel, Cap, Str, int_in, parse
+from http_shim.protocol.base import ApiModel, Cap, Str, by_type, fail, int_in, parse, text_or
 from http_shim.protocol.openapi import openapi_document
 
 
@@ -90,3 +90,37 @@ def test_the_documented_logit_bias_keys_are_the_accepted_ones() -> None:
     request = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                           "logit_bias": {largest: 1}}, "id").requests[0]
     assert dict(request.sampling.logit_bias) == {2**32 - 1: 1.0}
+
+
+def test_unions_by_type_and_text_name_the_place_and_carry_a_code() -> None:
+    class Text(ApiModel):
+        type: Str = "text"
+        text: Str
+
+    class Refused(ApiModel):
+        type: Str
+
+        @field_validator("type")
+        @classmethod
+        def _refuse(cls, kind: str) -> str:
+            raise fail("'{param}' {got} is not supported.", code="unsupported_value", got=kind)
+
+    class Turn(ApiModel):
+        content: text_or(by_type({"text": Text}, Refused, default="text"), min_length=1, items="blocks")
+
+    assert parse(Turn, {"content": [{"text": "a"}]}).content[0].text == "a"
+    with pytest.raises(APIError) as info:
+        parse(Turn, {"content": [{"type": "text", "text": "a"}, {"type": "text"}]})
+    assert info.value.param == "content[1].text"
+    with pytest.raises(APIError) as info:
+        parse(Turn, {"content": [{"type": "image"}]})
+    assert (info.value.param, info.value.code) == ("content[0].type", "unsupported_value")
+    assert info.value.message == "'content[0].type' image is not supported."
+    assert refusal_of(Turn, {"content": 5}) == ("content", "'content' must be a string or an array of blocks.")
+    assert refusal_of(Turn, {"content": []}) == ("content", "'content' must not be empty.")
+
+
+def refusal_of(model: type[ApiModel], body: dict) -> tuple[str, str]:
+    with pytest.raises(APIError) as info:
+        parse(model, body)
+    return info.value.param, info.value.message

@@ -71,8 +71,8 @@ class EmbeddingRequest(ApiModel):
     input: EmbeddingInput  # (the inputs, whether `input` was one)
     encoding_format: Annotated[one_of(*ENCODING_FORMATS), WithJsonSchema(
         {"type": "string", "enum": list(ENCODING_FORMATS), "description": "base64: little-endian float32"})] = "float"
-    dimensions: Annotated[int_in(1, UINT32_MAX), Field(
-        description="only for models trained for shorter vectors; else their own size")] | None = None
+    dimensions: int_in(1, UINT32_MAX) | None = Field(
+        None, description="only for models trained for shorter vectors; else their own size")
     user: Str | None = None
     truncate_prompt_tokens: Annotated[int, PlainValidator(_truncate), WithJsonSchema(  # vLLM's extension
         {"type": "integer", "minimum": -1, "maximum": UINT32_MAX,

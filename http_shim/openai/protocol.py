@@ -29,7 +29,7 @@ from conduit.v1.contract import MAX_TOP_LOGPROBS
 
 from ..limits import MAX_COMPLETION_LOGPROBS, MAX_PROMPTS
 from ..protocol.base import UINT32_MAX, ApiModel, Bool, Cap, Count, ModelId, NonEmptyStr, Object, Str, fail, got, \
-    ignored, int_in, is_int, nested, one_of, token_ids
+    ignored, int_in, is_int, one_of, token_ids
 from ..protocol.chat import JsonSchemaText, ReasoningEffort, StructuredOutputs, ToolName, tool_choice
 from ..protocol.openapi import ApiPart, Operation
 from ..protocol.sampling import N, SamplingFields, StoppingFields
@@ -138,7 +138,7 @@ def _tool_choice(value: Any, info: ValidationInfo) -> str | NamedToolChoice:
         if value not in TOOL_CHOICE_MODES:
             raise fail("'{param}' must be 'none', 'auto', 'required' or an object, got {got}.", got=got(value))
         return value
-    return nested(NamedToolChoice, value, info)
+    return NamedToolChoice.model_validate(value, context=info.context)  # its errors merge in below tool_choice
 
 
 ToolChoice = Annotated[Any, PlainValidator(_tool_choice), WithJsonSchema({"oneOf": [

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar, get_args
+from typing import Annotated, Any, TypeVar, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, GetJsonSchemaHandler, PlainValidator, \
-    ValidationError, ValidationInfo, WithJsonSchema, model_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, PlainValidator, \
+    TypeAdapter, ValidationError, ValidationInfo, WithJsonSchema, model_validator
 from pydantic_core import PydanticCustomError, core_schema
 
 from conduit.v1.contract import Range
@@ -29,12 +29,14 @@ M = TypeVar("M", bound=BaseModel)
 _CONDUIT = "conduit"  # the pydantic error type of the failures raised by `fail`
 
 
-def fail(template: str, field: str | int | tuple[str | int, ...] | None = None, **values: Any) -> PydanticCustomError:
+def fail(template: str, field: str | int | tuple[str | int, ...] | None = None, code: str | None = None,
+         **values: Any) -> PydanticCustomError:
     """A validation failure; `template` is formatted with `param` (the failing field's path, OpenAI's
     spelling: "messages[0].role"), `path` (pydantic's and Anthropic's: "messages.0.role") and `values`.
     `field`: a field (or a path, as a tuple) below the failing value, for checks across the fields
-    of one object and for failures of values checked inside another's validator."""
-    return PydanticCustomError(_CONDUIT, template, {"template": template, "field": field, **values})
+    of one object and for failures of values checked inside another's validator. `code`: the error's
+    `code` ("unsupported_value"), when it has one."""
+    return PydanticCustomError(_CONDUIT, template, {"template": template, "field": field, "code": code, **values})
 
 
 def got(value: Any) -> str:
@@ -222,19 +224,40 @@ class Whole:
         try:
             return handler(value)
         except ValidationError as exc:
-            template, values = _template(exc.errors(include_url=False)[0], top_level=False)
-            raise PydanticCustomError(_CONDUIT, template, {**values, "template": template, "field": None}) from None
+            error = exc.errors(include_url=False)[0]
+            template, values = _template(error, top_level=False)
+            raise fail(template, code=_code(error), **values) from None
 
 
-def nested(model: type[M], value: Any, info: ValidationInfo) -> M:
-    """`value` validated as `model` inside another value's validator (a union of shapes), its failures
-    named below that value ("tool_choice.function.name")."""
-    try:
-        return model.model_validate(value, context=info.context)
-    except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        template, values = _template(error, top_level=False)
-        raise fail(template, **{**values, "field": _loc(error)}) from None
+def by_type(members: dict[str, type[ApiModel]], other: type[ApiModel], shown: int | None = None,
+            default: str | None = None) -> Any:
+    """An object of the model its `type` names (`default` when it has none), any other type parsed as
+    `other`; the document shows the first `shown` members (all: None). Not pydantic's tagged union, whose
+    tag would enter the param path: a member's failures are named by their place in the value."""
+
+    def check(value: Any, info: ValidationInfo) -> ApiModel:
+        kind = value.get("type") if isinstance(value, dict) else None
+        kind = default if kind is None else kind
+        model = members.get(kind, other) if isinstance(kind, str) else other
+        return model.model_validate(value, context=info.context)  # its errors merge in below this value
+
+    shown_as = Union[tuple(dict.fromkeys(list(members.values())[:shown]))]
+    return Annotated[Any, PlainValidator(check, json_schema_input_type=shown_as)]
+
+
+def text_or(item: Any, min_length: int = 0, items: str = "items") -> Any:
+    """A string, or an array of at least `min_length` `item`s (`items`: what the message calls them)."""
+    array = Annotated[list[item], Field(min_length=min_length)]
+    adapter = TypeAdapter(array)
+
+    def check(value: Any, info: ValidationInfo) -> str | list:
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise fail("'{param}' must be a string or an array of {items}.", items=items)
+        return adapter.validate_python(value, context=info.context)
+
+    return Annotated[Any, PlainValidator(check, json_schema_input_type=Union[str, array])]
 
 
 def ignored(schema: Schema) -> Any:
@@ -272,9 +295,13 @@ def _loc(error: dict[str, Any]) -> tuple[str | int, ...]:
     return (*error["loc"], *below)
 
 
+def _code(error: dict[str, Any]) -> str | None:
+    return (error.get("ctx") or {}).get("code") if error["type"] == _CONDUIT else None
+
+
 def _template(error: dict[str, Any], top_level: bool) -> tuple[str, dict[str, Any]]:
     """The error's message template (with {param}, maybe {path}) and its values."""
-    values = {k: v for k, v in (error.get("ctx") or {}).items() if k not in ("template", "field")}
+    values = {k: v for k, v in (error.get("ctx") or {}).items() if k not in ("template", "field", "code")}
     if error["type"] == _CONDUIT:
         return error["ctx"]["template"], values
     if error["type"] not in _PYDANTIC_TYPES:  # an API's own PydanticCustomError: its message, placeholders kept
@@ -298,4 +325,4 @@ def parse(model: type[M], body: Any, *, limits: RequestLimits = DEFAULT_LIMITS, 
         param = param_path(loc, prefix)
         template, values = _template(error, top_level=len(loc) == 1)
         path = ".".join(str(part) for part in (*prefix.split(".")[:-1], *loc))  # pydantic's (Anthropic's) spelling
-        raise invalid(template.format(param=param, path=path, **values), param or None) from None
+        raise invalid(template.format(param=param, path=path, **values), param or None, _code(error)) from None
