@@ -4,7 +4,7 @@ request.py turns a validated body into the engine's request.
 
 What the engine cannot serve is refused here with a 400 naming it, in the words Anthropic's clients
 know: a content block of another type (image, document, ...: `OtherBlock`) or in a role's message
-that cannot hold it (`PLACES`), a server tool (`ServerTool`), a role outside user/assistant/system
+that cannot hold it (`_PLACES`), a server tool (`ServerTool`), a role outside user/assistant/system
 (Anthropic's own validation message), a final assistant turn (a prefill), MCP servers. The document
 shows what is served. Unknown fields are ignored at every level (request.py's docstring names those
 that are hints).
@@ -12,14 +12,15 @@ that are hints).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
-from pydantic import Field, PlainValidator, TypeAdapter, ValidationInfo, WithJsonSchema, model_validator
+from pydantic import AfterValidator, Field, PlainValidator, WithJsonSchema, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from conduit.v1.contract import SAMPLING_RANGES, Range
 
-from ..protocol.base import ApiModel, Bool, Cap, ModelId, NonEmptyStr, Object, Str, fail, got, int_in, number_in
+from ..protocol.base import (ApiModel, Bool, Cap, ModelId, NonEmptyStr, Object, Str, by_type, fail, got, int_in,
+                              number_in, text_or)
 from ..protocol.chat import JsonSchemaText, ToolName
 from ..protocol.openapi import REQUEST_ID_HEADER, ApiPart, Operation, ref
 from .errors import OVERLOADED_STATUS, error_type
@@ -42,29 +43,14 @@ def literal(*values: str, wording: str = "'{param}' must be {words}, got {got}."
     return Annotated[str, PlainValidator(check), WithJsonSchema({"type": "string", "enum": list(values)})]
 
 
-def by_type(members: dict[str, type[ApiModel]], other: type[ApiModel], shown: int, default: str | None = None) -> Any:
-    """An object of the model its `type` names (`default` when it has none), any other type parsed as
-    `other`; the document shows the first `shown` members. (Not pydantic's tagged union, whose tag would
-    enter the param path.)"""
-
-    def check(value: Any, info: ValidationInfo) -> ApiModel:
-        kind = value.get("type") if isinstance(value, dict) else None
-        kind = default if kind is None else kind
-        model = members.get(kind, other) if isinstance(kind, str) else other
-        return model.model_validate(value, context=info.context)  # its errors named below this value
-
-    shown_as = Union[tuple(list(members.values())[:shown])]
-    return Annotated[Any, PlainValidator(check, json_schema_input_type=shown_as)]
-
-
-# The blocks each role's content may hold; `refusal` words the others as today.
-PLACES = {"user": {"text", "tool_result"}, "assistant": {"text", "tool_use", "thinking", "redacted_thinking"},
+# The blocks each role's content may hold; `_refusal` words the others as today.
+_PLACES = {"user": {"text", "tool_result"}, "assistant": {"text", "tool_use", "thinking", "redacted_thinking"},
           "system": {"text"}}
 
 
-def refusal(kind: str, role: str) -> str | None:
+def _refusal(kind: str, role: str) -> str | None:
     """Why a block of `kind` cannot stand in a `role` message's content (a template, {param}: the block)."""
-    if kind in PLACES[role]:
+    if kind in _PLACES[role]:
         return None
     if kind in ("thinking", "redacted_thinking"):
         return "'{param}' is a {kind} block: thinking blocks belong in assistant messages."
@@ -74,29 +60,17 @@ def refusal(kind: str, role: str) -> str | None:
             "tool_result blocks.")
 
 
-def check_places(blocks: list[ApiModel], role: str, *where: str) -> None:
+def _check_places(blocks: list[ApiModel], role: str, *where: str) -> None:
     for j, block in enumerate(blocks):
-        template = refusal(block.type, role)
+        template = _refusal(block.type, role)
         if template is not None:
             raise fail(template, field=(*where, j), kind=block.type, got=got(block.type))
 
 
-def text_or(block: Any, role: str | None = None) -> Any:
-    """A string, or a non-empty array of `block`s (those a `role` message may hold, when given)."""
-    blocks = Annotated[list[block], Field(min_length=1)]
-    adapter = TypeAdapter(blocks)
-
-    def check(value: Any, info: ValidationInfo) -> str | list[ApiModel]:
-        if isinstance(value, str):
-            return value
-        if not isinstance(value, list):
-            raise fail("'{param}' must be a string or an array of content blocks.")
-        parsed = adapter.validate_python(value, context=info.context)
-        if role is not None:
-            check_places(parsed, role)
-        return parsed
-
-    return Annotated[Any, PlainValidator(check, json_schema_input_type=Union[str, blocks])]
+def _text_blocks_only(value: str | list[ApiModel]) -> str | list[ApiModel]:
+    if not isinstance(value, str):
+        _check_places(value, "system")
+    return value
 
 
 def _no_mcp_servers(value: Any) -> Any:
@@ -135,7 +109,8 @@ class OtherBlock(ApiModel):
 
 
 # System prompts and tool results: text blocks only, as a system message holds.
-TextOrTextBlocks = text_or(by_type({"text": TextBlockParam}, OtherBlock, shown=1), role="system")
+TextOrTextBlocks = Annotated[text_or(by_type({"text": TextBlockParam}, OtherBlock, shown=1), 1, "content blocks"),
+                             AfterValidator(_text_blocks_only)]
 
 
 class ToolResultBlockParam(ApiModel):
@@ -171,12 +146,12 @@ ContentBlock = by_type({"text": TextBlockParam, "tool_use": ToolUseBlockParam, "
 class MessageParam(ApiModel):
     # Anthropic's own validation message, which clients match on.
     role: literal(*ROLES, wording="{path}: Input should be {words}, got {got}.")
-    content: text_or(ContentBlock)
+    content: text_or(ContentBlock, 1, "content blocks")
 
     @model_validator(mode="after")
     def _blocks_in_place(self) -> MessageParam:
         if not isinstance(self.content, str):
-            check_places(self.content, self.role, "content")
+            _check_places(self.content, self.role, "content")
         return self
 
 
