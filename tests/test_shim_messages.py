@@ -279,6 +279,7 @@ def test_bad_bodies_are_400_naming_the_field(shim, body, named):
 
 
 @pytest.mark.parametrize("body, message", [
+    ({"max_tokens": None}, "'max_tokens' is required."),
     ({"messages": [{"role": "tool", "content": "x"}]},
      "messages.0.role: Input should be 'user', 'assistant' or 'system', got \"tool\"."),
     ({"thinking": {"type": "sometimes"}},

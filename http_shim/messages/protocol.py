@@ -244,6 +244,13 @@ class MessagesRequest(CountTokensRequest):
     metadata: MetadataParam | None = None
     stream: Bool | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _max_tokens_given(cls, value: Any) -> Any:  # in this API's words (the base's are OpenAI's for a model)
+        if isinstance(value, dict) and value.get("max_tokens") is None:
+            raise fail("'{param}' is required.", field="max_tokens")
+        return value
+
 
 # ------------------------------------------------------------------ the document
 
