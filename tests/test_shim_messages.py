@@ -16,6 +16,8 @@ import pytest
 
 from common import lazy_module
 from fake_engine import MODEL_ID, start_shim, stop_process
+from http_shim.errors import APIError
+from http_shim.messages.request import parse_messages
 from test_shim_drain import EXIT_TIMEOUT_S, wait_for_engine_request
 from test_shim_http import post, request
 
@@ -274,6 +276,37 @@ def test_bad_bodies_are_400_naming_the_field(shim, body, named):
     assert status == 400 and headers["request-id"]
     error = error_of(raw)
     assert error["type"] == "invalid_request_error" and named in error["message"], error
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"max_tokens": None}, "'max_tokens' is required."),
+    ({"messages": [{"role": "tool", "content": "x"}]},
+     "messages.0.role: Input should be 'user', 'assistant' or 'system', got \"tool\"."),
+    ({"thinking": {"type": "sometimes"}},
+     "'thinking.type' must be 'adaptive', 'enabled' or 'disabled', got \"sometimes\"."),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+     'Content blocks of type "image" are not supported by this server: it serves text, tool_use and tool_result '
+     "blocks."),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "n", "input": {}}]}]},
+     "'messages[0].content[0]': tool_use blocks belong in assistant messages."),
+    ({"system": [{"type": "thinking", "thinking": "hm", "signature": "s"}]},
+     "'system[0]' is a thinking block: thinking blocks belong in assistant messages."),
+    ({"messages": [*user("a"), {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"}]}, *user("b")]},
+     "'messages[1].content[0].signature': a thinking block given back needs the signature it came with."),
+    ({"tools": [{"type": "bash_20250124", "name": "bash"}]},
+     "'tools[0]' is a server tool (\"bash_20250124\"), which this server does not run: define client tools with "
+     "name, description and input_schema."),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "tool", "name": "nope"}},
+     "'tool_choice' names the tool 'nope', which is not in 'tools'."),
+    ({"mcp_servers": [{"url": "x"}]}, "'mcp_servers' is not supported: this server connects to no MCP server."),
+    ({"messages": [*user("hi"), {"role": "assistant", "content": "The"}]},
+     "The last message is an assistant turn (a prefill), which this server cannot continue: end with a user message."),
+])
+def test_refusals_keep_their_words(body, message):
+    """The Messages API's own refusals, word for word (clients and agents match on some of them)."""
+    with pytest.raises(APIError) as refused:
+        parse_messages({"model": MODEL_ID, "max_tokens": 5, "messages": user("hi"), **body}, "msg-1")
+    assert refused.value.message == message
 
 
 def test_the_sdk_raises_its_typed_errors(shim, client):

@@ -200,6 +200,23 @@ def test_chat_caps_are_400_naming_the_param(client, fields, param):
 
 
 @pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"max_tokens": CAPS["max_tokens"] + 1}, f"'max_tokens' may be at most {CAPS['max_tokens']} on this server"),
+        ({"stop_sequences": ["a", "b", "c"]}, f"'stop_sequences' may hold at most {CAPS['stop']} strings"),
+        ({"messages": say("hi") * (CAPS["messages"] + 1)}, f"'messages' may hold at most {CAPS['messages']} messages"),
+        ({"system": "y" * 40, "messages": say("x" * 21)}, "characters of prompt text on this server"),
+    ],
+)
+def test_messages_caps_are_anthropic_400s(shim, fields, message):
+    """The same caps on Anthropic's Messages API, in its error shape (no param: the message names the field)."""
+    body = {"model": MODEL_ID, "max_tokens": 5, "messages": say("hi"), **fields}
+    status, _, raw = post(shim, "/v1/messages", body, AUTH)
+    error = json.loads(raw)["error"]
+    assert status == 400 and error["type"] == "invalid_request_error" and message in error["message"], error
+
+
+@pytest.mark.parametrize(
     "fields, param",
     [
         ({"max_tokens": CAPS["max_tokens"] + 1}, "max_tokens"),
@@ -235,6 +252,10 @@ def test_the_schema_states_the_caps(shim):
     assert chat["max_tokens"]["maximum"] == CAPS["max_tokens"] and chat["n"]["maximum"] == CAPS["n"]
     assert chat["messages"]["maxItems"] == CAPS["messages"]
     assert chat["stop"]["oneOf"][1]["maxItems"] == CAPS["stop"]
+    messages = schemas["MessagesRequest"]["properties"]
+    assert messages["max_tokens"]["maximum"] == CAPS["max_tokens"]
+    assert messages["stop_sequences"]["maxItems"] == CAPS["stop"]
+    assert messages["messages"]["maxItems"] == CAPS["messages"]
 
 
 def test_limits_beyond_the_engine_are_refused_at_start():

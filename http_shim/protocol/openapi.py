@@ -91,17 +91,15 @@ def api_parts(limits: RequestLimits) -> list[ApiPart]:
     """Every API's part: the hook where an API adds its own (imported here, not at module level, so
     the API packages may import this module)."""
     from ..embeddings.protocol import EMBEDDINGS_API
-    from ..messages.openapi import messages_openapi
+    from ..messages.protocol import MESSAGES_API
     from ..openai.protocol import OPENAI_API
     from ..responses.openapi import responses_paths
     from ..service import SERVICE_API
 
-    # Messages and Responses until their typed requests land: their hand-written parts, as before.
-    messages_paths, messages_schemas = messages_openapi(limits, [REQUEST_ID_HEADER])
-    messages = ApiPart(schemas=messages_schemas, paths=messages_paths)
+    # Responses until its typed requests land: its hand-written part, as before.
     responses_paths_, responses_schemas = responses_paths([REQUEST_ID_HEADER], error_responses)
     responses = ApiPart(schemas=responses_schemas, paths=responses_paths_)
-    return [OPENAI_API, responses, messages, EMBEDDINGS_API, SERVICE_API]
+    return [OPENAI_API, responses, MESSAGES_API, EMBEDDINGS_API, SERVICE_API]
 
 
 def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, Any]:
