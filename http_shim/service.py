@@ -13,6 +13,7 @@ from conduit.v1 import engine_pb2 as pb
 from .context import ShimContext
 from .messages import is_anthropic_request
 from .messages.routes import model_list, model_object
+from .protocol.openapi import ApiPart, error_responses, ref
 from .web import engine_metadata, json_response
 
 # /health must answer a probe quickly, also when the engine does not.
@@ -81,3 +82,42 @@ def register_service(app: Flask, ctx: ShimContext, document: dict[str, Any]) -> 
         if is_anthropic_request():
             return json_response(model_object(info, ctx.started))
         return json_response(_model_object(info, ctx.started))
+
+
+def _get(summary: str, schema: str, *errors: int, **extra: Any) -> dict[str, Any]:
+    answer = {"description": summary.lower(), "content": {"application/json": {"schema": ref(schema)}}}
+    return {"get": {"summary": summary, **extra, "responses": {"200": answer, **error_responses(*errors)}}}
+
+
+_NULLABLE_STRING = {"type": "string", "nullable": True}
+SERVICE_API = ApiPart(
+    paths={
+        "/v1/models": _get("Served models", "ModelList", 401, 503),
+        "/v1/models/{model}": _get("One served model", "Model", 401, 404, 503, parameters=[
+            {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]),
+        "/health": {"get": {
+            "summary": "Readiness: 200 when the engine serves, 503 when not or while draining",
+            "security": [],
+            "responses": {code: {"description": what, "content": {"application/json": {"schema": ref("Health")}}}
+                          for code, what in (("200", "ready"), ("503", "not ready"))},
+        }},
+        "/metrics": {"get": {
+            "summary": "Prometheus metrics (text exposition format)",
+            "security": [],
+            "responses": {"200": {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+        }},
+    },
+    schemas={
+        "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+            "type": "object", "required": ["message", "type", "param", "code"],
+            "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                           "param": _NULLABLE_STRING, "code": _NULLABLE_STRING}}}},
+        "Model": {"type": "object", "required": ["id", "object", "created", "owned_by"], "properties": {
+            "id": {"type": "string"}, "object": {"type": "string", "enum": ["model"]}, "created": {"type": "integer"},
+            "owned_by": {"type": "string"}, "max_model_len": {"type": "integer"}}},
+        "ModelList": {"type": "object", "required": ["object", "data"], "properties": {
+            "object": {"type": "string", "enum": ["list"]}, "data": {"type": "array", "items": ref("Model")}}},
+        "Health": {"type": "object", "required": ["status"], "properties": {
+            "status": {"type": "string", "enum": ["ok", "unavailable", "draining"]}, "engine": {"type": "string"}}},
+    },
+)

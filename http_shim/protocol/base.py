@@ -1,0 +1,258 @@
+"""The request-model base every API's typed requests build on: `ApiModel`, the strict scalar types,
+operator caps (`Cap`), and `parse`, which validates a JSON body and turns the first failure into
+today's 400 `APIError` naming the OpenAI-style `param` path ("messages[0].content").
+
+Each scalar type checks its value itself and fails with a message template in which `{param}` stands
+for the path (filled in by `parse`), so one type gives the same message wherever it is used. Errors
+raised by pydantic's own checks (a missing field, an object or array expected) get theirs from
+`_PYDANTIC_MESSAGES`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, GetJsonSchemaHandler, PlainValidator, \
+    ValidationError, ValidationInfo, WithJsonSchema, model_validator
+from pydantic_core import PydanticCustomError, core_schema
+
+from conduit.v1.contract import Range
+
+from ..errors import invalid
+from ..limits import DEFAULT_LIMITS, RequestLimits
+
+UINT32_MAX = 2**32 - 1
+Schema = dict[str, Any]
+M = TypeVar("M", bound=BaseModel)
+_CONDUIT = "conduit"  # the pydantic error type of the failures raised by `fail`
+
+
+def fail(template: str, field: str | None = None, **values: Any) -> PydanticCustomError:
+    """A validation failure; `template` is formatted with `param` (the failing field's path) and
+    `values`. `field`: a field below the failing object (for checks across fields of one object)."""
+    return PydanticCustomError(_CONDUIT, template, {"template": template, "field": field, **values})
+
+
+def got(value: Any) -> str:
+    """A value as a message shows it: as JSON, or its type's name where JSON has no spelling."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return type(value).__name__
+
+
+class ApiModel(BaseModel):
+    """A request object: unknown fields are tolerated and dropped (OpenAI's clients send many), and a
+    field set to null is the field left out, as every API the shim speaks treats it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise fail("'{param}' must be an object.")
+        return {k: v for k, v in value.items() if v is not None}
+
+
+def _scalar(check: Any, schema: Schema) -> Any:
+    return (PlainValidator(check), WithJsonSchema(schema))
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _as_int(value: Any) -> int:
+    """2.0 is 2 (JSON has one number type); bools and strings are refused."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not is_int(value):
+        raise fail("'{param}' must be an integer, got {got}.", got=got(value))
+    return value
+
+
+def int_in(lo: int, hi: int) -> Any:
+    """An integer in [lo, hi]."""
+
+    def check(value: Any) -> int:
+        value = _as_int(value)
+        if not lo <= value <= hi:
+            raise fail("'{param}' must be between {lo} and {hi}, got {got}.", lo=lo, hi=hi, got=value)
+        return value
+
+    return Annotated[int, *_scalar(check, {"type": "integer", "minimum": lo, "maximum": hi})]
+
+
+def number_in(allowed: Range) -> Any:
+    """A finite number in `allowed`, as a float."""
+
+    def check(value: Any) -> float:
+        if not is_number(value):
+            raise fail("'{param}' must be a number, got {got}.", got=got(value))
+        if value not in allowed:
+            low = f"greater than {allowed.lo}" if allowed.lo_open else f"at least {allowed.lo}"
+            raise fail("'{param}' must be {low} and at most {hi}, got {got}.", low=low, hi=allowed.hi, got=value)
+        return float(value)
+
+    schema: Schema = {"type": "number", "minimum": allowed.lo, "maximum": allowed.hi}
+    if allowed.lo_open:
+        schema["exclusiveMinimum"] = True
+    return Annotated[float, *_scalar(check, schema)]
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise fail("'{param}' must be a string.")
+    return value
+
+
+def _non_empty_str(value: Any) -> str:
+    if not _str(value):
+        raise fail("'{param}' must not be empty.")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise fail("'{param}' must be a boolean, got {got}.", got=got(value))
+    return value
+
+
+def _object(value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise fail("'{param}' must be an object.")
+    return value
+
+
+def _token_id(value: Any) -> int:
+    if not is_int(value) or not 0 <= value <= UINT32_MAX:
+        raise fail("'{param}' must be a non-negative integer token id, got {got}.", got=got(value))
+    return value
+
+
+def one_of(*values: str) -> Any:
+    """A string among `values` (an enum in the document)."""
+
+    def check(value: Any) -> str:
+        if value not in values:
+            raise fail("'{param}' must be one of {values}; got {got}.", values=", ".join(values), got=got(value))
+        return value
+
+    return Annotated[str, *_scalar(check, {"type": "string", "enum": list(values)})]
+
+
+Str = Annotated[str, *_scalar(_str, {"type": "string"})]
+NonEmptyStr = Annotated[str, *_scalar(_non_empty_str, {"type": "string", "minLength": 1})]
+Bool = Annotated[bool, *_scalar(_bool, {"type": "boolean"})]
+Object = Annotated[dict, *_scalar(_object, {"type": "object"})]  # any JSON object, kept as it is
+Number = number_in(Range(-math.inf, math.inf))
+TokenId = Annotated[int, *_scalar(_token_id, {"type": "integer", "minimum": 0, "maximum": UINT32_MAX})]
+Count = int_in(0, UINT32_MAX)  # a token count: min_tokens, budgets
+
+
+def limits_of(info: ValidationInfo) -> RequestLimits:
+    """The operator's limits `parse` was given (validators reach them through pydantic's context)."""
+    return (info.context or {}).get("limits", DEFAULT_LIMITS)
+
+
+@dataclass(frozen=True)
+class Cap:
+    """An operator's limit on a field (RequestLimits.<limit>, a runtime setting): checked against the
+    limits `parse` was given, and written into the document as `keyword` (maximum, maxItems) by the
+    generator, which knows the limits too (the schema carries {"x-cap": [limit, keyword]} until then).
+    `noun`: what a list holds, for the message ("'stop' may hold at most 4 strings on this server")."""
+
+    limit: str
+    keyword: str = "maximum"
+    noun: str = ""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.with_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> Schema:
+        return {**handler(schema), "x-cap": [self.limit, self.keyword]}
+
+    def _check(self, value: Any, info: ValidationInfo) -> Any:
+        cap = getattr(limits_of(info), self.limit)
+        size = len(value) if self.noun else value
+        if cap is not None and size > cap:
+            if self.noun:
+                raise fail("'{param}' may hold at most {cap} {noun} on this server, got {got}.",
+                           cap=cap, noun=self.noun, got=size)
+            raise fail("'{param}' may be at most {cap} on this server, got {got}.", cap=cap, got=size)
+        return value
+
+
+class Whole:
+    """An array whose items' failures name the array itself ("stop", not "stop[2]"), as today's scalar
+    arrays (stop strings, token ids) do."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_wrap_validator_function(self._wrap, handler(source))
+
+    @staticmethod
+    def _wrap(value: Any, handler: core_schema.ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            if error["type"] != _CONDUIT or len(error["loc"]) != 1:
+                raise
+            raise PydanticCustomError(_CONDUIT, error["msg"], error["ctx"]) from None
+
+
+def param_path(loc: tuple[str | int, ...], prefix: str = "") -> str:
+    """('messages', 0, 'content') -> "messages[0].content"; `prefix` goes first ("reasoning.")."""
+    path = prefix
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path and not path.endswith(".") else part
+    return path
+
+
+# Pydantic's own failures in today's words ({param}: the path; {input}: the value sent).
+_PYDANTIC_MESSAGES = {
+    "missing": "'{param}' is required.",
+    "model_type": "'{param}' must be an object.",
+    "dict_type": "'{param}' must be an object.",
+    "list_type": "'{param}' must be an array.",
+    "too_short": "'{param}' must not be empty.",
+    "too_long": "'{param}' may hold at most {max_length} items, got {actual_length}.",
+}
+
+
+def _message(error: dict[str, Any], param: str, top_level: bool) -> str:
+    context = error.get("ctx") or {}
+    if error["type"] == _CONDUIT:
+        return context["template"].format(param=param, **context)
+    if error["type"] == "missing" and top_level:
+        return f"you must provide a {param} parameter."  # OpenAI's words
+    template = _PYDANTIC_MESSAGES.get(error["type"])
+    if template is None:
+        return f"'{param}': {error['msg']}."
+    return template.format(param=param, input=got(error.get("input")), **context)
+
+
+def parse(model: type[M], body: Any, *, limits: RequestLimits = DEFAULT_LIMITS, prefix: str = "") -> M:
+    """`body` validated as `model`; the first failure (in field order) raised as a 400 APIError whose
+    `param` is its path in the body, after `prefix` (where the object sits in a larger body)."""
+    try:
+        return model.model_validate(body, context={"limits": limits})
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        loc = error["loc"]
+        field = (error.get("ctx") or {}).get("field")
+        if field:
+            loc = (*loc, field)
+        param = param_path(loc, prefix)
+        raise invalid(_message(error, param, top_level=len(loc) == 1), param or None) from None

@@ -1,0 +1,163 @@
+"""GET /openapi.json, generated: each API declares its routes as an `ApiPart` (operations whose request
+body is a typed request model, plus hand-kept schemas of its answers and the path items that take no
+body), and `openapi_document` assembles the parts listed in `api_parts()` into one OpenAPI 3.0 document.
+
+The request schemas are the models' own (pydantic's JSON Schema, turned into OpenAPI 3.0: nullable for
+optional fields, no titles), with each operator cap (`Cap`) written in from this server's limits, so
+the document never drifts from the checks. Unknown fields are accepted and ignored, so request objects
+allow extra properties.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from ..limits import RequestLimits
+from .base import Schema
+
+_REF = "#/components/schemas/{model}"
+REQUEST_ID_HEADER: Schema = {
+    "name": "X-Request-Id",
+    "in": "header",
+    "required": False,
+    "description": "names the request in logs and in the engine; printable ASCII, at most 128 characters",
+    "schema": {"type": "string"},
+}
+_ERROR_REASONS = {
+    400: "invalid request (the error's param names the field)",
+    401: "missing or wrong API key",
+    404: "unknown model or URL",
+    413: "request body over the server's limit",
+    429: "the engine's queue is full (Retry-After)",
+    500: "internal error (the message names the request id)",
+    502: "the engine refused this server's credentials (an operator's error)",
+    503: "the engine is unavailable, or this server is shutting down (Retry-After)",
+    504: "the request's deadline passed",
+}
+REQUEST_ERRORS = (400, 401, 404, 413, 429, 500, 502, 503, 504)  # what a request to the engine may answer
+
+
+def ref(name: str) -> Schema:
+    return {"$ref": _REF.format(model=name)}
+
+
+def error_responses(*statuses: int) -> dict[str, Any]:
+    """OpenAI-shaped error answers (the `Error` schema) for `statuses`."""
+    content = {"application/json": {"schema": ref("Error")}}
+    return {str(s): {"description": _ERROR_REASONS[s], "content": content} for s in statuses}
+
+
+@dataclass(frozen=True)
+class Operation:
+    """A POST route whose body is `request`, answered by the component schema `response`; `streams`
+    (when set) says how its server-sent events end, and makes the answer text/event-stream too."""
+
+    path: str
+    summary: str
+    request: type[BaseModel]
+    response: str
+    streams: str = ""
+    parameters: Sequence[Schema] = (REQUEST_ID_HEADER,)
+    errors: Mapping[str, Any] = field(default_factory=lambda: error_responses(*REQUEST_ERRORS))
+
+    def path_item(self) -> dict[str, Any]:
+        content: dict[str, Any] = {"application/json": {"schema": ref(self.response)}}
+        if self.streams:
+            content["text/event-stream"] = {"schema": {"type": "string"}}
+        description = f"the answer, or with stream=true {self.streams}" if self.streams else "the answer"
+        return {"post": {
+            "summary": self.summary,
+            "parameters": list(self.parameters),
+            "requestBody": {"required": True, "content": {"application/json": {"schema": ref(self.request.__name__)}}},
+            "responses": {"200": {"description": description, "content": content}, **self.errors},
+        }}
+
+
+@dataclass(frozen=True)
+class ApiPart:
+    """One API's share of the document."""
+
+    operations: Sequence[Operation] = ()
+    schemas: Mapping[str, Schema] = field(default_factory=dict)  # answers, errors: hand-kept
+    paths: Mapping[str, Any] = field(default_factory=dict)  # routes with no request body
+
+
+def api_parts(limits: RequestLimits) -> list[ApiPart]:
+    """Every API's part: the hook where an API adds its own (imported here, not at module level, so
+    the API packages may import this module)."""
+    from ..embeddings.protocol import EMBEDDINGS_API
+    from ..messages.openapi import messages_openapi
+    from ..openai.protocol import OPENAI_API
+    from ..responses.openapi import responses_paths
+    from ..service import SERVICE_API
+
+    # Messages and Responses until their typed requests land: their hand-written parts, as before.
+    messages_paths, messages_schemas = messages_openapi(limits, [REQUEST_ID_HEADER])
+    messages = ApiPart(schemas=messages_schemas, paths=messages_paths)
+    responses_paths_, responses_schemas = responses_paths([REQUEST_ID_HEADER], error_responses)
+    responses = ApiPart(schemas=responses_schemas, paths=responses_paths_)
+    return [OPENAI_API, responses, messages, EMBEDDINGS_API, SERVICE_API]
+
+
+def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, Any]:
+    parts = api_parts(limits)
+    paths: dict[str, Any] = {}
+    schemas: dict[str, Schema] = {}
+    for part in parts:
+        paths.update({op.path: op.path_item() for op in part.operations})
+        paths.update(part.paths)
+        schemas.update(part.schemas)
+    schemas.update(request_schemas([op.request for part in parts for op in part.operations], limits))
+    document: dict[str, Any] = {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "Conduit OpenAI-compatible API",
+            "version": "1",
+            "description": "The OpenAI API subset the Conduit HTTP shim serves. Unknown request fields are ignored.",
+        },
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
+    if auth_required:
+        document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        document["security"] = [{"bearer": []}]
+    return document
+
+
+def request_schemas(models: Iterable[type[BaseModel]], limits: RequestLimits) -> dict[str, Schema]:
+    """The models' schemas (and those they refer to) by name, as OpenAPI 3.0, with `limits` written in."""
+    _, defs = models_json_schema([(m, "validation") for m in dict.fromkeys(models)], ref_template=_REF)
+    return {name: _openapi30(schema, limits) for name, schema in defs.get("$defs", {}).items()}
+
+
+def _openapi30(schema: Any, limits: RequestLimits) -> Any:
+    """JSON Schema 2020-12 (pydantic's) -> OpenAPI 3.0: a null member of anyOf becomes `nullable`, a
+    const an enum, a numeric exclusiveMinimum the boolean form; titles and null defaults go; an
+    `x-cap` becomes its keyword with the operator's value."""
+    if isinstance(schema, list):
+        return [_openapi30(s, limits) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _openapi30(v, limits) for k, v in schema.items()
+           if k != "title" and not (k == "default" and v is None) and k != "x-cap"}
+    if "x-cap" in schema:
+        limit, keyword = schema["x-cap"]
+        value = getattr(limits, limit)
+        if value is not None:
+            out[keyword] = value
+    if "const" in out:
+        out["enum"] = [out.pop("const")]
+    if isinstance(out.get("exclusiveMinimum"), (int, float)) and not isinstance(out["exclusiveMinimum"], bool):
+        out["minimum"], out["exclusiveMinimum"] = out["exclusiveMinimum"], True
+    members = out.get("anyOf")
+    if members and {"type": "null"} in members:
+        rest = [m for m in members if m != {"type": "null"}]
+        del out["anyOf"]
+        out.update(rest[0] if len(rest) == 1 else {"anyOf": rest})
+        out["nullable"] = True
+    return out
