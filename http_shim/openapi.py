@@ -15,7 +15,8 @@ from conduit.v1.contract import LOGIT_BIAS_RANGE, MAX_TOP_LOGPROBS, REASONING_EF
 from .embeddings.openapi import embeddings_openapi
 from .messages.openapi import messages_openapi
 from .limits import MAX_COMPLETION_LOGPROBS, MAX_PROMPTS, RequestLimits
-from .responses.openapi import responses_paths
+from .protocol.openapi import request_schemas
+from .responses.protocol import RESPONSES_API
 
 _UINT32_MAX = 2**32 - 1
 
@@ -395,9 +396,9 @@ def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, An
         },
         "components": {"schemas": {**_message_schemas(), **_request_schemas(limits), **_response_schemas()}},
     }
-    paths, schemas = responses_paths([request_id_header], _error_responses)
-    document["paths"].update(paths)
-    document["components"]["schemas"].update(schemas)
+    document["paths"].update({op.path: op.path_item() for op in RESPONSES_API.operations}, **RESPONSES_API.paths)
+    document["components"]["schemas"].update(RESPONSES_API.schemas)
+    document["components"]["schemas"].update(request_schemas([op.request for op in RESPONSES_API.operations], limits))
     messages_paths, messages_schemas = messages_openapi(limits, [request_id_header])
     document["paths"].update(messages_paths)
     document["components"]["schemas"].update(messages_schemas)

@@ -93,15 +93,13 @@ def api_parts(limits: RequestLimits) -> list[ApiPart]:
     from ..embeddings.protocol import EMBEDDINGS_API
     from ..messages.openapi import messages_openapi
     from ..openai.protocol import OPENAI_API
-    from ..responses.openapi import responses_paths
+    from ..responses.protocol import RESPONSES_API
     from ..service import SERVICE_API
 
     # Messages and Responses until their typed requests land: their hand-written parts, as before.
     messages_paths, messages_schemas = messages_openapi(limits, [REQUEST_ID_HEADER])
     messages = ApiPart(schemas=messages_schemas, paths=messages_paths)
-    responses_paths_, responses_schemas = responses_paths([REQUEST_ID_HEADER], error_responses)
-    responses = ApiPart(schemas=responses_schemas, paths=responses_paths_)
-    return [OPENAI_API, responses, messages, EMBEDDINGS_API, SERVICE_API]
+    return [OPENAI_API, RESPONSES_API, messages, EMBEDDINGS_API, SERVICE_API]
 
 
 def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, Any]:

@@ -1,28 +1,27 @@
-"""A /v1/responses body, typed: validation and the request's part of /openapi.json come from these models.
+"""A /v1/responses body, typed: its validation and its part of /openapi.json come from these models.
 
-Union members marked `Unsupported` catch the types this server does not serve (image parts, hosted tools'
-calls, file search...): they validate anything, stay out of the schema, and request.py refuses them by
-name. Items, parts and tools keep the fields they were sent with, as the store and the echo repeat them.
+Items, content parts, tools and tool choices are unions chosen by their `type` (`by_type`); a type
+this server does not serve (image parts, hosted tools' calls, file search...) validates as
+`Unsupported`, which request.py refuses naming it. Items, parts and tools keep every field they were
+sent with (`as_sent`), as the store and the response's echo repeat them.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+import json
+from typing import Annotated, Any, Union
 
-from pydantic import AfterValidator, ConfigDict, Discriminator, Field, StrictBool, StrictStr, Tag
-from pydantic.json_schema import SkipJsonSchema
-from pydantic_core import PydanticCustomError
+from pydantic import ConfigDict, Field, PlainValidator, TypeAdapter, ValidationInfo, WithJsonSchema
 
 from conduit.v1.contract import MAX_TOP_LOGPROBS, REASONING_EFFORTS
 
-from ..protocol.base import ApiModel, Int, SamplingFields  # noqa: F401  (filled in by the base)
+from ..protocol.base import UINT32_MAX, ApiModel, Bool, Cap, Count, NonEmptyStr, Object, Str, fail, int_in, one_of
+from ..protocol.openapi import ApiPart, Operation, error_responses, ref
+from .interim_sampling import SamplingFields, StoppingFields
 
-Str, Bool = StrictStr, StrictBool
-UINT32_MAX = 2**32 - 1
 # Hosted tools accepted and not offered to the model (request.py's docstring says why).
 NOT_OFFERED_TOOLS = ("web_search", "web_search_preview")
 TEXT_PARTS = ("input_text", "output_text", "text")
-ROLES = ("user", "assistant", "system", "developer")
 METADATA_MAX_KEYS, METADATA_MAX_KEY_CHARS, METADATA_MAX_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
 
 
@@ -36,128 +35,169 @@ class Sent(ApiModel):
 
 
 class Unsupported(Sent):
-    """A member of a union of a type this server does not serve; refused by name (request.py)."""
-
     type: Any = None
 
 
-def tagged(*members: tuple[str, type], default: str | None = None) -> Any:
-    """A union chosen by `type` (`default` when absent); other types are Unsupported."""
-    known = {tag for tag, _ in members}
+def by_type(*members: tuple[str, type[Sent]], default: str | None = None) -> Any:
+    """A union chosen by the value's `type` (`default` when it has none); other types are Unsupported.
+    Failures are named by their place in the value ("input[2].call_id"), not by the member tried."""
+    models = dict(members)
 
-    def kind(value: Any) -> str:
-        tag = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
-        return f"type={tag if tag in known else 'unsupported'}"
+    def pick(value: Any, info: ValidationInfo) -> Sent:
+        if not isinstance(value, dict):
+            raise fail("'{param}' must be an object.")
+        return models.get(value.get("type", default), Unsupported).model_validate(value, context=info.context)
 
-    alternatives = [Annotated[model, Tag(f"type={tag}")] for tag, model in members]
-    return Annotated[Union[(*alternatives, Annotated[SkipJsonSchema[Unsupported], Tag("type=unsupported")])],
-                     Discriminator(kind)]
+    return Annotated[Any, PlainValidator(pick, json_schema_input_type=Union[tuple(dict.fromkeys(models.values()))])]
+
+
+def text_or(item: Any) -> Any:
+    """A string, or an array of `item`."""
+    items = TypeAdapter(list[item])
+
+    def check(value: Any, info: ValidationInfo) -> str | list:
+        return value if isinstance(value, str) else items.validate_python(value, context=info.context)
+
+    return Annotated[Any, PlainValidator(check, json_schema_input_type=Union[str, list[item]])]
+
+
+def json_schema_text(value: Any) -> str:
+    """A JSON Schema (an object, a boolean, or either as JSON text) as the engine's JSON text."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise fail("'{param}' is not valid JSON.") from None
+    if not isinstance(value, (dict, bool)):
+        raise fail("'{param}' must be a JSON Schema object.")
+    return json.dumps(value)
+
+
+def _checked_schema(value: Any) -> Any:
+    json_schema_text(value)
+    return value  # as sent: the echo repeats it
+
+
+JsonSchema = Annotated[Any, PlainValidator(_checked_schema), WithJsonSchema({"type": "object",
+                                                                             "description": "a JSON Schema"})]
+
+
+def _metadata(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise fail("'{param}' must be an object.")
+    if len(value) > METADATA_MAX_KEYS:
+        raise fail("'{param}' may hold at most {cap} keys, got {got}.", cap=METADATA_MAX_KEYS, got=len(value))
+    if any(len(key) > METADATA_MAX_KEY_CHARS for key in value):
+        raise fail("'{param}' keys may be at most {cap} characters.", cap=METADATA_MAX_KEY_CHARS)
+    if not all(isinstance(v, str) and len(v) <= METADATA_MAX_VALUE_CHARS for v in value.values()):
+        raise fail("'{param}' values must be strings of at most {cap} characters.", cap=METADATA_MAX_VALUE_CHARS)
+    return value
+
+
+Metadata = Annotated[dict[str, str], PlainValidator(_metadata), WithJsonSchema({
+    "type": "object", "maxProperties": METADATA_MAX_KEYS,
+    "additionalProperties": {"type": "string", "maxLength": METADATA_MAX_VALUE_CHARS}})]
 
 
 # ------------------------------------------------------------------ input items
 
 
 class TextPart(Sent):
-    type: Literal["input_text", "output_text", "text"]
+    type: one_of(*TEXT_PARTS)
     text: Str
 
 
 class RefusalPart(Sent):
-    type: Literal["refusal"]
+    type: one_of("refusal")
     refusal: Str
 
 
-Part = tagged(*((kind, TextPart) for kind in TEXT_PARTS), ("refusal", RefusalPart))
-Content = Union[Str, list[Part]]
+Content = text_or(by_type(*((kind, TextPart) for kind in TEXT_PARTS), ("refusal", RefusalPart)))
 
 
 class MessageItem(Sent):
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
+    type: one_of("message") = "message"
+    role: one_of("user", "assistant", "system", "developer")
     content: Content
-    id: Str | None = None
 
 
 class FunctionCallItem(Sent):
-    type: Literal["function_call"]
-    call_id: Annotated[Str, Field(min_length=1)]
-    name: Annotated[Str, Field(min_length=1)]
-    namespace: Str | None = None
+    type: one_of("function_call")
+    call_id: Str
+    name: NonEmptyStr
+    namespace: Str | None = None  # the call of a function in a namespace
     arguments: Str = "{}"
-    id: Str | None = None
 
 
 class FunctionCallOutputItem(Sent):
-    type: Literal["function_call_output"]
-    call_id: Annotated[Str, Field(min_length=1)]
+    type: one_of("function_call_output")
+    call_id: NonEmptyStr
     output: Content
-    id: Str | None = None
 
 
 class ReasoningItem(Sent):
-    """An earlier turn's thinking, given back: accepted, not part of the prompt."""
+    """An earlier turn's thinking, given back: accepted, left out of the prompt."""
 
-    type: Literal["reasoning"]
+    type: one_of("reasoning")
     summary: list[Any] = []
-    id: Str | None = None
 
 
-InputItem = tagged(("message", MessageItem), ("function_call", FunctionCallItem),
-                   ("function_call_output", FunctionCallOutputItem), ("reasoning", ReasoningItem), default="message")
+InputItem = by_type(("message", MessageItem), ("function_call", FunctionCallItem),
+                    ("function_call_output", FunctionCallOutputItem), ("reasoning", ReasoningItem), default="message")
 
 
 # ------------------------------------------------------------------ tools, tool choice, format
 
 
 class FunctionTool(Sent):
-    type: Literal["function"]
+    type: one_of("function")
     name: Str
     description: Str | None = None
-    parameters: Any = None
+    parameters: JsonSchema | None = None
     strict: Bool | None = None
 
 
 class NamespaceTool(Sent):
-    """Functions grouped under one name (Codex's sub-agent tools): offered as NAMESPACE__NAME."""
+    """Functions grouped under one name (Codex's sub-agent tools), offered as NAMESPACE__NAME."""
 
-    type: Literal["namespace"]
-    name: Annotated[Str, Field(min_length=1)]
+    type: one_of("namespace")
+    name: NonEmptyStr
     description: Str | None = None
-    tools: Annotated[list[tagged(("function", FunctionTool))], Field(min_length=1)]
+    tools: Annotated[list[by_type(("function", FunctionTool))], Field(min_length=1)]
 
 
 class HostedTool(Sent):
-    """A hosted tool accepted and not offered to the model (web search)."""
+    """Web search: accepted, not offered to the model."""
 
-    type: Literal["web_search", "web_search_preview"]
+    type: one_of(*NOT_OFFERED_TOOLS)
 
 
-Tool = tagged(("function", FunctionTool), ("namespace", NamespaceTool), *((t, HostedTool) for t in NOT_OFFERED_TOOLS))
+Tool = by_type(("function", FunctionTool), ("namespace", NamespaceTool), *((t, HostedTool) for t in NOT_OFFERED_TOOLS))
 
 
 class FunctionChoice(Sent):
-    type: Literal["function"]
-    name: Str
+    """A named function: forced in `tool_choice`, allowed in `allowed_tools`."""
 
-
-class AllowedFunction(Sent):
-    type: Literal["function"]
+    type: one_of("function")
     name: Str
 
 
 class AllowedTools(Sent):
-    type: Literal["allowed_tools"]
-    mode: Literal["auto", "required"] = "auto"
-    tools: list[tagged(("function", AllowedFunction))]
+    type: one_of("allowed_tools")
+    mode: one_of("auto", "required") = "auto"
+    tools: list[by_type(("function", FunctionChoice))]
 
 
-ToolChoice = Union[Str, tagged(("function", FunctionChoice), ("allowed_tools", AllowedTools))]
+ToolChoice = Annotated[Any, PlainValidator(
+    lambda value, info: value if isinstance(value, str) else _CHOICE.validate_python(value, context=info.context),
+    json_schema_input_type=Union[one_of("none", "auto", "required"), FunctionChoice, AllowedTools])]
+_CHOICE = TypeAdapter(by_type(("function", FunctionChoice), ("allowed_tools", AllowedTools)))
 
 
 class TextFormat(Sent):
-    type: Literal["text", "json_object", "json_schema"]
+    type: one_of("text", "json_object", "json_schema")
     name: Str | None = None
-    schema_: Any = Field(None, alias="schema")
+    schema_: JsonSchema | None = Field(None, alias="schema")
     strict: Bool | None = None
     description: Str | None = None
 
@@ -167,31 +207,19 @@ class TextOptions(Sent):
 
 
 class Reasoning(Sent):
-    effort: Literal[REASONING_EFFORTS] | None = None
+    effort: one_of(*REASONING_EFFORTS) | None = None
     summary: Str | None = None
 
 
 # ------------------------------------------------------------------ the request
 
 
-def _metadata(value: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI's bounds, each refused naming `metadata` itself."""
-    if len(value) > METADATA_MAX_KEYS:
-        raise PydanticCustomError("metadata", f"'metadata' may hold at most {METADATA_MAX_KEYS} keys, got {len(value)}.")
-    if any(len(key) > METADATA_MAX_KEY_CHARS for key in value):
-        raise PydanticCustomError("metadata", f"'metadata' keys may be at most {METADATA_MAX_KEY_CHARS} characters.")
-    if not all(isinstance(v, str) and len(v) <= METADATA_MAX_VALUE_CHARS for v in value.values()):
-        raise PydanticCustomError(
-            "metadata", f"'metadata' values must be strings of at most {METADATA_MAX_VALUE_CHARS} characters.")
-    return value
-
-
-class ResponseRequest(SamplingFields):
+class ResponseRequest(SamplingFields, StoppingFields):
     """POST /v1/responses. Unknown top-level fields are tolerated (`service_tier`, `prompt_cache_key`,
-    Codex's `client_metadata`...), as the chat route tolerates them."""
+    Codex's `client_metadata`...)."""
 
-    model: Annotated[Str, Field(min_length=1)]
-    input: Union[Str, list[InputItem]]
+    model: NonEmptyStr
+    input: text_or(InputItem)
     instructions: Str | None = None
     previous_response_id: Str | None = None
     store: Bool | None = None
@@ -201,9 +229,60 @@ class ResponseRequest(SamplingFields):
     parallel_tool_calls: Bool | None = None
     text: TextOptions | None = None
     reasoning: Reasoning | None = None
-    max_output_tokens: Annotated[Int, Field(ge=1, le=UINT32_MAX)] | None = None
-    top_logprobs: Annotated[Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    max_output_tokens: Annotated[int_in(1, UINT32_MAX), Cap("max_tokens")] | None = None
+    top_logprobs: int_in(0, MAX_TOP_LOGPROBS) | None = None
     include: list[Str] | None = None
-    metadata: Annotated[dict[Str, Any], AfterValidator(_metadata)] | None = None
-    truncation: Literal["disabled", "auto"] | None = None
+    metadata: Metadata | None = None
+    truncation: one_of("disabled", "auto") | None = None
     user: Str | None = None
+    chat_template_kwargs: Object | None = None  # vendor fields, as the chat route reads them
+    max_reasoning_tokens: Count | None = None
+
+
+# ------------------------------------------------------------------ /openapi.json
+
+_RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _answer(schema: str, *errors: int, events: bool = False) -> dict[str, Any]:
+    content: dict[str, Any] = {"application/json": {"schema": ref(schema)}}
+    if events:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    return {"200": {"description": "the answer", "content": content}, **error_responses(*errors)}
+
+
+RESPONSES_API = ApiPart(
+    operations=[Operation("/v1/responses", "Create a response (OpenAI Responses API)", ResponseRequest, "Response",
+                          streams="its events (event: = data.type)")],
+    paths={
+        "/v1/responses/{response_id}": {
+            "get": {"summary": "A stored (or running) response; stream=true replays its events",
+                    "parameters": [_RESPONSE_ID, {"name": "stream", "in": "query", "schema": {"type": "boolean"}}],
+                    "responses": _answer("Response", 400, 401, 404, events=True)},
+            "delete": {"summary": "Delete a stored response", "parameters": [_RESPONSE_ID],
+                       "responses": {"200": {"description": "deleted"}, **error_responses(401, 404)}}},
+        "/v1/responses/{response_id}/input_items": {"get": {
+            "summary": "The input items a stored response was generated from (inherited ones included)",
+            "parameters": [_RESPONSE_ID,
+                           {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+                           {"name": "order", "in": "query", "schema": {"type": "string", "enum": ["asc", "desc"]}},
+                           {"name": "after", "in": "query", "schema": {"type": "string"}}],
+            "responses": _answer("ResponseInputItems", 400, 401, 404)}},
+        "/v1/responses/{response_id}/cancel": {"post": {
+            "summary": "Cancel a response in flight on this server (400 once it finished)", "parameters": [_RESPONSE_ID],
+            "responses": _answer("Response", 400, 401, 404)}},
+    },
+    schemas={
+        "Response": {"type": "object", "required": ["id", "object", "created_at", "status", "output", "model"],
+                     "properties": {
+                         "id": {"type": "string"}, "object": {"type": "string", "enum": ["response"]},
+                         "created_at": {"type": "integer"}, "model": {"type": "string"},
+                         "status": {"type": "string",
+                                    "enum": ["completed", "incomplete", "failed", "cancelled", "in_progress"]},
+                         "output": {"type": "array", "items": {"type": "object"}},
+                         "usage": {"type": "object", "nullable": True}}},
+        "ResponseInputItems": {"type": "object", "properties": {
+            "object": {"type": "string"}, "data": {"type": "array", "items": {"type": "object"}},
+            "has_more": {"type": "boolean"}}},
+    },
+)

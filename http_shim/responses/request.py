@@ -40,12 +40,13 @@ from conduit.v1 import engine_pb2 as pb
 
 from ..errors import APIError, invalid
 from ..limits import RequestLimits
-from ..openai.request import TOOL_NAME, chat_prompt_chars, check_prompt_chars, schema_text
-from ..protocol.base import parse, sampling_params, stopping_params
+from ..openai.request import TOOL_NAME, chat_prompt_chars, check_prompt_chars
+from ..protocol.base import parse
+from .interim_sampling import sampling_params, stopping_params
 from .objects import new_id
 from .protocol import (AllowedTools, FunctionCallItem, FunctionCallOutputItem, FunctionChoice, FunctionTool,
                        HostedTool, InputItem, MessageItem, NamespaceTool, ResponseRequest, Sent, TextPart,
-                       Unsupported)
+                       Unsupported, json_schema_text)
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _NAMESPACE_JOIN = "__"  # NAMESPACE__NAME: the name the model sees for a function in a namespace
@@ -93,8 +94,8 @@ def unsupported(what: str, kind: Any, param: str) -> APIError:
     return invalid(f"{what} of type {json.dumps(kind)} are not supported by this server.", param, "unsupported_value")
 
 
-def read_request(body: dict) -> ResponseRequest:
-    return parse(ResponseRequest, body)
+def read_request(body: dict, limits: RequestLimits) -> ResponseRequest:
+    return parse(ResponseRequest, body, limits=limits)
 
 
 # ------------------------------------------------------------------ input items
@@ -171,7 +172,7 @@ def _function(tool: Sent, param: str, namespace: NamespaceTool | None = None) ->
             description = f"({namespace.name}: {namespace.description}) {description}".strip()
     if not TOOL_NAME.match(name):
         raise invalid(f"'{param}.name' must match ^[a-zA-Z0-9_-]{{1,64}}$, got {json.dumps(name)}.", f"{param}.name")
-    schema = "" if tool.parameters is None else schema_text(tool.parameters, f"{param}.parameters")
+    schema = "" if tool.parameters is None else json_schema_text(tool.parameters)
     return pb.Tool(name=name, description=description, parameters_json=schema)
 
 
@@ -227,7 +228,7 @@ def constraint(request: ResponseRequest) -> pb.Constraint | None:
         return None
     if fmt.type == "json_object" or fmt.schema_ is None:
         return pb.Constraint(json_object=True)
-    return pb.Constraint(json_schema=schema_text(fmt.schema_, "text.format.schema"))
+    return pb.Constraint(json_schema=json_schema_text(fmt.schema_))
 
 
 # ------------------------------------------------------------------ the request
@@ -250,14 +251,6 @@ def _chat(request: ResponseRequest, items: list[Sent], inherited: int, limits: R
     if request.chat_template_kwargs is not None:
         chat.chat_template_kwargs = json.dumps(request.chat_template_kwargs)
     return chat, tools
-
-
-def _max_tokens(request: ResponseRequest, limits: RequestLimits) -> int | None:
-    value = request.max_output_tokens
-    if value is not None and limits.max_tokens is not None and value > limits.max_tokens:
-        raise invalid(f"'max_output_tokens' may be at most {limits.max_tokens} on this server, got {value}.",
-                      "max_output_tokens")
-    return limits.max_tokens if value is None else value
 
 
 def _echo(request: ResponseRequest) -> dict[str, Any]:
@@ -297,7 +290,7 @@ def build_request(request: ResponseRequest, request_id: str, limits: RequestLimi
     logprobs = LOGPROBS_INCLUDE in (request.include or [])
     generate = pb.GenerateRequest(
         request_id=request_id, model=request.model, chat=chat, n=1, sampling=sampling_params(request),
-        stopping=stopping_params(request, _max_tokens(request, limits)), logprobs=logprobs,
+        stopping=stopping_params(request, request.max_output_tokens or limits.max_tokens), logprobs=logprobs,
         top_logprobs=request.top_logprobs or 0 if logprobs else 0, drop_oldest_messages=request.truncation == "auto")
     if request.max_reasoning_tokens is not None:
         generate.max_reasoning_tokens = request.max_reasoning_tokens

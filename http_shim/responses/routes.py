@@ -65,7 +65,7 @@ class ResponsesRoutes:
         return found
 
     def create_response(self) -> Response:
-        request = read_request(read_body())
+        request = read_request(read_body(), self.ctx.limits)
         inherited: list[dict[str, Any]] = []
         if request.previous_response_id is not None:
             prior = self.stored(request.previous_response_id, "previous_response_id")
