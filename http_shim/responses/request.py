@@ -105,8 +105,9 @@ def stored_item(item: Sent) -> dict[str, Any]:
     """An input item as stored and listed: typed, with an id, message content as parts."""
     out = {"type": item.type, **item.as_sent()}
     if isinstance(item, MessageItem) and isinstance(item.content, str):
-        kind = {"type": "output_text", "annotations": []} if item.role == "assistant" else {"type": "input_text"}
-        out["content"] = [{"type": kind.pop("type"), "text": item.content, **kind}]
+        said = item.role == "assistant"
+        out["content"] = [{"type": "output_text", "text": item.content, "annotations": []} if said
+                          else {"type": "input_text", "text": item.content}]
     if item.type in _ID_PREFIXES:
         out.setdefault("id", new_id(_ID_PREFIXES[item.type]))
     if item.type in ("message", "function_call", "function_call_output"):
