@@ -1,15 +1,19 @@
 """Readers of a JSON request body's fields: each returns the value, or raises the 400 that names
-the field (the `param` a client sees) and says what was wrong. Shared by every API the shim speaks."""
+the field (the `param` a client sees) and says what was wrong. What the Messages and Responses parsers
+read bodies with until they move onto typed requests (http_shim/protocol/), as the OpenAI API has."""
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conduit.v1.contract import Range
 
 from .errors import invalid
+
+if TYPE_CHECKING:
+    from .limits import RequestLimits
 
 UINT32_MAX = 2**32 - 1
 
@@ -84,3 +88,32 @@ def token_id(value: Any, param: str) -> int:
     if not is_int(value) or not 0 <= value <= UINT32_MAX:
         raise invalid(f"'{param}' must be a non-negative integer token id, got {json.dumps(value)}.", param)
     return value
+
+
+def model_field(body: dict) -> str:
+    if body.get("model") is None:
+        raise invalid("you must provide a model parameter.", "model")
+    return str_value(body["model"], "model", allow_empty=False)
+
+
+def max_tokens_field(body: dict, keys: tuple[str, ...], lo: int, limits: RequestLimits) -> int | None:
+    """The first of `keys` that is set, within [lo, the operator's cap]."""
+    for key in keys:
+        value = int_field(body, key, lo, UINT32_MAX)
+        if value is None:
+            continue
+        if limits.max_tokens is not None and value > limits.max_tokens:
+            raise invalid(f"'{key}' may be at most {limits.max_tokens} on this server, got {value}.", key)
+        return value
+    return None
+
+
+def schema_text(schema: Any, param: str) -> str:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            raise invalid(f"'{param}' is not valid JSON.", param) from None
+    if not isinstance(schema, (dict, bool)):
+        raise invalid(f"'{param}' must be a JSON Schema object.", param)
+    return json.dumps(schema)

@@ -13,9 +13,10 @@ from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
 
 from ..context import ShimContext
-from ..errors import APIError, from_engine_error, invalid
-from ..openai.request import chat_message
+from ..errors import APIError, from_engine_error
+from ..protocol.base import parse
 from ..web import engine_metadata, json_response, read_body, request_id
+from .protocol import DetokenizeRequest, TokenizeRequest
 from .request import openai_param, parse_embeddings
 from .response import embeddings_response
 
@@ -42,44 +43,29 @@ def register_embeddings(app: Flask, ctx: ShimContext) -> None:
 
     @app.post("/tokenize")
     def tokenize() -> Response:
-        body = read_body()
-        model = _model(body)
-        tokenize_request = pb.TokenizeRequest(model=model)
-        if isinstance(body.get("prompt"), str) and "messages" not in body:
-            tokenize_request.text = body["prompt"]
-        elif isinstance(body.get("messages"), list) and body["messages"] and "prompt" not in body:
-            tokenize_request.chat.messages.extend(chat_message(m, i) for i, m in enumerate(body["messages"]))
+        body = parse(TokenizeRequest, read_body())
+        tokenize_request = pb.TokenizeRequest(model=body.model)
+        if body.prompt is not None:
+            tokenize_request.text = body.prompt
         else:
-            raise invalid("Give either 'prompt' (a string) or 'messages' (a non-empty list).", "prompt")
+            tokenize_request.chat.messages.extend(m.to_pb() for m in body.messages)
         calls = engine_metadata()
-        info, engine = ctx.models.route(model, metadata=calls)
+        info, engine = ctx.models.route(body.model, metadata=calls)
         tokenize_request.model = info.id
         answer = engine.tokenize(request=tokenize_request, timeout=ctx.request_timeout_s, metadata=calls)
         result: dict[str, Any] = {"count": len(answer.token_ids), "max_model_len": answer.max_context_length,
                                   "tokens": list(answer.token_ids)}
-        if body.get("return_token_strs"):
+        if body.return_token_strs:
             result["token_strs"] = list(answer.tokens)
         return json_response(result)
 
     @app.post("/detokenize")
     def detokenize() -> Response:
-        body = read_body()
-        model = _model(body)
-        tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and
-                                                   0 <= t < 2**32 for t in tokens):
-            raise invalid("'tokens' must be a list of token ids (integers from 0).", "tokens")
+        body = parse(DetokenizeRequest, read_body())
         calls = engine_metadata()
-        info, engine = ctx.models.route(model, metadata=calls)
-        text = engine.detokenize(tokens, model=info.id, timeout=ctx.request_timeout_s, metadata=calls)
+        info, engine = ctx.models.route(body.model, metadata=calls)
+        text = engine.detokenize(body.tokens, model=info.id, timeout=ctx.request_timeout_s, metadata=calls)
         return json_response({"prompt": text})
-
-
-def _model(body: dict) -> str:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid("'model' is required: a model id from GET /v1/models.", "model")
-    return model
 
 
 def _embed_error(exc: ConduitError, one_input: bool, request_id: str) -> APIError:

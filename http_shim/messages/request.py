@@ -40,9 +40,10 @@ from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import SAMPLING_RANGES, Range
 
 from ..errors import invalid
-from ..fields import bool_field, dict_value, int_field, list_value, number_field, str_value
+from ..fields import (bool_field, dict_value, int_field, list_value, max_tokens_field, model_field, number_field,
+                      schema_text, str_value)
 from ..limits import DEFAULT_LIMITS, RequestLimits
-from ..openai.request import TOOL_NAME, chat_prompt_chars, check_prompt_chars, max_tokens_field, model_field, schema_text
+from ..protocol.chat import TOOL_NAME, chat_prompt_chars, check_prompt_chars
 
 TEMPERATURE_RANGE = Range(0.0, 1.0)  # Anthropic's, narrower than the engine's
 _ROLES = ("user", "assistant", "system")

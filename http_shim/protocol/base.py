@@ -30,9 +30,10 @@ M = TypeVar("M", bound=BaseModel)
 _CONDUIT = "conduit"  # the pydantic error type of the failures raised by `fail`
 
 
-def fail(template: str, field: str | None = None, **values: Any) -> PydanticCustomError:
+def fail(template: str, field: str | int | tuple[str | int, ...] | None = None, **values: Any) -> PydanticCustomError:
     """A validation failure; `template` is formatted with `param` (the failing field's path) and
-    `values`. `field`: a field below the failing object (for checks across fields of one object)."""
+    `values`. `field`: a field (or a path, as a tuple) below the failing value, for checks across the
+    fields of one object and for failures of values checked inside another's validator."""
     return PydanticCustomError(_CONDUIT, template, {"template": template, "field": field, **values})
 
 
@@ -156,6 +157,8 @@ Object = Annotated[dict, *_scalar(_object, {"type": "object"})]  # any JSON obje
 Number = number_in(Range(-math.inf, math.inf))
 TokenId = Annotated[int, *_scalar(_token_id, {"type": "integer", "minimum": 0, "maximum": UINT32_MAX})]
 Count = int_in(0, UINT32_MAX)  # a token count: min_tokens, budgets
+ModelId = Annotated[str, *_scalar(_non_empty_str, {"type": "string", "minLength": 1,
+                                                     "description": "a model id from GET /v1/models"})]
 
 
 def limits_of(info: ValidationInfo) -> RequestLimits:
@@ -178,7 +181,10 @@ class Cap:
         return core_schema.with_info_after_validator_function(self._check, handler(source))
 
     def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> Schema:
-        return {**handler(schema), "x-cap": [self.limit, self.keyword]}
+        document = handler(schema)
+        arrays = [m for m in document.get("oneOf", ()) if m.get("type") == "array"]
+        (arrays[0] if arrays else document)["x-cap"] = [self.limit, self.keyword]  # a string or strings: the array
+        return document
 
     def _check(self, value: Any, info: ValidationInfo) -> Any:
         cap = getattr(limits_of(info), self.limit)
@@ -203,10 +209,24 @@ class Whole:
         try:
             return handler(value)
         except ValidationError as exc:
-            error = exc.errors(include_url=False)[0]
-            if error["type"] != _CONDUIT or len(error["loc"]) != 1:
-                raise
-            raise PydanticCustomError(_CONDUIT, error["msg"], error["ctx"]) from None
+            template, values = _template(exc.errors(include_url=False)[0], top_level=False)
+            raise PydanticCustomError(_CONDUIT, template, {**values, "template": template, "field": None}) from None
+
+
+def nested(model: type[M], value: Any, info: ValidationInfo) -> M:
+    """`value` validated as `model` inside another value's validator (a union of shapes), its failures
+    named below that value ("tool_choice.function.name")."""
+    try:
+        return model.model_validate(value, context=info.context)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        template, values = _template(error, top_level=False)
+        raise fail(template, **{**values, "field": _loc(error)}) from None
+
+
+def ignored(schema: Schema) -> Any:
+    """A field accepted and not read (clients send it; it has no engine meaning): documented, not checked."""
+    return Annotated[Any, WithJsonSchema(schema)]
 
 
 def param_path(loc: tuple[str | int, ...], prefix: str = "") -> str:
@@ -231,16 +251,23 @@ _PYDANTIC_MESSAGES = {
 }
 
 
-def _message(error: dict[str, Any], param: str, top_level: bool) -> str:
-    context = error.get("ctx") or {}
+def _loc(error: dict[str, Any]) -> tuple[str | int, ...]:
+    """Where an error is: its location, and below it the field a check named."""
+    field = (error.get("ctx") or {}).get("field")
+    below = () if field is None else field if isinstance(field, tuple) else (field,)
+    return (*error["loc"], *below)
+
+
+def _template(error: dict[str, Any], top_level: bool) -> tuple[str, dict[str, Any]]:
+    """The error's message template (with {param}) and its values."""
+    values = {k: v for k, v in (error.get("ctx") or {}).items() if k not in ("template", "field")}
     if error["type"] == _CONDUIT:
-        return context["template"].format(param=param, **context)
+        return error["ctx"]["template"], values
     if error["type"] == "missing" and top_level:
-        return f"you must provide a {param} parameter."  # OpenAI's words
-    template = _PYDANTIC_MESSAGES.get(error["type"])
-    if template is None:
-        return f"'{param}': {error['msg']}."
-    return template.format(param=param, input=got(error.get("input")), **context)
+        article = "an" if str(error["loc"][0])[:1] in tuple("aeiou") else "a"
+        return "you must provide " + article + " {param} parameter.", values  # OpenAI's words
+    fallback = "'{param}': " + error["msg"].replace("{", "{{").replace("}", "}}") + "."
+    return _PYDANTIC_MESSAGES.get(error["type"], fallback), {**values, "input": got(error.get("input"))}
 
 
 def parse(model: type[M], body: Any, *, limits: RequestLimits = DEFAULT_LIMITS, prefix: str = "") -> M:
@@ -250,9 +277,7 @@ def parse(model: type[M], body: Any, *, limits: RequestLimits = DEFAULT_LIMITS, 
         return model.model_validate(body, context={"limits": limits})
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
-        loc = error["loc"]
-        field = (error.get("ctx") or {}).get("field")
-        if field:
-            loc = (*loc, field)
+        loc = _loc(error)
         param = param_path(loc, prefix)
-        raise invalid(_message(error, param, top_level=len(loc) == 1), param or None) from None
+        template, values = _template(error, top_level=len(loc) == 1)
+        raise invalid(template.format(param=param, **values), param or None) from None

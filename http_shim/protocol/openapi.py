@@ -96,7 +96,7 @@ def api_parts(limits: RequestLimits) -> list[ApiPart]:
     from ..responses.protocol import RESPONSES_API
     from ..service import SERVICE_API
 
-    # Messages and Responses until their typed requests land: their hand-written parts, as before.
+    # Messages until its typed requests land: its hand-written part, as before.
     messages_paths, messages_schemas = messages_openapi(limits, [REQUEST_ID_HEADER])
     messages = ApiPart(schemas=messages_schemas, paths=messages_paths)
     return [OPENAI_API, RESPONSES_API, messages, EMBEDDINGS_API, SERVICE_API]

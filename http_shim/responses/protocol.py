@@ -8,16 +8,18 @@ sent with (`as_sent`), as the store and the response's echo repeat them.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Union
 
 from pydantic import ConfigDict, Field, PlainValidator, TypeAdapter, ValidationInfo, WithJsonSchema
 
-from conduit.v1.contract import MAX_TOP_LOGPROBS, REASONING_EFFORTS
+from clients.request_builder import TOOL_CHOICE_MODES
+from conduit.v1.contract import MAX_TOP_LOGPROBS
 
-from ..protocol.base import UINT32_MAX, ApiModel, Bool, Cap, Count, NonEmptyStr, Object, Str, fail, int_in, one_of
+from ..protocol.base import UINT32_MAX, ApiModel, Bool, Cap, Count, ModelId, NonEmptyStr, Object, Str, fail, got, \
+    int_in, one_of
+from ..protocol.chat import ReasoningEffort, ToolName, schema_text
 from ..protocol.openapi import ApiPart, Operation, error_responses, ref
-from .interim_sampling import SamplingFields, StoppingFields
+from ..protocol.sampling import SamplingFields, StoppingFields
 
 # Hosted tools accepted and not offered to the model (request.py's docstring says why).
 NOT_OFFERED_TOOLS = ("web_search", "web_search_preview")
@@ -61,20 +63,8 @@ def text_or(item: Any) -> Any:
     return Annotated[Any, PlainValidator(check, json_schema_input_type=Union[str, list[item]])]
 
 
-def json_schema_text(value: Any) -> str:
-    """A JSON Schema (an object, a boolean, or either as JSON text) as the engine's JSON text."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise fail("'{param}' is not valid JSON.") from None
-    if not isinstance(value, (dict, bool)):
-        raise fail("'{param}' must be a JSON Schema object.")
-    return json.dumps(value)
-
-
 def _checked_schema(value: Any) -> Any:
-    json_schema_text(value)
+    schema_text(value)
     return value  # as sent: the echo repeats it
 
 
@@ -151,7 +141,7 @@ InputItem = by_type(("message", MessageItem), ("function_call", FunctionCallItem
 
 class FunctionTool(Sent):
     type: one_of("function")
-    name: Str
+    name: ToolName
     description: Str | None = None
     parameters: JsonSchema | None = None
     strict: Bool | None = None
@@ -188,10 +178,17 @@ class AllowedTools(Sent):
     tools: list[by_type(("function", FunctionChoice))]
 
 
-ToolChoice = Annotated[Any, PlainValidator(
-    lambda value, info: value if isinstance(value, str) else _CHOICE.validate_python(value, context=info.context),
-    json_schema_input_type=Union[one_of("none", "auto", "required"), FunctionChoice, AllowedTools])]
 _CHOICE = TypeAdapter(by_type(("function", FunctionChoice), ("allowed_tools", AllowedTools)))
+
+
+def _tool_choice(value: Any, info: ValidationInfo) -> str | Sent:
+    if isinstance(value, str) and value not in TOOL_CHOICE_MODES:
+        raise fail("'{param}' must be 'none', 'auto', 'required' or an object, got {got}.", got=got(value))
+    return value if isinstance(value, str) else _CHOICE.validate_python(value, context=info.context)
+
+
+ToolChoice = Annotated[Any, PlainValidator(_tool_choice, json_schema_input_type=Union[
+    one_of(*TOOL_CHOICE_MODES), FunctionChoice, AllowedTools])]
 
 
 class TextFormat(Sent):
@@ -207,7 +204,7 @@ class TextOptions(Sent):
 
 
 class Reasoning(Sent):
-    effort: one_of(*REASONING_EFFORTS) | None = None
+    effort: ReasoningEffort | None = None
     summary: Str | None = None
 
 
@@ -218,7 +215,7 @@ class ResponseRequest(SamplingFields, StoppingFields):
     """POST /v1/responses. Unknown top-level fields are tolerated (`service_tier`, `prompt_cache_key`,
     Codex's `client_metadata`...)."""
 
-    model: NonEmptyStr
+    model: ModelId
     input: text_or(InputItem)
     instructions: Str | None = None
     previous_response_id: Str | None = None

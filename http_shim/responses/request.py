@@ -35,18 +35,18 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from clients.request_builder import TOOL_CHOICE_MODES
 from conduit.v1 import engine_pb2 as pb
 
 from ..errors import APIError, invalid
 from ..limits import RequestLimits
-from ..openai.request import TOOL_NAME, chat_prompt_chars, check_prompt_chars
 from ..protocol.base import parse
-from .interim_sampling import sampling_params, stopping_params
+from ..protocol.chat import TOOL_NAME, chat_prompt_chars, check_prompt_chars, reasoning_options, schema_text, \
+    tool_choice
+from ..protocol.sampling import sampling_params, stopping_params
 from .objects import new_id
 from .protocol import (AllowedTools, FunctionCallItem, FunctionCallOutputItem, FunctionChoice, FunctionTool,
                        HostedTool, InputItem, MessageItem, NamespaceTool, ResponseRequest, Sent, TextPart,
-                       Unsupported, json_schema_text)
+                       Unsupported)
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _NAMESPACE_JOIN = "__"  # NAMESPACE__NAME: the name the model sees for a function in a namespace
@@ -171,9 +171,9 @@ def _function(tool: Sent, param: str, namespace: NamespaceTool | None = None) ->
         name = qualified_name(namespace.name, name)
         if namespace.description:
             description = f"({namespace.name}: {namespace.description}) {description}".strip()
-    if not TOOL_NAME.match(name):
+    if namespace is not None and not TOOL_NAME.match(name):  # a function's own name: checked in protocol.py
         raise invalid(f"'{param}.name' must match ^[a-zA-Z0-9_-]{{1,64}}$, got {json.dumps(name)}.", f"{param}.name")
-    schema = "" if tool.parameters is None else json_schema_text(tool.parameters)
+    schema = "" if tool.parameters is None else schema_text(tool.parameters)
     return pb.Tool(name=name, description=description, parameters_json=schema)
 
 
@@ -196,31 +196,22 @@ def offered_tools(tools: list[Sent]) -> Tools:
     return out
 
 
-def tool_choice(choice: Any, offered: list[pb.Tool]) -> tuple[pb.ToolChoice, list[pb.Tool]]:
+def chosen_tools(choice: Any, offered: list[pb.Tool]) -> tuple[pb.ToolChoice, list[pb.Tool]]:
     """(the engine's tool choice, the tools offered): `allowed_tools` narrows the tools."""
-    names = {t.name for t in offered}
     if isinstance(choice, FunctionChoice):
-        if choice.name not in names:
-            raise invalid(f"'tool_choice' names the function '{choice.name}', which is not in 'tools'.", "tool_choice")
-        return pb.ToolChoice(mode=pb.ToolChoice.MODE_FUNCTION, function_name=choice.name), offered
+        return tool_choice(None, choice.name, offered), offered
     if isinstance(choice, AllowedTools):
         for j, allowed in enumerate(choice.tools):
             if isinstance(allowed, Unsupported):
                 raise unsupported("Tools", allowed.type, f"tool_choice.tools[{j}].type")
-        wanted = {allowed.name for allowed in choice.tools}
+        wanted, names = {allowed.name for allowed in choice.tools}, {t.name for t in offered}
         if wanted - names:
             raise invalid(f"'tool_choice.tools' names tools not in 'tools': {', '.join(sorted(wanted - names))}.",
                           "tool_choice.tools")
         choice, offered = choice.mode, [t for t in offered if t.name in wanted]
     if isinstance(choice, Unsupported):
         raise unsupported("Tool choices", choice.type, "tool_choice.type")
-    mode = choice or "auto"
-    if mode not in TOOL_CHOICE_MODES:
-        raise invalid(f"'tool_choice' must be 'none', 'auto', 'required' or an object, got {json.dumps(mode)}.",
-                      "tool_choice")
-    if mode == "required" and not offered:
-        raise invalid("'tool_choice' is 'required' but no 'tools' were given.", "tool_choice")
-    return pb.ToolChoice(mode=TOOL_CHOICE_MODES[mode]), offered
+    return tool_choice(choice, None, offered), offered
 
 
 def constraint(request: ResponseRequest) -> pb.Constraint | None:
@@ -229,7 +220,7 @@ def constraint(request: ResponseRequest) -> pb.Constraint | None:
         return None
     if fmt.type == "json_object" or fmt.schema_ is None:
         return pb.Constraint(json_object=True)
-    return pb.Constraint(json_schema=json_schema_text(fmt.schema_))
+    return pb.Constraint(json_schema=schema_text(fmt.schema_))
 
 
 # ------------------------------------------------------------------ the request
@@ -242,15 +233,12 @@ def _chat(request: ResponseRequest, items: list[Sent], inherited: int, limits: R
         raise invalid(f"'input' may hold at most {limits.max_messages} messages on this server, got {len(messages)}.",
                       "input")
     tools = offered_tools(request.tools or [])
-    choice, tools.offered = tool_choice(request.tool_choice, tools.offered)
+    choice, tools.offered = chosen_tools(request.tool_choice, tools.offered)
     check_prompt_chars(chat_prompt_chars(messages, tools.offered), "input", limits)
     chat = pb.ChatInput(messages=messages, tools=tools.offered, tool_choice=choice)
     if request.parallel_tool_calls is not None:
         chat.parallel_tool_calls = request.parallel_tool_calls
-    if request.reasoning is not None and request.reasoning.effort is not None:
-        chat.reasoning_effort = request.reasoning.effort
-    if request.chat_template_kwargs is not None:
-        chat.chat_template_kwargs = json.dumps(request.chat_template_kwargs)
+    reasoning_options(chat, request.reasoning and request.reasoning.effort, request.chat_template_kwargs)
     return chat, tools
 
 

@@ -1,0 +1,111 @@
+"""The sampling and stopping fields every generation API shares (OpenAI's names, vLLM's vendor fields),
+with the engine's ranges (conduit.v1.contract), and their builders into SamplingParams/StoppingParams.
+
+The builders read attributes by name, so an API whose own model names a subset of these fields (or
+spells `stop` otherwise, passed as `stop=`) uses them too.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import PlainValidator, WithJsonSchema
+
+from conduit.v1 import engine_pb2 as pb
+from conduit.v1.contract import LOGIT_BIAS_RANGE, SAMPLING_RANGES
+
+from .base import UINT32_MAX, ApiModel, Bool, Cap, Count, TokenId, Whole, fail, got, int_in, is_number, \
+    number_in
+
+TopK = int_in(-1, 2**31 - 1)  # -1 or 0: off (vLLM spells it -1)
+Seed = int_in(-(2**63), 2**64 - 1)  # OpenAI's are signed; the engine's unsigned (see sampling_params)
+N = Annotated[int_in(1, UINT32_MAX), Cap("max_n")]  # choices per prompt, within the operator's cap
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    if not isinstance(value, dict):
+        raise fail("'{param}' must be an object.")
+    bias: dict[int, float] = {}
+    for key, weight in value.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) <= UINT32_MAX):
+            raise fail("'{param}' keys must be token ids as strings, got {got}.", got=got(key))
+        if not is_number(weight) or weight not in LOGIT_BIAS_RANGE:
+            raise fail("'{param}' values must be numbers in {range}, got {got}.", range=LOGIT_BIAS_RANGE, got=got(weight))
+        bias[int(key)] = float(weight)
+    return bias
+
+
+LogitBias = Annotated[dict[int, float], PlainValidator(_logit_bias), WithJsonSchema({
+    "type": "object",
+    "description": "token id (as a string) -> bias",
+    "additionalProperties": {"type": "number", "minimum": LOGIT_BIAS_RANGE.lo, "maximum": LOGIT_BIAS_RANGE.hi},
+    "propertyNames": {"pattern": "^[0-9]{1,10}$"},
+})]
+
+
+def _stop(value: Any) -> list[str]:
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list):
+        raise fail("'{param}' must be a string or an array of strings.")
+    for stop in stops:
+        if not isinstance(stop, str) or not stop:
+            raise fail("'{param}' must hold non-empty strings.")
+    return stops
+
+
+_STOP_STRING = {"type": "string", "minLength": 1}
+Stop = Annotated[list[str], PlainValidator(_stop),
+                 WithJsonSchema({"oneOf": [_STOP_STRING, {"type": "array", "items": _STOP_STRING}]}),
+                 Cap("max_stop", "maxItems", "strings")]
+
+
+class SamplingFields(ApiModel):
+    """SamplingParams' fields; top_k, min_p and repetition_penalty are vendor fields (vLLM's)."""
+
+    temperature: number_in(SAMPLING_RANGES["temperature"]) | None = None
+    top_p: number_in(SAMPLING_RANGES["top_p"]) | None = None
+    min_p: number_in(SAMPLING_RANGES["min_p"]) | None = None
+    repetition_penalty: number_in(SAMPLING_RANGES["repetition_penalty"]) | None = None
+    presence_penalty: number_in(SAMPLING_RANGES["presence_penalty"]) | None = None
+    frequency_penalty: number_in(SAMPLING_RANGES["frequency_penalty"]) | None = None
+    top_k: TopK | None = None
+    seed: Seed | None = None
+    logit_bias: LogitBias | None = None
+
+
+class StoppingFields(ApiModel):
+    """StoppingParams' fields but max_tokens (each API names and bounds its own); min_tokens, ignore_eos
+    and stop_token_ids are vendor fields (vLLM's)."""
+
+    stop: Stop | None = None
+    min_tokens: Count | None = None
+    ignore_eos: Bool | None = None
+    stop_token_ids: Annotated[list[TokenId], Whole()] | None = None
+
+
+def sampling_params(fields: Any) -> pb.SamplingParams:
+    """SamplingParams from whichever of SamplingFields' attributes `fields` has (None: the engine's default)."""
+    params = pb.SamplingParams(logit_bias=getattr(fields, "logit_bias", None) or {})
+    for name in SAMPLING_RANGES:
+        value = getattr(fields, name, None)
+        if value is not None:
+            setattr(params, name, value)
+    top_k = getattr(fields, "top_k", None)
+    if top_k is not None:
+        params.top_k = max(top_k, 0)
+    seed = getattr(fields, "seed", None)
+    if seed is not None:
+        params.seed = seed % 2**64  # negative OpenAI seeds wrap, deterministically
+    return params
+
+
+def stopping_params(fields: Any, max_tokens: int | None, stop: list[str] | None = None) -> pb.StoppingParams:
+    """StoppingParams from StoppingFields' attributes; `stop` overrides `fields.stop` (another API's name)."""
+    params = pb.StoppingParams(stop=stop if stop is not None else getattr(fields, "stop", None) or [])
+    if max_tokens is not None:
+        params.max_tokens = max_tokens
+    params.min_tokens = getattr(fields, "min_tokens", None) or 0
+    params.ignore_eos = bool(getattr(fields, "ignore_eos", None))
+    params.stop_token_ids.extend(getattr(fields, "stop_token_ids", None) or [])
+    return params
+
