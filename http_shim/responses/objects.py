@@ -16,8 +16,6 @@ from ..errors import APIError
 from ..openai.response import chat_logprobs
 from ..stream_fold import Finish
 
-TERMINAL = ("completed", "incomplete", "failed", "cancelled")
-
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"

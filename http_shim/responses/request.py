@@ -1,30 +1,10 @@
 """A /v1/responses request (typed in protocol.py) -> the engine's GenerateRequest, plus what the answer echoes.
 
-Input items become the chat the engine renders: messages as they are, `instructions` the first (system)
-message, consecutive function calls the tool calls of the assistant turn before them, each function
-call output a `tool` message. Flat function tools become the engine's tools, `text.format` its
-constraint, `reasoning.effort` the chat's reasoning effort, `max_output_tokens` its max_tokens; the
-sampling and vendor fields (sent through the SDK's extra_body) are read as the chat route reads them.
-
-Tools of type `namespace` (functions grouped under one name, as Codex groups its sub-agent tools)
-are offered to the model as `NAMESPACE__NAME`, the namespace's description before each function's;
-the calls come back as `function_call` items with `name` and `namespace` apart, and such items in
-`input` are read the same way. The hosted `web_search` tool (`web_search_preview` too), which Codex
-sends by default, is accepted and not offered to the model: this server cannot search the web, and a
-model offered a tool nobody runs would call it in vain. The response echoes `tools` as sent, and the
-`Conduit-Tools-Not-Offered` header names the tool types left out.
-
-Reasoning models (docs/reasoning.md): the thinking comes back as a `reasoning` output item (its text as a
-`reasoning_text` part, no encrypted content); `reasoning` items given back in `input` are accepted and
-dropped from the prompt (the templates of DeepSeek-R1 and Qwen3 drop earlier turns' thinking too). With
-`reasoning.summary` set, the item's summary is the thinking itself (no model here writes summaries; the
-final item carries it, no summary events stream).
-
-Refused with a 400 naming them: item types other than messages, reasoning, function calls and their
-outputs (images, files, hosted tools' calls, item references), content parts other than text,
-tools other than functions, namespaces of functions and web search. Tolerated: unknown top-level
-fields and `include` values (`reasoning.encrypted_content` asks for encrypted reasoning, which Conduit
-does not write), `store: false`, `service_tier`, `prompt_cache_key`, `client_metadata` and the like.
+Input items become the chat the engine renders: `instructions` the first (system) message, consecutive
+function calls the tool calls of the assistant turn before them, each function call output a `tool`
+message, reasoning items nothing. Functions (a namespace's as NAMESPACE__NAME) become the engine's tools,
+web search is left out, `text.format` becomes the constraint. What is served, refused and ignored, and
+why: docs/responses.md.
 """
 
 from __future__ import annotations
