@@ -24,6 +24,7 @@ from ..protocol.sampling import SamplingFields, StoppingFields
 # Hosted tools accepted and not offered to the model (request.py's docstring says why).
 NOT_OFFERED_TOOLS = ("web_search", "web_search_preview")
 TEXT_PARTS = ("input_text", "output_text", "text")
+MAX_LIST_LIMIT = 100  # input items listed per page
 METADATA_MAX_KEYS, METADATA_MAX_KEY_CHARS, METADATA_MAX_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
 
 
@@ -48,7 +49,9 @@ def by_type(*members: tuple[str, type[Sent]], default: str | None = None) -> Any
     def pick(value: Any, info: ValidationInfo) -> Sent:
         if not isinstance(value, dict):
             raise fail("'{param}' must be an object.")
-        return models.get(value.get("type", default), Unsupported).model_validate(value, context=info.context)
+        kind = value.get("type", default)
+        model = models.get(kind, Unsupported) if isinstance(kind, str) else Unsupported  # a list is no key
+        return model.model_validate(value, context=info.context)
 
     return Annotated[Any, PlainValidator(pick, json_schema_input_type=Union[tuple(dict.fromkeys(models.values()))])]
 
@@ -261,12 +264,14 @@ RESPONSES_API = ApiPart(
         "/v1/responses/{response_id}/input_items": {"get": {
             "summary": "The input items a stored response was generated from (inherited ones included)",
             "parameters": [_RESPONSE_ID,
-                           {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+                           {"name": "limit", "in": "query",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT}},
                            {"name": "order", "in": "query", "schema": {"type": "string", "enum": ["asc", "desc"]}},
                            {"name": "after", "in": "query", "schema": {"type": "string"}}],
             "responses": _answer("ResponseInputItems", 400, 401, 404)}},
         "/v1/responses/{response_id}/cancel": {"post": {
-            "summary": "Cancel a response in flight on this server (400 once it finished)", "parameters": [_RESPONSE_ID],
+            "summary": "Cancel a response in flight on this server (400 once it finished)",
+            "parameters": [_RESPONSE_ID],
             "responses": _answer("Response", 400, 401, 404)}},
     },
     schemas={

@@ -19,7 +19,6 @@ from conduit.v1 import engine_pb2 as pb
 
 from ..errors import APIError, invalid
 from ..limits import RequestLimits
-from ..protocol.base import parse
 from ..protocol.chat import TOOL_NAME, chat_prompt_chars, check_prompt_chars, reasoning_options, schema_text, \
     tool_choice
 from ..protocol.sampling import sampling_params, stopping_params
@@ -72,10 +71,6 @@ class ResponsesRequest:
 
 def unsupported(what: str, kind: Any, param: str) -> APIError:
     return invalid(f"{what} of type {json.dumps(kind)} are not supported by this server.", param, "unsupported_value")
-
-
-def read_request(body: dict, limits: RequestLimits) -> ResponseRequest:
-    return parse(ResponseRequest, body, limits=limits)
 
 
 # ------------------------------------------------------------------ input items
@@ -206,7 +201,8 @@ def constraint(request: ResponseRequest) -> pb.Constraint | None:
 # ------------------------------------------------------------------ the request
 
 
-def _chat(request: ResponseRequest, items: list[Sent], inherited: int, limits: RequestLimits) -> tuple[pb.ChatInput, Tools]:
+def _chat(request: ResponseRequest, items: list[Sent], inherited: int,
+          limits: RequestLimits) -> tuple[pb.ChatInput, Tools]:
     messages = [] if request.instructions is None else [pb.ChatMessage(role="system", content=request.instructions)]
     messages += chat_messages(items, -inherited)
     if len(messages) > limits.max_messages:

@@ -19,16 +19,17 @@ from .. import sse
 from ..context import ShimContext
 from ..engine_stream import EngineStream
 from ..errors import APIError, invalid
+from ..protocol.base import parse
 from ..web import json_response, read_body, request_id
 from .events import CANCELLED_CODE, ResponseEvents, replay
 from .objects import ResponseSkeleton, new_id, output_items, status_of, usage_object
-from .request import ResponsesRequest, build_request, read_request
+from .protocol import MAX_LIST_LIMIT, ResponseRequest
+from .request import ResponsesRequest, build_request
 from .store import ResponseStore, StoredResponse
 
 log = logging.getLogger("http_shim")
 RESPONSES_ROUTE = "/v1/responses"
 NOT_OFFERED_HEADER = "Conduit-Tools-Not-Offered"  # hosted tool types accepted and not offered (request.py)
-MAX_LIST_LIMIT = 100
 
 
 @dataclass
@@ -65,7 +66,7 @@ class ResponsesRoutes:
         return found
 
     def create_response(self) -> Response:
-        request = read_request(read_body(), self.ctx.limits)
+        request = parse(ResponseRequest, read_body(), limits=self.ctx.limits)
         inherited: list[dict[str, Any]] = []
         if request.previous_response_id is not None:
             prior = self.stored(request.previous_response_id, "previous_response_id")
