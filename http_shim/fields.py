@@ -5,25 +5,13 @@ read bodies with until they move onto typed requests (http_shim/protocol/), as t
 from __future__ import annotations
 
 import json
-import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from conduit.v1.contract import Range
 
 from .errors import invalid
-
-if TYPE_CHECKING:
-    from .limits import RequestLimits
-
-UINT32_MAX = 2**32 - 1
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return is_int(value) or (isinstance(value, float) and math.isfinite(value))
+from .limits import UINT32_MAX, RequestLimits
+from .protocol.base import is_int, is_number
 
 
 def int_field(body: dict, key: str, lo: int, hi: int, param: str | None = None) -> int | None:
@@ -81,12 +69,6 @@ def list_value(value: Any, param: str, allow_empty: bool = False) -> list:
         raise invalid(f"'{param}' must be an array.", param)
     if not allow_empty and not value:
         raise invalid(f"'{param}' must not be empty.", param)
-    return value
-
-
-def token_id(value: Any, param: str) -> int:
-    if not is_int(value) or not 0 <= value <= UINT32_MAX:
-        raise invalid(f"'{param}' must be a non-negative integer token id, got {json.dumps(value)}.", param)
     return value
 
 

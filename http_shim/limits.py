@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from conduit.v1.contract import MAX_N, MAX_STOP_STRINGS
 
-from .fields import UINT32_MAX
 
+UINT32_MAX = 2**32 - 1  # token ids and counts are uint32 in the contract
 # The engine's limits (conduit.v1.contract) bound n, best_of, stop, top_logprobs and the sampling
 # fields; these are the shim's own.
 MAX_PROMPTS = 64  # prompts in one /v1/completions request; each becomes one Generate call

@@ -12,18 +12,14 @@ from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import MAX_EMBED_INPUTS
 
 from ..openai.protocol import ChatMessage
-from ..protocol.base import UINT32_MAX, ApiModel, Bool, ModelId, Str, TokenId, Whole, fail, int_in, is_int, one_of
+from ..protocol.base import UINT32_MAX, ApiModel, Bool, ModelId, Str, TokenId, Whole, fail, int_in, is_int, one_of, token_ids
 from ..protocol.openapi import ApiPart, Operation
 
 ENCODING_FORMATS = ("float", "base64")
 
 
 def _token_ids(value: list, index: int | None) -> pb.EmbedInput:
-    if not value:
-        raise fail("'{param}' must not be an empty list of token ids.", field=index)
-    if not all(is_int(t) and 0 <= t <= UINT32_MAX for t in value):
-        raise fail("'{param}' must hold token ids: integers from 0 to {most}.", field=index, most=UINT32_MAX)
-    return pb.EmbedInput(token_ids=pb.TokenIds(ids=value))
+    return pb.EmbedInput(token_ids=pb.TokenIds(ids=token_ids(value, index)))
 
 
 def _text(value: str, index: int | None) -> pb.EmbedInput:
@@ -75,8 +71,8 @@ class EmbeddingRequest(ApiModel):
     input: EmbeddingInput  # (the inputs, whether `input` was one)
     encoding_format: Annotated[one_of(*ENCODING_FORMATS), WithJsonSchema(
         {"type": "string", "enum": list(ENCODING_FORMATS), "description": "base64: little-endian float32"})] = "float"
-    dimensions: Annotated[int_in(1, UINT32_MAX), Field(
-        description="only for models trained for shorter vectors; else their own size")] | None = None
+    dimensions: int_in(1, UINT32_MAX) | None = Field(
+        None, description="only for models trained for shorter vectors; else their own size")
     user: Str | None = None
     truncate_prompt_tokens: Annotated[int, PlainValidator(_truncate), WithJsonSchema(  # vLLM's extension
         {"type": "integer", "minimum": -1, "maximum": UINT32_MAX,

@@ -1,7 +1,8 @@
 """OpenAI's chat completions and completions APIs over the engine.
 
-request.py validates a body and builds the engine's GenerateRequests, response.py writes the whole
-response objects and the chunk stream, routes.py registers the routes on the app.
+protocol.py declares the typed requests (their checks and their part of /openapi.json), request.py
+builds the engine's GenerateRequests from them, response.py writes the whole response objects and the
+chunk stream, routes.py registers the routes on the app.
 """
 
 from .routes import GENERATION_ROUTES, register_openai

@@ -29,7 +29,7 @@ from conduit.v1.contract import MAX_TOP_LOGPROBS
 
 from ..limits import MAX_COMPLETION_LOGPROBS, MAX_PROMPTS
 from ..protocol.base import UINT32_MAX, ApiModel, Bool, Cap, Count, ModelId, NonEmptyStr, Object, Str, fail, got, \
-    ignored, int_in, is_int, nested, one_of
+    ignored, int_in, is_int, one_of, token_ids
 from ..protocol.chat import JsonSchemaText, ReasoningEffort, StructuredOutputs, ToolName, tool_choice
 from ..protocol.openapi import ApiPart, Operation
 from ..protocol.sampling import N, SamplingFields, StoppingFields
@@ -138,7 +138,7 @@ def _tool_choice(value: Any, info: ValidationInfo) -> str | NamedToolChoice:
         if value not in TOOL_CHOICE_MODES:
             raise fail("'{param}' must be 'none', 'auto', 'required' or an object, got {got}.", got=got(value))
         return value
-    return nested(NamedToolChoice, value, info)
+    return NamedToolChoice.model_validate(value, context=info.context)  # its errors merge in below tool_choice
 
 
 ToolChoice = Annotated[Any, PlainValidator(_tool_choice), WithJsonSchema({"oneOf": [
@@ -262,24 +262,15 @@ def _prompts(value: Any) -> list[str | list[int]]:
     if all(isinstance(p, str) for p in value):
         prompts: list[str | list[int]] = list(value)
     elif all(is_int(p) for p in value):
-        prompts = [_token_ids(value, None)]
+        prompts = [token_ids(value)]
     elif all(isinstance(p, list) for p in value):
-        prompts = [_token_ids(p, i) for i, p in enumerate(value)]
+        prompts = [token_ids(p, i) for i, p in enumerate(value)]
     else:
         raise fail("'{param}' must be a string, an array of strings, an array of token ids or an array of "
                    "token-id arrays.")
     if len(prompts) > MAX_PROMPTS:
         raise fail("'{param}' may hold at most {most} prompts, got {got}.", most=MAX_PROMPTS, got=len(prompts))
     return prompts
-
-
-def _token_ids(ids: list, index: int | None) -> list[int]:
-    if not ids:
-        raise fail("'{param}' must not be empty.", field=index)
-    for t in ids:
-        if not is_int(t) or not 0 <= t <= UINT32_MAX:
-            raise fail("'{param}' must be a non-negative integer token id, got {got}.", field=index, got=got(t))
-    return ids
 
 
 _TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": UINT32_MAX}}

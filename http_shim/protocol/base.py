@@ -13,28 +13,30 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, GetJsonSchemaHandler, PlainValidator, \
-    ValidationError, ValidationInfo, WithJsonSchema, model_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, PlainValidator, \
+    TypeAdapter, ValidationError, ValidationInfo, WithJsonSchema, model_validator
 from pydantic_core import PydanticCustomError, core_schema
 
 from conduit.v1.contract import Range
 
 from ..errors import invalid
-from ..limits import DEFAULT_LIMITS, RequestLimits
+from ..limits import DEFAULT_LIMITS, UINT32_MAX, RequestLimits
 
-UINT32_MAX = 2**32 - 1
 Schema = dict[str, Any]
 M = TypeVar("M", bound=BaseModel)
 _CONDUIT = "conduit"  # the pydantic error type of the failures raised by `fail`
 
 
-def fail(template: str, field: str | int | tuple[str | int, ...] | None = None, **values: Any) -> PydanticCustomError:
-    """A validation failure; `template` is formatted with `param` (the failing field's path) and
-    `values`. `field`: a field (or a path, as a tuple) below the failing value, for checks across the
-    fields of one object and for failures of values checked inside another's validator."""
-    return PydanticCustomError(_CONDUIT, template, {"template": template, "field": field, **values})
+def fail(template: str, field: str | int | tuple[str | int, ...] | None = None, code: str | None = None,
+         **values: Any) -> PydanticCustomError:
+    """A validation failure; `template` is formatted with `param` (the failing field's path, OpenAI's
+    spelling: "messages[0].role"), `path` (pydantic's and Anthropic's: "messages.0.role") and `values`.
+    `field`: a field (or a path, as a tuple) below the failing value, for checks across the fields
+    of one object and for failures of values checked inside another's validator. `code`: the error's
+    `code` ("unsupported_value"), when it has one."""
+    return PydanticCustomError(_CONDUIT, template, {"template": template, "field": field, "code": code, **values})
 
 
 def got(value: Any) -> str:
@@ -92,19 +94,23 @@ def int_in(lo: int, hi: int) -> Any:
     return Annotated[int, *_scalar(check, {"type": "integer", "minimum": lo, "maximum": hi})]
 
 
-def number_in(allowed: Range) -> Any:
-    """A finite number in `allowed`, as a float."""
+def number_in(allowed: Range | None) -> Any:
+    """A finite number in `allowed` (None: any), as a float."""
 
     def check(value: Any) -> float:
         if not is_number(value):
             raise fail("'{param}' must be a number, got {got}.", got=got(value))
+        if allowed is None:
+            return float(value)
         if value not in allowed:
             low = f"greater than {allowed.lo}" if allowed.lo_open else f"at least {allowed.lo}"
             raise fail("'{param}' must be {low} and at most {hi}, got {got}.", low=low, hi=allowed.hi, got=value)
         return float(value)
 
-    schema: Schema = {"type": "number", "minimum": allowed.lo, "maximum": allowed.hi}
-    if allowed.lo_open:
+    schema: Schema = {"type": "number"}
+    if allowed is not None:
+        schema.update(minimum=allowed.lo, maximum=allowed.hi)
+    if allowed is not None and allowed.lo_open:
         schema["exclusiveMinimum"] = True
     return Annotated[float, *_scalar(check, schema)]
 
@@ -133,10 +139,19 @@ def _object(value: Any) -> dict:
     return value
 
 
-def _token_id(value: Any) -> int:
+def _token_id(value: Any, field: int | None = None) -> int:
     if not is_int(value) or not 0 <= value <= UINT32_MAX:
-        raise fail("'{param}' must be a non-negative integer token id, got {got}.", got=got(value))
+        raise fail("'{param}' must be a non-negative integer token id, got {got}.", field=field, got=got(value))
     return value
+
+
+def token_ids(ids: list, field: int | None = None) -> list[int]:
+    """A prompt as token ids: a non-empty list (at `field` below the value checked, when given)."""
+    if not ids:
+        raise fail("'{param}' must not be empty.", field=field)
+    for t in ids:
+        _token_id(t, field)
+    return ids
 
 
 def one_of(*values: str) -> Any:
@@ -154,7 +169,7 @@ Str = Annotated[str, *_scalar(_str, {"type": "string"})]
 NonEmptyStr = Annotated[str, *_scalar(_non_empty_str, {"type": "string", "minLength": 1})]
 Bool = Annotated[bool, *_scalar(_bool, {"type": "boolean"})]
 Object = Annotated[dict, *_scalar(_object, {"type": "object"})]  # any JSON object, kept as it is
-Number = number_in(Range(-math.inf, math.inf))
+Number = number_in(None)
 TokenId = Annotated[int, *_scalar(_token_id, {"type": "integer", "minimum": 0, "maximum": UINT32_MAX})]
 Count = int_in(0, UINT32_MAX)  # a token count: min_tokens, budgets
 ModelId = Annotated[str, *_scalar(_non_empty_str, {"type": "string", "minLength": 1,
@@ -209,19 +224,40 @@ class Whole:
         try:
             return handler(value)
         except ValidationError as exc:
-            template, values = _template(exc.errors(include_url=False)[0], top_level=False)
-            raise PydanticCustomError(_CONDUIT, template, {**values, "template": template, "field": None}) from None
+            error = exc.errors(include_url=False)[0]
+            template, values = _template(error, top_level=False)
+            raise fail(template, code=_code(error), **values) from None
 
 
-def nested(model: type[M], value: Any, info: ValidationInfo) -> M:
-    """`value` validated as `model` inside another value's validator (a union of shapes), its failures
-    named below that value ("tool_choice.function.name")."""
-    try:
-        return model.model_validate(value, context=info.context)
-    except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        template, values = _template(error, top_level=False)
-        raise fail(template, **{**values, "field": _loc(error)}) from None
+def by_type(members: dict[str, type[ApiModel]], other: type[ApiModel], shown: int | None = None,
+            default: str | None = None) -> Any:
+    """An object of the model its `type` names (`default` when it has none), any other type parsed as
+    `other`; the document shows the first `shown` members (all: None). Not pydantic's tagged union, whose
+    tag would enter the param path: a member's failures are named by their place in the value."""
+
+    def check(value: Any, info: ValidationInfo) -> ApiModel:
+        kind = value.get("type") if isinstance(value, dict) else None
+        kind = default if kind is None else kind
+        model = members.get(kind, other) if isinstance(kind, str) else other
+        return model.model_validate(value, context=info.context)  # its errors merge in below this value
+
+    shown_as = Union[tuple(dict.fromkeys(list(members.values())[:shown]))]
+    return Annotated[Any, PlainValidator(check, json_schema_input_type=shown_as)]
+
+
+def text_or(item: Any, min_length: int = 0, items: str = "items") -> Any:
+    """A string, or an array of at least `min_length` `item`s (`items`: what the message calls them)."""
+    array = Annotated[list[item], Field(min_length=min_length)]
+    adapter = TypeAdapter(array)
+
+    def check(value: Any, info: ValidationInfo) -> str | list:
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise fail("'{param}' must be a string or an array of {items}.", items=items)
+        return adapter.validate_python(value, context=info.context)
+
+    return Annotated[Any, PlainValidator(check, json_schema_input_type=Union[str, array])]
 
 
 def ignored(schema: Schema) -> Any:
@@ -240,6 +276,7 @@ def param_path(loc: tuple[str | int, ...], prefix: str = "") -> str:
     return path
 
 
+_PYDANTIC_TYPES = frozenset(get_args(core_schema.ErrorType))
 # Pydantic's own failures in today's words ({param}: the path; {input}: the value sent).
 _PYDANTIC_MESSAGES = {
     "missing": "'{param}' is required.",
@@ -258,11 +295,18 @@ def _loc(error: dict[str, Any]) -> tuple[str | int, ...]:
     return (*error["loc"], *below)
 
 
+def _code(error: dict[str, Any]) -> str | None:
+    return (error.get("ctx") or {}).get("code") if error["type"] == _CONDUIT else None
+
+
 def _template(error: dict[str, Any], top_level: bool) -> tuple[str, dict[str, Any]]:
-    """The error's message template (with {param}) and its values."""
-    values = {k: v for k, v in (error.get("ctx") or {}).items() if k not in ("template", "field")}
+    """The error's message template (with {param}, maybe {path}) and its values."""
+    values = {k: v for k, v in (error.get("ctx") or {}).items() if k not in ("template", "field", "code")}
     if error["type"] == _CONDUIT:
         return error["ctx"]["template"], values
+    if error["type"] not in _PYDANTIC_TYPES:  # an API's own PydanticCustomError: its message, placeholders kept
+        escaped = error["msg"].replace("{", "{{").replace("}", "}}")
+        return escaped.replace("{{param}}", "{param}").replace("{{path}}", "{path}"), values
     if error["type"] == "missing" and top_level:
         article = "an" if str(error["loc"][0])[:1] in tuple("aeiou") else "a"
         return "you must provide " + article + " {param} parameter.", values  # OpenAI's words
@@ -280,4 +324,5 @@ def parse(model: type[M], body: Any, *, limits: RequestLimits = DEFAULT_LIMITS, 
         loc = _loc(error)
         param = param_path(loc, prefix)
         template, values = _template(error, top_level=len(loc) == 1)
-        raise invalid(template.format(param=param, **values), param or None) from None
+        path = ".".join(str(part) for part in (*prefix.split(".")[:-1], *loc))  # pydantic's (Anthropic's) spelling
+        raise invalid(template.format(param=param, path=path, **values), param or None, _code(error)) from None

@@ -142,7 +142,9 @@ def _openapi30(schema: Any, limits: RequestLimits) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: _openapi30(v, limits) for k, v in schema.items()
-           if k != "title" and not (k == "default" and v is None) and k != "x-cap"}
+           if k not in ("title", "x-cap") and not (k == "default" and v is None)}
+    if isinstance(schema.get("properties"), dict):  # names there are fields, not keywords
+        out["properties"] = {name: _openapi30(v, limits) for name, v in schema["properties"].items()}
     if "x-cap" in schema:
         limit, keyword = schema["x-cap"]
         value = getattr(limits, limit)
