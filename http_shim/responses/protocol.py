@@ -1,22 +1,22 @@
 """A /v1/responses body, typed: its validation and its part of /openapi.json come from these models.
 
-Items, content parts, tools and tool choices are unions chosen by their `type` (`by_type`); a type
-this server does not serve (image parts, hosted tools' calls, file search...) validates as
-`Unsupported`, which request.py refuses naming it. Items, parts and tools keep every field they were
-sent with (`as_sent`), as the store and the response's echo repeat them.
+Items, content parts, tools and tool choices are chosen by their `type` (the base's `by_type`); a type
+this server does not serve (image parts, hosted tools' calls, file search...) is refused, named, as
+`Unsupported`. Items, parts and tools keep every field they were sent with (`as_sent`), as the store and
+the response's echo repeat them.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, ClassVar, Union
 
-from pydantic import ConfigDict, Field, PlainValidator, TypeAdapter, ValidationInfo, WithJsonSchema
+from pydantic import ConfigDict, Field, PlainValidator, TypeAdapter, ValidationInfo, WithJsonSchema, model_validator
 
 from clients.request_builder import TOOL_CHOICE_MODES
 from conduit.v1.contract import MAX_TOP_LOGPROBS
 
-from ..protocol.base import UINT32_MAX, ApiModel, Bool, Cap, Count, ModelId, NonEmptyStr, Object, Str, fail, got, \
-    int_in, one_of
+from ..protocol.base import UINT32_MAX, ApiModel, Bool, Cap, Count, ModelId, NonEmptyStr, Object, Str, by_type, \
+    fail, got, int_in, one_of, text_or
 from ..protocol.chat import ReasoningEffort, ToolName, schema_text
 from ..protocol.openapi import ApiPart, Operation, error_responses, ref
 from ..protocol.sampling import SamplingFields, StoppingFields
@@ -38,32 +38,31 @@ class Sent(ApiModel):
 
 
 class Unsupported(Sent):
+    """A type this server does not serve (`what`: the kind of thing), refused naming it."""
+
+    what: ClassVar[str]
     type: Any = None
 
-
-def by_type(*members: tuple[str, type[Sent]], default: str | None = None) -> Any:
-    """A union chosen by the value's `type` (`default` when it has none); other types are Unsupported.
-    Failures are named by their place in the value ("input[2].call_id"), not by the member tried."""
-    models = dict(members)
-
-    def pick(value: Any, info: ValidationInfo) -> Sent:
-        if not isinstance(value, dict):
-            raise fail("'{param}' must be an object.")
-        kind = value.get("type", default)
-        model = models.get(kind, Unsupported) if isinstance(kind, str) else Unsupported  # a list is no key
-        return model.model_validate(value, context=info.context)
-
-    return Annotated[Any, PlainValidator(pick, json_schema_input_type=Union[tuple(dict.fromkeys(models.values()))])]
+    @model_validator(mode="after")
+    def _refuse(self) -> Unsupported:
+        raise fail(self.what + " of type {got} are not supported by this server.", field="type",
+                   code="unsupported_value", got=got(self.type))
 
 
-def text_or(item: Any) -> Any:
-    """A string, or an array of `item`."""
-    items = TypeAdapter(list[item])
+class UnsupportedItem(Unsupported):
+    what = "Input items"
 
-    def check(value: Any, info: ValidationInfo) -> str | list:
-        return value if isinstance(value, str) else items.validate_python(value, context=info.context)
 
-    return Annotated[Any, PlainValidator(check, json_schema_input_type=Union[str, list[item]])]
+class UnsupportedPart(Unsupported):
+    what = "Content parts"
+
+
+class UnsupportedTool(Unsupported):
+    what = "Tools"
+
+
+class UnsupportedChoice(Unsupported):
+    what = "Tool choices"
 
 
 def _checked_schema(value: Any) -> Any:
@@ -105,7 +104,8 @@ class RefusalPart(Sent):
     refusal: Str
 
 
-Content = text_or(by_type(*((kind, TextPart) for kind in TEXT_PARTS), ("refusal", RefusalPart)))
+Content = text_or(by_type({**dict.fromkeys(TEXT_PARTS, TextPart), "refusal": RefusalPart}, UnsupportedPart),
+                  items="content parts")
 
 
 class MessageItem(Sent):
@@ -135,8 +135,9 @@ class ReasoningItem(Sent):
     summary: list[Any] = []
 
 
-InputItem = by_type(("message", MessageItem), ("function_call", FunctionCallItem),
-                    ("function_call_output", FunctionCallOutputItem), ("reasoning", ReasoningItem), default="message")
+InputItem = by_type({"message": MessageItem, "function_call": FunctionCallItem,
+                     "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem},
+                    UnsupportedItem, default="message")
 
 
 # ------------------------------------------------------------------ tools, tool choice, format
@@ -156,7 +157,7 @@ class NamespaceTool(Sent):
     type: one_of("namespace")
     name: NonEmptyStr
     description: Str | None = None
-    tools: Annotated[list[by_type(("function", FunctionTool))], Field(min_length=1)]
+    tools: Annotated[list[by_type({"function": FunctionTool}, UnsupportedTool)], Field(min_length=1)]
 
 
 class HostedTool(Sent):
@@ -165,7 +166,8 @@ class HostedTool(Sent):
     type: one_of(*NOT_OFFERED_TOOLS)
 
 
-Tool = by_type(("function", FunctionTool), ("namespace", NamespaceTool), *((t, HostedTool) for t in NOT_OFFERED_TOOLS))
+Tool = by_type({"function": FunctionTool, "namespace": NamespaceTool, **dict.fromkeys(NOT_OFFERED_TOOLS, HostedTool)},
+               UnsupportedTool)
 
 
 class FunctionChoice(Sent):
@@ -178,10 +180,10 @@ class FunctionChoice(Sent):
 class AllowedTools(Sent):
     type: one_of("allowed_tools")
     mode: one_of("auto", "required") = "auto"
-    tools: list[by_type(("function", FunctionChoice))]
+    tools: list[by_type({"function": FunctionChoice}, UnsupportedTool)]
 
 
-_CHOICE = TypeAdapter(by_type(("function", FunctionChoice), ("allowed_tools", AllowedTools)))
+_CHOICE = TypeAdapter(by_type({"function": FunctionChoice, "allowed_tools": AllowedTools}, UnsupportedChoice))
 
 
 def _tool_choice(value: Any, info: ValidationInfo) -> str | Sent:
@@ -219,7 +221,7 @@ class ResponseRequest(SamplingFields, StoppingFields):
     Codex's `client_metadata`...)."""
 
     model: ModelId
-    input: text_or(InputItem)
+    input: text_or(InputItem, items="input items")
     instructions: Str | None = None
     previous_response_id: Str | None = None
     store: Bool | None = None

@@ -24,8 +24,7 @@ from ..protocol.chat import TOOL_NAME, chat_prompt_chars, check_prompt_chars, re
 from ..protocol.sampling import sampling_params, stopping_params
 from .objects import new_id
 from .protocol import (AllowedTools, FunctionCallItem, FunctionCallOutputItem, FunctionChoice, FunctionTool,
-                       HostedTool, InputItem, MessageItem, NamespaceTool, ResponseRequest, Sent, TextPart,
-                       Unsupported)
+                       HostedTool, InputItem, MessageItem, NamespaceTool, ResponseRequest, Sent, TextPart)
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _NAMESPACE_JOIN = "__"  # NAMESPACE__NAME: the name the model sees for a function in a namespace
@@ -69,10 +68,6 @@ class ResponsesRequest:
         return error
 
 
-def unsupported(what: str, kind: Any, param: str) -> APIError:
-    return invalid(f"{what} of type {json.dumps(kind)} are not supported by this server.", param, "unsupported_value")
-
-
 # ------------------------------------------------------------------ input items
 
 
@@ -99,12 +94,9 @@ def inherited_items(context: list[dict[str, Any]]) -> list[Sent]:
                       "previous_response_id") from None
 
 
-def _text(content: str | list[Sent], param: str) -> str:
+def _text(content: str | list[Sent]) -> str:
     if isinstance(content, str):
         return content
-    for j, part in enumerate(content):
-        if isinstance(part, Unsupported):
-            raise unsupported("Content parts", part.type, f"{param}[{j}].type")
     return "\n".join(part.text if isinstance(part, TextPart) else part.refusal for part in content)
 
 
@@ -112,14 +104,12 @@ def qualified_name(namespace: str, name: str) -> str:
     return f"{namespace}{_NAMESPACE_JOIN}{name}"
 
 
-def chat_messages(items: list[Sent], first_index: int) -> list[pb.ChatMessage]:
-    """Input items -> chat messages: consecutive function calls join the assistant message before
-    them. `first_index`: the place of items[0] in `input` (negative for inherited items), for errors."""
+def chat_messages(items: list[Sent]) -> list[pb.ChatMessage]:
+    """Input items -> chat messages: consecutive function calls join the assistant message before them."""
     messages: list[pb.ChatMessage] = []
-    for i, item in enumerate(items, first_index):
-        param = f"input[{i}]" if i >= 0 else "previous_response_id"
+    for item in items:
         if isinstance(item, MessageItem):
-            messages.append(pb.ChatMessage(role=item.role, content=_text(item.content, f"{param}.content")))
+            messages.append(pb.ChatMessage(role=item.role, content=_text(item.content)))
         elif isinstance(item, FunctionCallItem):
             name = item.name if item.namespace is None else qualified_name(item.namespace, item.name)
             call = pb.ToolCall(id=item.call_id, name=name, arguments=item.arguments)
@@ -128,19 +118,14 @@ def chat_messages(items: list[Sent], first_index: int) -> list[pb.ChatMessage]:
             else:
                 messages.append(pb.ChatMessage(role="assistant", tool_calls=[call]))
         elif isinstance(item, FunctionCallOutputItem):
-            messages.append(pb.ChatMessage(role="tool", tool_call_id=item.call_id,
-                                           content=_text(item.output, f"{param}.output")))
-        elif isinstance(item, Unsupported):
-            raise unsupported("Input items", item.type, f"{param}.type")
+            messages.append(pb.ChatMessage(role="tool", tool_call_id=item.call_id, content=_text(item.output)))
     return messages
 
 
 # ------------------------------------------------------------------ tools, tool choice, format
 
 
-def _function(tool: Sent, param: str, namespace: NamespaceTool | None = None) -> pb.Tool:
-    if not isinstance(tool, FunctionTool):
-        raise unsupported("Tools", tool.type, f"{param}.type")
+def _function(tool: FunctionTool, param: str, namespace: NamespaceTool | None = None) -> pb.Tool:
     name, description = tool.name, tool.description or ""
     if namespace is not None:
         name = qualified_name(namespace.name, name)
@@ -176,16 +161,11 @@ def chosen_tools(choice: Any, offered: list[pb.Tool]) -> tuple[pb.ToolChoice, li
     if isinstance(choice, FunctionChoice):
         return tool_choice(None, choice.name, offered), offered
     if isinstance(choice, AllowedTools):
-        for j, allowed in enumerate(choice.tools):
-            if isinstance(allowed, Unsupported):
-                raise unsupported("Tools", allowed.type, f"tool_choice.tools[{j}].type")
         wanted, names = {allowed.name for allowed in choice.tools}, {t.name for t in offered}
         if wanted - names:
             raise invalid(f"'tool_choice.tools' names tools not in 'tools': {', '.join(sorted(wanted - names))}.",
                           "tool_choice.tools")
         choice, offered = choice.mode, [t for t in offered if t.name in wanted]
-    if isinstance(choice, Unsupported):
-        raise unsupported("Tool choices", choice.type, "tool_choice.type")
     return tool_choice(choice, None, offered), offered
 
 
@@ -201,10 +181,9 @@ def constraint(request: ResponseRequest) -> pb.Constraint | None:
 # ------------------------------------------------------------------ the request
 
 
-def _chat(request: ResponseRequest, items: list[Sent], inherited: int,
-          limits: RequestLimits) -> tuple[pb.ChatInput, Tools]:
+def _chat(request: ResponseRequest, items: list[Sent], limits: RequestLimits) -> tuple[pb.ChatInput, Tools]:
     messages = [] if request.instructions is None else [pb.ChatMessage(role="system", content=request.instructions)]
-    messages += chat_messages(items, -inherited)
+    messages += chat_messages(items)
     if len(messages) > limits.max_messages:
         raise invalid(f"'input' may hold at most {limits.max_messages} messages on this server, got {len(messages)}.",
                       "input")
@@ -251,7 +230,7 @@ def build_request(request: ResponseRequest, request_id: str, limits: RequestLimi
     if isinstance(request.input, str):
         new = [MessageItem(role="user", content=request.input)]
     context = inherited_items(inherited or []) + new
-    chat, tools = _chat(request, context, len(inherited or []), limits)
+    chat, tools = _chat(request, context, limits)
     logprobs = LOGPROBS_INCLUDE in (request.include or [])
     generate = pb.GenerateRequest(
         request_id=request_id, model=request.model, chat=chat, n=1, sampling=sampling_params(request),
