@@ -49,20 +49,12 @@ class Unsupported(Sent):
                    code="unsupported_value", got=got(self.type))
 
 
-class UnsupportedItem(Unsupported):
-    what = "Input items"
+def unsupported(what: str) -> type[Unsupported]:
+    return type(f"Unsupported{what.title().replace(' ', '')}", (Unsupported,), {"what": what})
 
 
-class UnsupportedPart(Unsupported):
-    what = "Content parts"
-
-
-class UnsupportedTool(Unsupported):
-    what = "Tools"
-
-
-class UnsupportedChoice(Unsupported):
-    what = "Tool choices"
+UnsupportedItem, UnsupportedPart = unsupported("Input items"), unsupported("Content parts")
+UnsupportedTool, UnsupportedChoice = unsupported("Tools"), unsupported("Tool choices")
 
 
 def _checked_schema(value: Any) -> Any:

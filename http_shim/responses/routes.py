@@ -8,8 +8,8 @@ flight are known to this process only (for GET and cancel), as the store is this
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,23 +86,20 @@ class ResponsesRoutes:
             self.in_flight.pop(skeleton.id, None)
             raise parsed.engine_error(error) from None
 
-    def _keeper(self, parsed: ResponsesRequest, response_id: str) -> Callable[[dict[str, Any]], None]:
-        """What takes a finished response: out of the in-flight table, into the store when asked."""
-        def keep(response: dict[str, Any]) -> None:
-            self.in_flight.pop(response_id, None)
-            if parsed.store and self.store is not None:
-                self.store.put(response, parsed.context)
-        return keep
+    def _keep(self, parsed: ResponsesRequest, response: dict[str, Any]) -> None:
+        """A finished response: out of the in-flight table, into the store when asked."""
+        self.in_flight.pop(response["id"], None)
+        if parsed.store and self.store is not None:
+            self.store.put(response, parsed.context)
 
     def _streamed(self, parsed: ResponsesRequest, stream: EngineStream, skeleton: ResponseSkeleton) -> Response:
-        keep = self._keeper(parsed, skeleton.id)
+        keep = functools.partial(self._keep, parsed)
         answer = self.ctx.relay.sse(stream, lambda: ResponseEvents(skeleton, parsed.logprobs, keep,
                                                                     parsed.engine_error))
         answer.call_on_close(lambda: self.in_flight.pop(skeleton.id, None))
         return answer
 
     def _whole(self, parsed: ResponsesRequest, stream: EngineStream, skeleton: ResponseSkeleton) -> Response:
-        keep = self._keeper(parsed, skeleton.id)
         try:
             collected = self.ctx.relay.collect(stream)
         except APIError as error:
@@ -116,7 +113,7 @@ class ResponsesRoutes:
             choice = collected.ranked(0, 1, 1)[0]
             response = skeleton.build(status_of(choice.finish_reason),
                                       output_items(choice, parsed.logprobs, skeleton), usage_object(collected.usage()))
-        keep(response)
+        self._keep(parsed, response)
         return json_response(response)
 
     def get_response(self, response_id: str) -> Response:
