@@ -2,8 +2,10 @@
 the validation and GET /openapi.json come, and the shared field groups and builders that turn validated
 requests into engine protobuf. Each API keeps its models in its own package (openai/protocol.py, ...).
 
-- base.py: `ApiModel`, the strict scalar types (Int ranges taking 2.0 as 2 and refusing bools and
-  strings, finite numbers, strings, booleans), `Cap`, and `parse`, which raises today's 400 APIError.
+- base.py: `ApiModel`, the strict scalar types (int_in ranges taking 2.0 as 2 and refusing bools and
+  strings, finite numbers, strings, booleans), unions whose failures keep their place (`by_type`,
+  `text_or`), `Cap`, and `parse`, which raises today's 400 APIError.
+- sampling.py, chat.py: the field groups and pieces the generation APIs share, and their builders.
 - openapi.py: the document, assembled from each API's `ApiPart`.
 
 Design choices:
