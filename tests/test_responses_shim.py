@@ -370,3 +370,17 @@ def test_a_request_too_large_is_a_413(fake: FakeEngineServer) -> None:
     finally:
         stop_process(process)
 
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": "hi", "tools": [WEATHER, {**AGENTS, "tools": [{"type": "function", "name": "a" * 60}]}]},
+     "tools[1].tools[0].name"),  # the namespaced name NAMESPACE__NAME is too long
+    ({"input": [{"type": "function_call", "call_id": "c1", "name": "", "arguments": "{}"}]}, "input[0].name"),
+    ({"input": [{"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "", "output": "x"}]},
+     "input[1].call_id"),
+    ({"input": "hi", "tools": [{"type": "web_search"}, {**WEATHER, "parameters": "{"}]}, "tools[1].parameters"),
+])
+def test_errors_name_the_field_of_the_responses_body(shim: str, body: dict, param: str) -> None:
+    """Responses is validated as itself: errors name its own fields, not a chat request's."""
+    response = httpx.post(f"{shim}/v1/responses", json={"model": MODEL_ID, **body}, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text

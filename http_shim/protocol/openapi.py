@@ -87,23 +87,20 @@ class ApiPart:
     paths: Mapping[str, Any] = field(default_factory=dict)  # routes with no request body
 
 
-def api_parts(limits: RequestLimits) -> list[ApiPart]:
+def api_parts() -> list[ApiPart]:
     """Every API's part: the hook where an API adds its own (imported here, not at module level, so
     the API packages may import this module)."""
     from ..embeddings.protocol import EMBEDDINGS_API
     from ..messages.protocol import MESSAGES_API
     from ..openai.protocol import OPENAI_API
-    from ..responses.openapi import responses_paths
+    from ..responses.protocol import RESPONSES_API
     from ..service import SERVICE_API
 
-    # Responses until its typed requests land: its hand-written part, as before.
-    responses_paths_, responses_schemas = responses_paths([REQUEST_ID_HEADER], error_responses)
-    responses = ApiPart(schemas=responses_schemas, paths=responses_paths_)
-    return [OPENAI_API, responses, MESSAGES_API, EMBEDDINGS_API, SERVICE_API]
+    return [OPENAI_API, RESPONSES_API, MESSAGES_API, EMBEDDINGS_API, SERVICE_API]
 
 
 def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, Any]:
-    parts = api_parts(limits)
+    parts = api_parts()
     paths: dict[str, Any] = {}
     schemas: dict[str, Schema] = {}
     for part in parts:

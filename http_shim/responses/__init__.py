@@ -1,6 +1,7 @@
 """OpenAI's Responses API (POST /v1/responses and its stored responses) over the engine's chat.
 
-request.py parses a body into the chat GenerateRequest; objects.py builds the response object;
+protocol.py types a body (validation and its /openapi.json part); request.py builds the GenerateRequest
+from it; objects.py builds the response object;
 events.py writes the exact event stream; store.py keeps responses in SQLite; routes.py serves them.
 """
 

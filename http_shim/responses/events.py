@@ -26,9 +26,8 @@ from .. import sse
 from ..errors import APIError
 from ..stream_fold import (ChoiceEnd, Event, ReasoningDelta, StreamFold, TextDelta, ToolCallArguments,
                            ToolCallStart)
-from .objects import (ResponseSkeleton, function_call_item, logprobs_list, message_item, reasoning_item, status_of,
-                      text_part, usage_object)
-from .request import new_id, renamed
+from .objects import (ResponseSkeleton, function_call_item, logprobs_list, message_item, new_id, reasoning_item,
+                      status_of, text_part, usage_object)
 
 # The code of the error a cancel (POST /v1/responses/{id}/cancel) ends a generation with.
 CANCELLED_CODE = "response_cancelled"
@@ -47,13 +46,16 @@ class _Item:
 
 class ResponseEvents:
     """An EventWriter (relay.py) for /v1/responses. `on_end(response)` receives the final object
-    (completed, incomplete, failed or cancelled), e.g. to store it."""
+    (completed, incomplete, failed or cancelled), e.g. to store it; `named(error)` gives an engine
+    error the Responses name of its field."""
 
     heartbeat = sse.HEARTBEAT
 
     def __init__(self, skeleton: ResponseSkeleton, logprobs: bool,
-                 on_end: Callable[[dict[str, Any]], None] = lambda _: None) -> None:
+                 on_end: Callable[[dict[str, Any]], None] = lambda _: None,
+                 named: Callable[[APIError], APIError] = lambda error: error) -> None:
         self._skeleton = skeleton
+        self._named = named
         self._logprobs = logprobs
         self._on_end = on_end
         self._sequence = 0
@@ -182,7 +184,7 @@ class ResponseEvents:
     def end(self, status: str, usage: dict[str, Any] | None, error: APIError | None = None) -> list[bytes]:
         """The terminal event(s): response.completed / .incomplete, or error then response.failed."""
         if error is not None:
-            error = renamed(error)
+            error = self._named(error)
         response = self._skeleton.build(status, self.output(), usage, error)
         self._on_end(response)
         if error is None:

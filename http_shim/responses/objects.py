@@ -7,6 +7,7 @@ functions here, so a streamed response's final object equals the one a whole ans
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from conduit_common.results import Choice, Usage
@@ -14,9 +15,10 @@ from conduit_common.results import Choice, Usage
 from ..errors import APIError
 from ..openai.response import chat_logprobs
 from ..stream_fold import Finish
-from .request import namespaced_names, new_id
 
-TERMINAL = ("completed", "incomplete", "failed", "cancelled")
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
 
 
 def logprobs_list(entries: list) -> list[dict[str, Any]]:
@@ -96,11 +98,14 @@ def error_object(error: APIError) -> dict[str, Any]:
 class ResponseSkeleton:
     """A response's fixed fields (id, creation time, the request's settings) and how to dress its state."""
 
-    def __init__(self, response_id: str, model: str, echo: dict[str, Any]) -> None:
+    def __init__(self, response_id: str, model: str, echo: dict[str, Any],
+                 namespaced: dict[str, tuple[str, str]] | None = None) -> None:
+        """`namespaced`: the model's name of each function in a namespace -> (namespace, name)."""
         self.id = response_id
         self.created_at = int(time.time())
         self.model = model
         self.echo = echo
+        self.namespaced = namespaced or {}
 
     @property
     def summarized(self) -> bool:
@@ -109,7 +114,7 @@ class ResponseSkeleton:
 
     def call_name(self, model_name: str) -> tuple[str, str | None]:
         """(name, namespace) of a call the model named: a namespace's functions are NAMESPACE__NAME to it."""
-        namespace, name = namespaced_names(self.echo.get("tools") or []).get(model_name, (None, model_name))
+        namespace, name = self.namespaced.get(model_name, (None, model_name))
         return name, namespace
 
     def build(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,

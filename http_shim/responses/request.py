@@ -1,383 +1,245 @@
-"""A /v1/responses body -> the chat request the engine already serves, plus what the answer echoes.
+"""A /v1/responses request (typed in protocol.py) -> the engine's GenerateRequest, plus what the answer echoes.
 
-The Responses API is chat completions with other spellings: input items become chat messages,
-flat function tools become chat tools, `text.format` becomes `response_format`. So this module
-checks what is Responses-specific (items, tools, tool_choice, include, metadata, truncation) and
-hands a chat body to `parse_chat`, which validates the rest and builds the GenerateRequest exactly
-as the chat route does. Errors it raises name chat fields; `responses_param` renames them.
-
-Tools of type `namespace` (functions grouped under one name, as Codex groups its sub-agent tools)
-are offered to the model as `NAMESPACE__NAME`, the namespace's description before each function's;
-the calls come back as `function_call` items with `name` and `namespace` apart, and such items in
-`input` are read the same way. The hosted `web_search` tool (`web_search_preview` too), which Codex
-sends by default, is accepted and not offered to the model: this server cannot search the web, and a
-model offered a tool nobody runs would call it in vain. The response echoes `tools` as sent, and the
-`Conduit-Tools-Not-Offered` header names the tool types left out.
-
-Reasoning models (docs/reasoning.md): `reasoning.effort` is the chat route's `reasoning_effort`; the
-thinking comes back as a `reasoning` output item (its text as a `reasoning_text` part, no encrypted
-content); `reasoning` items given back in `input` are accepted and dropped from the prompt (the
-templates of DeepSeek-R1 and Qwen3 drop earlier turns' thinking too). With `reasoning.summary` set,
-the item's summary is the thinking itself (no model here writes summaries; the final item carries
-it, no summary events stream).
-
-Refused with a 400 naming them: item types other than messages, reasoning, function calls and their
-outputs (images, files, hosted tools' calls, item references), content parts other than text,
-tools other than functions, namespaces of functions and web search. Tolerated: unknown top-level
-fields and `include` values (as the chat route tolerates unknown fields; `reasoning.encrypted_content`
-asks for encrypted reasoning, which Conduit does not write), `store: false`,
-`service_tier`, `prompt_cache_key`, `client_metadata` and the like.
+Input items become the chat the engine renders: `instructions` the first (system) message, consecutive
+function calls the tool calls of the assistant turn before them, each function call output a `tool`
+message, reasoning items nothing. Functions (a namespace's as NAMESPACE__NAME) become the engine's tools,
+web search is left out, `text.format` becomes the constraint. What is served, refused and ignored, and
+why: docs/responses.md.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
+from conduit.v1 import engine_pb2 as pb
+
 from ..errors import APIError, invalid
-from ..fields import dict_value, list_value, str_value
 from ..limits import RequestLimits
-from ..openai.request import GenerationPlan, parse_chat
+from ..protocol.chat import TOOL_NAME, chat_prompt_chars, check_prompt_chars, reasoning_options, schema_text, \
+    tool_choice
+from ..protocol.sampling import sampling_params, stopping_params
+from .objects import new_id
+from .protocol import (AllowedTools, FunctionCallItem, FunctionCallOutputItem, FunctionChoice, FunctionTool,
+                       HostedTool, InputItem, MessageItem, NamespaceTool, ResponseRequest, Sent, TextPart)
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-_ROLES = ("user", "assistant", "system", "developer")
-_TEXT_PARTS = ("input_text", "output_text", "text")
-_TRUNCATION = ("disabled", "auto")
-# Hosted tools accepted and not offered to the model (see the module's docstring).
-NOT_OFFERED_TOOLS = ("web_search", "web_search_preview")
 _NAMESPACE_JOIN = "__"  # NAMESPACE__NAME: the name the model sees for a function in a namespace
-# OpenAI's limits on `metadata`.
-METADATA_MAX_KEYS, METADATA_MAX_KEY_CHARS, METADATA_MAX_VALUE_CHARS = 16, 64, 512
-# Vendor fields (sent through the SDK's extra_body) passed on to the engine as the chat route reads them.
-_VENDOR_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop",
-                  "min_tokens", "ignore_eos", "stop_token_ids", "logit_bias", "chat_template_kwargs",
-                  "max_reasoning_tokens")
+_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+# The engine's errors name chat fields (errors.openai_param); these are the Responses fields they come from.
+_ENGINE_PARAMS = {"messages": "input", "response_format": "text.format", "max_tokens": "max_output_tokens",
+                  "reasoning_effort": "reasoning.effort"}
+_ITEMS = TypeAdapter(list[InputItem])
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
+@dataclass
+class Tools:
+    """The tools offered to the model, and what the answer needs to know of them."""
+
+    offered: list[pb.Tool] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # each offered tool's place in the request (for errors)
+    not_offered: list[str] = field(default_factory=list)  # hosted tool types accepted, not offered
+    namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)  # NAMESPACE__NAME -> (namespace, name)
 
 
 @dataclass
 class ResponsesRequest:
     """One validated /v1/responses request."""
 
-    plan: GenerationPlan
+    model: str
+    generate: pb.GenerateRequest
     context: list[dict[str, Any]]  # every input item the answer is generated from (inherited ones first)
     echo: dict[str, Any]  # the request's settings, as the response object repeats them
     stream: bool
     store: bool
     logprobs: bool  # include asks for output_text logprobs
-    not_offered: list[str]  # hosted tool types accepted and not offered to the model
+    tools: Tools
 
-
-# ------------------------------------------------------------------ refusals
-
-
-def unsupported(what: str, kind: Any, param: str) -> APIError:
-    return invalid(f"{what} of type {json.dumps(kind)} are not supported by this server.", param, "unsupported_value")
+    def engine_error(self, error: APIError) -> APIError:
+        """An engine error with the Responses name of the field at fault."""
+        param = error.param or ""
+        if param.startswith("tools[") and param.endswith("].function.parameters"):
+            error.param = self.tools.paths[int(param[6:param.index("]")])] + ".parameters"
+        else:
+            error.param = _ENGINE_PARAMS.get(param, error.param)
+        return error
 
 
 # ------------------------------------------------------------------ input items
 
 
-def normalize_items(value: Any) -> list[dict[str, Any]]:
-    """`input` as stored and listed: a list of typed items with ids, message content as parts."""
-    if isinstance(value, str):
-        value = [{"role": "user", "content": value}]
-    items = list_value(value, "input", allow_empty=True)
-    out = []
-    for i, item in enumerate(items):
-        param = f"input[{i}]"
-        item = dict(dict_value(item, param))
-        kind = item.setdefault("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            if role not in _ROLES:
-                raise invalid(f"'{param}.role' must be one of {', '.join(_ROLES)}; got {json.dumps(role)}.",
-                              f"{param}.role")
-            content = item.get("content")
-            if isinstance(content, str):
-                part = "output_text" if role == "assistant" else "input_text"
-                item["content"] = [{"type": part, "text": content, **({"annotations": []} if role == "assistant" else {})}]
-            item.setdefault("id", new_id("msg"))
-            item.setdefault("status", "completed")
-        elif kind in ("function_call", "function_call_output"):
-            item.setdefault("id", new_id("fc" if kind == "function_call" else "fco"))
-            item.setdefault("status", "completed")
-        elif kind == "reasoning":
-            item.setdefault("id", new_id("rs"))
-        out.append(item)
+def stored_item(item: Sent) -> dict[str, Any]:
+    """An input item as stored and listed: typed, with an id, message content as parts."""
+    out = {"type": item.type, **item.as_sent()}
+    if isinstance(item, MessageItem) and isinstance(item.content, str):
+        said = item.role == "assistant"
+        out["content"] = [{"type": "output_text", "text": item.content, "annotations": []} if said
+                          else {"type": "input_text", "text": item.content}]
+    if item.type in _ID_PREFIXES:
+        out.setdefault("id", new_id(_ID_PREFIXES[item.type]))
+    if item.type in ("message", "function_call", "function_call_output"):
+        out.setdefault("status", "completed")
     return out
 
 
-def _part_text(part: Any, param: str) -> str:
-    part = dict_value(part, param)
-    kind = part.get("type")
-    if kind in _TEXT_PARTS:
-        return str_value(part.get("text"), f"{param}.text")
-    if kind == "refusal":
-        return str_value(part.get("refusal"), f"{param}.refusal")
-    raise unsupported("Content parts", kind, f"{param}.type")
+def inherited_items(context: list[dict[str, Any]]) -> list[Sent]:
+    """The stored context of `previous_response_id`, typed again."""
+    try:
+        return _ITEMS.validate_python(context)
+    except ValidationError:
+        raise invalid("'previous_response_id' names a response whose items cannot be read.",
+                      "previous_response_id") from None
 
 
-def _content(value: Any, param: str) -> str:
-    if isinstance(value, str):
-        return value
-    parts = list_value(value, param, allow_empty=True)
-    return "\n".join(_part_text(p, f"{param}[{j}]") for j, p in enumerate(parts))
-
-
-def chat_messages(items: list[dict[str, Any]], first_index: int) -> list[dict[str, Any]]:
-    """Input items -> chat messages: consecutive function calls join the assistant message before
-    them (text, then calls, as a chat assistant turn holds them). `first_index`: the place of
-    items[0] in the request's `input` (negative for inherited items), for error messages."""
-    messages: list[dict[str, Any]] = []
-    for i, item in enumerate(items):
-        param = f"input[{i + first_index}]" if i + first_index >= 0 else "previous_response_id"
-        kind = item["type"]
-        if kind == "message":
-            messages.append({"role": item["role"], "content": _content(item.get("content"), f"{param}.content")})
-        elif kind == "function_call":
-            name = str_value(item.get("name"), f"{param}.name")
-            if item.get("namespace") is not None:
-                name = qualified_name(str_value(item["namespace"], f"{param}.namespace"), name)
-            call = {"id": str_value(item.get("call_id"), f"{param}.call_id"), "type": "function",
-                    "function": {"name": name,
-                                 "arguments": str_value(item.get("arguments", "{}"), f"{param}.arguments")}}
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "reasoning":  # an earlier turn's thinking: not part of the prompt
-            list_value(item.get("summary", []), f"{param}.summary", allow_empty=True)
-        elif kind == "function_call_output":
-            messages.append({"role": "tool", "tool_call_id": str_value(item.get("call_id"), f"{param}.call_id"),
-                             "content": _content(item.get("output"), f"{param}.output")})
-        else:
-            raise unsupported("Input items", kind, f"{param}.type")
-    return messages
-
-
-# ------------------------------------------------------------------ tools and formats
+def _text(content: str | list[Sent]) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(part.text if isinstance(part, TextPart) else part.refusal for part in content)
 
 
 def qualified_name(namespace: str, name: str) -> str:
     return f"{namespace}{_NAMESPACE_JOIN}{name}"
 
 
-def namespaced_names(tools: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
-    """The model's name of each function in a namespace of a request's (checked) `tools` -> (namespace, name)."""
-    return {qualified_name(tool["name"], inner["name"]): (tool["name"], inner["name"])
-            for tool in tools if tool.get("type") == "namespace" for inner in tool["tools"]}
+def chat_messages(items: list[Sent]) -> list[pb.ChatMessage]:
+    """Input items -> chat messages: consecutive function calls join the assistant message before them."""
+    messages: list[pb.ChatMessage] = []
+    for item in items:
+        if isinstance(item, MessageItem):
+            messages.append(pb.ChatMessage(role=item.role, content=_text(item.content)))
+        elif isinstance(item, FunctionCallItem):
+            name = item.name if item.namespace is None else qualified_name(item.namespace, item.name)
+            call = pb.ToolCall(id=item.call_id, name=name, arguments=item.arguments)
+            if messages and messages[-1].role == "assistant":
+                messages[-1].tool_calls.append(call)
+            else:
+                messages.append(pb.ChatMessage(role="assistant", tool_calls=[call]))
+        elif isinstance(item, FunctionCallOutputItem):
+            messages.append(pb.ChatMessage(role="tool", tool_call_id=item.call_id, content=_text(item.output)))
+    return messages
 
 
-def _chat_function(tool: dict[str, Any], param: str, namespace: dict[str, Any] | None = None) -> dict[str, Any]:
-    if tool.get("type") != "function":
-        raise unsupported("Tools", tool.get("type"), f"{param}.type")
-    if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
-        raise invalid(f"'{param}.strict' must be a boolean.", f"{param}.strict")
-    function = {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None}
+# ------------------------------------------------------------------ tools, tool choice, format
+
+
+def _function(tool: FunctionTool, param: str, namespace: NamespaceTool | None = None) -> pb.Tool:
+    name, description = tool.name, tool.description or ""
     if namespace is not None:
-        name = str_value(tool.get("name"), f"{param}.name", allow_empty=False)
-        function["name"] = qualified_name(namespace["name"], name)
-        if namespace.get("description"):
-            lead = f"({namespace['name']}: {namespace['description']})"
-            function["description"] = f"{lead} {tool.get('description') or ''}".strip()
-    return {"type": "function", "function": function}
+        name = qualified_name(namespace.name, name)
+        if namespace.description:
+            description = f"({namespace.name}: {namespace.description}) {description}".strip()
+    if namespace is not None and not TOOL_NAME.match(name):  # a function's own name: checked in protocol.py
+        raise invalid(f"'{param}.name' must match ^[a-zA-Z0-9_-]{{1,64}}$, got {json.dumps(name)}.", f"{param}.name")
+    schema = "" if tool.parameters is None else schema_text(tool.parameters)
+    return pb.Tool(name=name, description=description, parameters_json=schema)
 
 
-def chat_tools(value: Any) -> tuple[list[dict[str, Any]], list[str]]:
-    """(chat tools, the hosted tool types not offered): functions, and the functions of namespaces, as
-    chat tools; web search left out; any other tool type refused, named."""
-    tools, not_offered = [], []
-    for k, tool in enumerate(list_value(value, "tools", allow_empty=True)):
-        param = f"tools[{k}]"
-        tool = dict_value(tool, param)
-        if tool.get("type") in NOT_OFFERED_TOOLS:
-            not_offered.append(tool["type"])
-        elif tool.get("type") == "namespace":
-            str_value(tool.get("name"), f"{param}.name", allow_empty=False)
-            str_value(tool.get("description") or "", f"{param}.description")
-            inner = list_value(tool.get("tools"), f"{param}.tools")
-            tools += [_chat_function(dict_value(t, f"{param}.tools[{j}]"), f"{param}.tools[{j}]", tool)
-                      for j, t in enumerate(inner)]
-        else:
-            tools.append(_chat_function(tool, param))
-    names = [t["function"].get("name") for t in tools]
-    if len(set(names)) < len(names):
+def offered_tools(tools: list[Sent]) -> Tools:
+    """Functions, and the functions of namespaces, offered; web search left out; other types refused."""
+    out = Tools()
+    for k, tool in enumerate(tools):
+        if isinstance(tool, HostedTool):
+            out.not_offered.append(tool.type)
+            continue
+        grouped = tool.tools if isinstance(tool, NamespaceTool) else [tool]
+        for j, function in enumerate(grouped):
+            param = f"tools[{k}].tools[{j}]" if isinstance(tool, NamespaceTool) else f"tools[{k}]"
+            out.offered.append(_function(function, param, tool if isinstance(tool, NamespaceTool) else None))
+            out.paths.append(param)
+            if isinstance(tool, NamespaceTool):
+                out.namespaced[out.offered[-1].name] = (tool.name, function.name)
+    if len({t.name for t in out.offered}) < len(out.offered):
         raise invalid("'tools' names a function twice (a namespace's functions are named NAMESPACE__NAME).", "tools")
-    return tools, not_offered
+    return out
 
 
-def chat_tool_choice(value: Any, tools: list[dict[str, Any]]) -> tuple[Any, list[dict[str, Any]]]:
-    """(the chat tool_choice, the tools offered to the model): `allowed_tools` narrows the tools."""
-    if value is None or isinstance(value, str):
-        return value, tools
-    choice = dict_value(value, "tool_choice")
-    kind = choice.get("type")
-    if kind == "function":
-        return {"type": "function", "function": {"name": str_value(choice.get("name"), "tool_choice.name")}}, tools
-    if kind == "allowed_tools":
-        mode = choice.get("mode", "auto")
-        if mode not in ("auto", "required"):
-            raise invalid(f"'tool_choice.mode' must be 'auto' or 'required', got {json.dumps(mode)}.", "tool_choice.mode")
-        names = set()
-        for j, allowed in enumerate(list_value(choice.get("tools"), "tool_choice.tools", allow_empty=True)):
-            allowed = dict_value(allowed, f"tool_choice.tools[{j}]")
-            if allowed.get("type") != "function":
-                raise unsupported("Tools", allowed.get("type"), f"tool_choice.tools[{j}].type")
-            names.add(str_value(allowed.get("name"), f"tool_choice.tools[{j}].name"))
-        known = {t["function"].get("name") for t in tools}
-        if names - known:
-            raise invalid(f"'tool_choice.tools' names tools not in 'tools': {', '.join(sorted(names - known))}.",
+def chosen_tools(choice: Any, offered: list[pb.Tool]) -> tuple[pb.ToolChoice, list[pb.Tool]]:
+    """(the engine's tool choice, the tools offered): `allowed_tools` narrows the tools."""
+    if isinstance(choice, FunctionChoice):
+        return tool_choice(None, choice.name, offered), offered
+    if isinstance(choice, AllowedTools):
+        wanted, names = {allowed.name for allowed in choice.tools}, {t.name for t in offered}
+        if wanted - names:
+            raise invalid(f"'tool_choice.tools' names tools not in 'tools': {', '.join(sorted(wanted - names))}.",
                           "tool_choice.tools")
-        return mode, [t for t in tools if t["function"].get("name") in names]
-    raise unsupported("Tool choices", kind, "tool_choice.type")
+        choice, offered = choice.mode, [t for t in offered if t.name in wanted]
+    return tool_choice(choice, None, offered), offered
 
 
-def response_format(text: Any) -> dict[str, Any] | None:
-    """`text.format` -> the chat `response_format` (flat json_schema -> nested)."""
-    if text is None:
+def constraint(request: ResponseRequest) -> pb.Constraint | None:
+    fmt = request.text.format if request.text is not None else None
+    if fmt is None or fmt.type == "text":
         return None
-    fmt = dict_value(text, "text").get("format")
-    if fmt is None:
-        return None
-    fmt = dict_value(fmt, "text.format")
-    if fmt.get("type") == "json_schema":
-        spec = {key: fmt[key] for key in ("name", "schema", "strict", "description") if key in fmt}
-        return {"type": "json_schema", "json_schema": spec}
-    return fmt
-
-
-def _metadata(value: Any) -> dict[str, str] | None:
-    if value is None:
-        return None
-    metadata = dict_value(value, "metadata")
-    if len(metadata) > METADATA_MAX_KEYS:
-        raise invalid(f"'metadata' may hold at most {METADATA_MAX_KEYS} keys, got {len(metadata)}.", "metadata")
-    for key, item in metadata.items():
-        if len(key) > METADATA_MAX_KEY_CHARS:
-            raise invalid(f"'metadata' keys may be at most {METADATA_MAX_KEY_CHARS} characters.", "metadata")
-        if not isinstance(item, str) or len(item) > METADATA_MAX_VALUE_CHARS:
-            raise invalid(f"'metadata' values must be strings of at most {METADATA_MAX_VALUE_CHARS} characters.",
-                          "metadata")
-    return metadata
-
-
-def _include(value: Any) -> list[str]:
-    include = list_value(value, "include", allow_empty=True) if value is not None else []
-    for j, entry in enumerate(include):
-        str_value(entry, f"include[{j}]")
-    return include
-
-
-# ------------------------------------------------------------------ error names
-
-# Chat names in parse_chat's (and the engine's) errors -> the Responses field the user sent.
-_RENAMES = (
-    (re.compile(r"^messages(\[\d+\])?.*"), "input"),
-    (re.compile(r"^tools\[(\d+)\]\.function\.(\w+)"), r"tools[\1].\2"),
-    (re.compile(r"^tool_choice\.function\.name"), "tool_choice.name"),
-    (re.compile(r"^response_format(\.json_schema)?"), "text.format"),
-    (re.compile(r"^(max_completion_tokens|max_tokens)$"), "max_output_tokens"),
-    (re.compile(r"^logprobs$"), "include"),
-    (re.compile(r"^reasoning_effort$"), "reasoning.effort"),
-)
-
-
-def responses_param(param: str | None) -> str | None:
-    if not param:
-        return param
-    for pattern, name in _RENAMES:
-        if pattern.match(param):
-            return pattern.sub(name, param, count=1)
-    return param
-
-
-def renamed(error: APIError) -> APIError:
-    """The error with the Responses name of its parameter, in `param` and in its message."""
-    new = responses_param(error.param)
-    if new != error.param and error.param:
-        error.message = error.message.replace(f"'{error.param}", f"'{new}")
-        error.param = new
-    return error
+    if fmt.type == "json_object" or fmt.schema_ is None:
+        return pb.Constraint(json_object=True)
+    return pb.Constraint(json_schema=schema_text(fmt.schema_))
 
 
 # ------------------------------------------------------------------ the request
 
 
-def parse_responses(body: dict, request_id: str, limits: RequestLimits,
-                    inherited: list[dict[str, Any]] | None = None) -> ResponsesRequest:
-    """Validate a /v1/responses body. `inherited`: the context and output of `previous_response_id`."""
-    if body.get("input") is None:
-        raise invalid("you must provide an input parameter.", "input")
-    new_items = normalize_items(body["input"])
-    context = list(inherited or []) + new_items
-    instructions = body.get("instructions")
-    messages = [] if instructions is None else [{"role": "system", "content": str_value(instructions, "instructions")}]
-    messages += chat_messages(context, -len(inherited or []))
-    include = _include(body.get("include"))
-    logprobs = LOGPROBS_INCLUDE in include
-    tools, not_offered = chat_tools(body["tools"]) if body.get("tools") is not None else ([], [])
-    tool_choice, offered = chat_tool_choice(body.get("tool_choice"), tools)
-    truncation = body.get("truncation") or "disabled"
-    if truncation not in _TRUNCATION:
-        raise invalid(f"'truncation' must be 'auto' or 'disabled', got {json.dumps(truncation)}.", "truncation")
-    store = body.get("store")
-    if store is not None and not isinstance(store, bool):
-        raise invalid("'store' must be a boolean.", "store")
-    metadata = _metadata(body.get("metadata"))
-    if body.get("user") is not None:
-        str_value(body["user"], "user")
-    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages, "stream": body.get("stream")}
-    for key in ("temperature", "top_p", "parallel_tool_calls", *_VENDOR_FIELDS):
-        if body.get(key) is not None:
-            chat[key] = body[key]
-    if offered:
-        chat["tools"] = offered
-    if tool_choice is not None:
-        chat["tool_choice"] = tool_choice
-    if body.get("max_output_tokens") is not None:
-        chat["max_completion_tokens"] = body["max_output_tokens"]
-    reasoning = dict_value(body["reasoning"], "reasoning") if body.get("reasoning") is not None else {}
-    if reasoning.get("effort") is not None:
-        chat["reasoning_effort"] = reasoning["effort"]
-    if (fmt := response_format(body.get("text"))) is not None:
-        chat["response_format"] = fmt
-    if logprobs:
-        chat["logprobs"] = True
-        chat["top_logprobs"] = body.get("top_logprobs") or 0
-    elif body.get("top_logprobs") is not None:
-        chat["top_logprobs"], chat["logprobs"] = body["top_logprobs"], True  # validated; not returned
-    try:
-        plan = parse_chat(chat, request_id, limits)
-    except APIError as error:
-        raise renamed(error) from None
-    for generate in plan.requests:  # `auto`: the engine drops the oldest turns to fit, counting its own prompt
-        generate.drop_oldest_messages = truncation == "auto"
-    echo = {
-        "instructions": instructions,
-        "max_output_tokens": body.get("max_output_tokens"),
-        "metadata": metadata or {},
-        "model": body["model"],
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "previous_response_id": body.get("previous_response_id"),
-        "temperature": body.get("temperature", 1.0),
-        "top_p": body.get("top_p", 1.0),
-        "top_logprobs": body.get("top_logprobs", 0),
-        "tool_choice": body.get("tool_choice", "auto"),
-        "tools": body.get("tools") or [],
-        "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
-        "truncation": truncation,
-        "user": body.get("user"),
-        "store": True if store is None else store,
-        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+def _chat(request: ResponseRequest, items: list[Sent], limits: RequestLimits) -> tuple[pb.ChatInput, Tools]:
+    messages = [] if request.instructions is None else [pb.ChatMessage(role="system", content=request.instructions)]
+    messages += chat_messages(items)
+    if len(messages) > limits.max_messages:
+        raise invalid(f"'input' may hold at most {limits.max_messages} messages on this server, got {len(messages)}.",
+                      "input")
+    tools = offered_tools(request.tools or [])
+    choice, tools.offered = chosen_tools(request.tool_choice, tools.offered)
+    check_prompt_chars(chat_prompt_chars(messages, tools.offered), "input", limits)
+    chat = pb.ChatInput(messages=messages, tools=tools.offered, tool_choice=choice)
+    if request.parallel_tool_calls is not None:
+        chat.parallel_tool_calls = request.parallel_tool_calls
+    reasoning_options(chat, request.reasoning and request.reasoning.effort, request.chat_template_kwargs)
+    return chat, tools
+
+
+def _echo(request: ResponseRequest) -> dict[str, Any]:
+    """The request's settings as the response object repeats them (OpenAI's defaults where unset)."""
+    reasoning, fmt = request.reasoning, request.text.format if request.text is not None else None
+    choice = request.tool_choice
+    return {
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "metadata": request.metadata or {},
+        "model": request.model,
+        "parallel_tool_calls": request.parallel_tool_calls is not False,
+        "previous_response_id": request.previous_response_id,
+        "temperature": 1.0 if request.temperature is None else request.temperature,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "top_logprobs": request.top_logprobs or 0,
+        "tool_choice": choice.as_sent() if isinstance(choice, Sent) else choice or "auto",
+        "tools": [tool.as_sent() for tool in request.tools or []],
+        "text": {"format": fmt.as_sent() if fmt is not None else {"type": "text"}},
+        "truncation": request.truncation or "disabled",
+        "user": request.user,
+        "store": request.store is not False,
+        "reasoning": {"effort": reasoning and reasoning.effort, "summary": reasoning and reasoning.summary},
         "background": False,
         "service_tier": "default",
     }
-    return ResponsesRequest(plan, context, echo, plan.stream, echo["store"], logprobs, not_offered)
+
+
+def build_request(request: ResponseRequest, request_id: str, limits: RequestLimits,
+                  inherited: list[dict[str, Any]] | None = None) -> ResponsesRequest:
+    """The engine request of a validated body. `inherited`: the context and output of `previous_response_id`."""
+    new = [] if isinstance(request.input, str) else request.input
+    if isinstance(request.input, str):
+        new = [MessageItem(role="user", content=request.input)]
+    context = inherited_items(inherited or []) + new
+    chat, tools = _chat(request, context, limits)
+    logprobs = LOGPROBS_INCLUDE in (request.include or [])
+    generate = pb.GenerateRequest(
+        request_id=request_id, model=request.model, chat=chat, n=1, sampling=sampling_params(request),
+        stopping=stopping_params(request, request.max_output_tokens or limits.max_tokens), logprobs=logprobs,
+        top_logprobs=request.top_logprobs or 0 if logprobs else 0, drop_oldest_messages=request.truncation == "auto")
+    if request.max_reasoning_tokens is not None:
+        generate.max_reasoning_tokens = request.max_reasoning_tokens
+    if (answer_format := constraint(request)) is not None:
+        generate.constraint.CopyFrom(answer_format)
+    stored = list(inherited or []) + [stored_item(item) for item in new]
+    return ResponsesRequest(request.model, generate, stored, _echo(request), bool(request.stream),
+                            request.store is not False, logprobs, tools)

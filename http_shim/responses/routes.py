@@ -8,6 +8,7 @@ flight are known to this process only (for GET and cancel), as the store is this
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -18,16 +19,17 @@ from .. import sse
 from ..context import ShimContext
 from ..engine_stream import EngineStream
 from ..errors import APIError, invalid
+from ..protocol.base import parse
 from ..web import json_response, read_body, request_id
 from .events import CANCELLED_CODE, ResponseEvents, replay
-from .objects import ResponseSkeleton, output_items, status_of, usage_object
-from .request import ResponsesRequest, new_id, parse_responses, renamed
-from .store import ResponseStore
+from .objects import ResponseSkeleton, new_id, output_items, status_of, usage_object
+from .protocol import MAX_LIST_LIMIT, ResponseRequest
+from .request import ResponsesRequest, build_request
+from .store import ResponseStore, StoredResponse
 
 log = logging.getLogger("http_shim")
 RESPONSES_ROUTE = "/v1/responses"
 NOT_OFFERED_HEADER = "Conduit-Tools-Not-Offered"  # hosted tool types accepted and not offered (request.py)
-MAX_LIST_LIMIT = 100
 
 
 @dataclass
@@ -40,77 +42,85 @@ def _not_found(response_id: str, param: str | None = None) -> APIError:
     return APIError(404, f"Response with id '{response_id}' not found.", "invalid_request_error", param, None)
 
 
-def register_responses(app: Flask, ctx: ShimContext, store: ResponseStore | None) -> None:
-    """`store` None: nothing is kept (every `store: true` answer is forgotten, chains are refused)."""
-    in_flight: dict[str, _InFlight] = {}
+def _add_header(name: str, value: str) -> None:
+    """A header on this request's answer, whichever way it is answered."""
+    def add(answer: Response) -> Response:
+        answer.headers[name] = value
+        return answer
+    after_this_request(add)
 
-    def stored(response_id: str, param: str | None = None):
-        found = store.get(response_id) if store is not None else None
+
+class ResponsesRoutes:
+    """The routes' state: the store (None: nothing is kept, every `store: true` answer is forgotten and
+    chains are refused) and the responses in flight in this process (for GET and cancel)."""
+
+    def __init__(self, ctx: ShimContext, store: ResponseStore | None) -> None:
+        self.ctx = ctx
+        self.store = store
+        self.in_flight: dict[str, _InFlight] = {}
+
+    def stored(self, response_id: str, param: str | None = None) -> StoredResponse:
+        found = self.store.get(response_id) if self.store is not None else None
         if found is None:
             raise _not_found(response_id, param)
         return found
 
-    @app.post(RESPONSES_ROUTE)
-    def create_response() -> Response:
-        body = read_body()
+    def create_response(self) -> Response:
+        request = parse(ResponseRequest, read_body(), limits=self.ctx.limits)
         inherited: list[dict[str, Any]] = []
-        previous = body.get("previous_response_id")
-        if previous is not None:
-            if not isinstance(previous, str):
-                raise invalid("'previous_response_id' must be a string.", "previous_response_id")
-            prior = stored(previous, "previous_response_id")
+        if request.previous_response_id is not None:
+            prior = self.stored(request.previous_response_id, "previous_response_id")
             inherited = prior.context + prior.response["output"]
-        parsed = parse_responses(body, request_id(), ctx.limits, inherited)
-        if parsed.not_offered:
-            @after_this_request
-            def name_not_offered(answer: Response) -> Response:
-                answer.headers[NOT_OFFERED_HEADER] = ", ".join(parsed.not_offered)
-                return answer
+        parsed = build_request(request, request_id(), self.ctx.limits, inherited)
+        if parsed.tools.not_offered:
+            _add_header(NOT_OFFERED_HEADER, ", ".join(parsed.tools.not_offered))
         try:
-            model, stream = ctx.relay.open(parsed.plan.model, parsed.plan.requests)
+            model, stream = self.ctx.relay.open(parsed.model, [parsed.generate])
         except APIError as error:
-            raise renamed(error) from None
-        response_id = new_id("resp")
-        skeleton = ResponseSkeleton(response_id, model, parsed.echo)
-
-        def keep(response: dict[str, Any]) -> None:
-            in_flight.pop(response_id, None)
-            if parsed.store and store is not None:
-                store.put(response, parsed.context)
-
-        in_flight[response_id] = _InFlight(stream, skeleton)
-        if parsed.stream:
-            try:
-                answer = ctx.relay.sse(stream, lambda: ResponseEvents(skeleton, parsed.logprobs, keep))
-            except APIError as error:
-                in_flight.pop(response_id, None)
-                raise renamed(error) from None
-            answer.call_on_close(lambda: in_flight.pop(response_id, None))
-            return answer
+            raise parsed.engine_error(error) from None
+        skeleton = ResponseSkeleton(new_id("resp"), model, parsed.echo, parsed.tools.namespaced)
+        self.in_flight[skeleton.id] = _InFlight(stream, skeleton)
         try:
-            collected = ctx.relay.collect(stream)
+            return self._streamed(parsed, stream, skeleton) if parsed.stream else self._whole(parsed, stream, skeleton)
         except APIError as error:
-            in_flight.pop(response_id, None)
+            self.in_flight.pop(skeleton.id, None)
+            raise parsed.engine_error(error) from None
+
+    def _keep(self, parsed: ResponsesRequest, response: dict[str, Any]) -> None:
+        """A finished response: out of the in-flight table, into the store when asked."""
+        self.in_flight.pop(response["id"], None)
+        if parsed.store and self.store is not None:
+            self.store.put(response, parsed.context)
+
+    def _streamed(self, parsed: ResponsesRequest, stream: EngineStream, skeleton: ResponseSkeleton) -> Response:
+        keep = functools.partial(self._keep, parsed)
+        answer = self.ctx.relay.sse(stream, lambda: ResponseEvents(skeleton, parsed.logprobs, keep,
+                                                                    parsed.engine_error))
+        answer.call_on_close(lambda: self.in_flight.pop(skeleton.id, None))
+        return answer
+
+    def _whole(self, parsed: ResponsesRequest, stream: EngineStream, skeleton: ResponseSkeleton) -> Response:
+        try:
+            collected = self.ctx.relay.collect(stream)
+        except APIError as error:
             if error.code != CANCELLED_CODE:
-                raise renamed(error) from None
-            cancelled = skeleton.build("cancelled", [])
-            keep(cancelled)
-            return json_response(cancelled)
-        in_flight.pop(response_id, None)
-        if collected is None:
-            return Response(status=499)
-        choice = collected.ranked(0, 1, 1)[0]
-        response = skeleton.build(status_of(choice.finish_reason), output_items(choice, parsed.logprobs, skeleton),
-                                  usage_object(collected.usage()))
-        keep(response)
+                raise
+            collected, response = None, skeleton.build("cancelled", [])
+        else:
+            if collected is None:
+                self.in_flight.pop(skeleton.id, None)
+                return Response(status=499)
+            choice = collected.ranked(0, 1, 1)[0]
+            response = skeleton.build(status_of(choice.finish_reason),
+                                      output_items(choice, parsed.logprobs, skeleton), usage_object(collected.usage()))
+        self._keep(parsed, response)
         return json_response(response)
 
-    @app.get(f"{RESPONSES_ROUTE}/<response_id>")
-    def get_response(response_id: str) -> Response:
-        if response_id in in_flight:
-            response = in_flight[response_id].skeleton.build("in_progress", [])
+    def get_response(self, response_id: str) -> Response:
+        if response_id in self.in_flight:
+            response = self.in_flight[response_id].skeleton.build("in_progress", [])
         else:
-            response = stored(response_id).response
+            response = self.stored(response_id).response
         if request.args.get("stream", "false").lower() != "true":
             return json_response(response)
         after = request.args.get("starting_after", "-1")
@@ -120,15 +130,13 @@ def register_responses(app: Flask, ctx: ShimContext, store: ResponseStore | None
         body = b"".join(e for k, e in enumerate(events) if k > int(after))
         return Response(body, 200, sse.HEADERS, content_type=sse.CONTENT_TYPE)
 
-    @app.delete(f"{RESPONSES_ROUTE}/<response_id>")
-    def delete_response(response_id: str) -> Response:
-        if store is None or not store.delete(response_id):
+    def delete_response(self, response_id: str) -> Response:
+        if self.store is None or not self.store.delete(response_id):
             raise _not_found(response_id)
         return json_response({"id": response_id, "object": "response", "deleted": True})
 
-    @app.get(f"{RESPONSES_ROUTE}/<response_id>/input_items")
-    def list_input_items(response_id: str) -> Response:
-        items = stored(response_id).context
+    def list_input_items(self, response_id: str) -> Response:
+        items = self.stored(response_id).context
         order = request.args.get("order", "desc")
         if order not in ("asc", "desc"):
             raise invalid(f"'order' must be 'asc' or 'desc', got '{order}'.", "order")
@@ -144,16 +152,24 @@ def register_responses(app: Flask, ctx: ShimContext, store: ResponseStore | None
             ordered = ordered[ids.index(after) + 1:]
         page = ordered[: int(limit_text)]
         return json_response({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                        "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > len(page)})
+                              "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > len(page)})
 
-    @app.post(f"{RESPONSES_ROUTE}/<response_id>/cancel")
-    def cancel_response(response_id: str) -> Response:
-        running = in_flight.pop(response_id, None)
+    def cancel_response(self, response_id: str) -> Response:
+        running = self.in_flight.pop(response_id, None)
         if running is None:
-            status = stored(response_id).response["status"]
+            status = self.stored(response_id).response["status"]
             raise invalid(f"Cannot cancel response '{response_id}': only a response in progress can be cancelled; "
                           f"this one is {status}.", None, "invalid_response_status")
         running.stream.interrupt(APIError(499, "The response was cancelled.", "invalid_request_error", None,
                                           CANCELLED_CODE))
         log.info("response %s cancelled", response_id)
         return json_response(running.skeleton.build("cancelled", []))
+
+
+def register_responses(app: Flask, ctx: ShimContext, store: ResponseStore | None) -> None:
+    routes = ResponsesRoutes(ctx, store)
+    app.post(RESPONSES_ROUTE)(routes.create_response)
+    app.get(f"{RESPONSES_ROUTE}/<response_id>")(routes.get_response)
+    app.delete(f"{RESPONSES_ROUTE}/<response_id>")(routes.delete_response)
+    app.get(f"{RESPONSES_ROUTE}/<response_id>/input_items")(routes.list_input_items)
+    app.post(f"{RESPONSES_ROUTE}/<response_id>/cancel")(routes.cancel_response)

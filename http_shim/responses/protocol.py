@@ -1,0 +1,284 @@
+"""A /v1/responses body, typed: its validation and its part of /openapi.json come from these models.
+
+Items, content parts, tools and tool choices are chosen by their `type` (the base's `by_type`); a type
+this server does not serve (image parts, hosted tools' calls, file search...) is refused, named, as
+`Unsupported`. Items, parts and tools keep every field they were sent with (`as_sent`), as the store and
+the response's echo repeat them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Union
+
+from pydantic import ConfigDict, Field, PlainValidator, TypeAdapter, ValidationInfo, WithJsonSchema, model_validator
+
+from clients.request_builder import TOOL_CHOICE_MODES
+from conduit.v1.contract import MAX_TOP_LOGPROBS
+
+from ..protocol.base import UINT32_MAX, ApiModel, Bool, Cap, Count, ModelId, NonEmptyStr, Object, Str, by_type, \
+    fail, got, int_in, one_of, text_or
+from ..protocol.chat import ReasoningEffort, ToolName, schema_text
+from ..protocol.openapi import ApiPart, Operation, error_responses, ref
+from ..protocol.sampling import SamplingFields, StoppingFields
+
+# Hosted tools accepted and not offered to the model (request.py's docstring says why).
+NOT_OFFERED_TOOLS = ("web_search", "web_search_preview")
+TEXT_PARTS = ("input_text", "output_text", "text")
+MAX_LIST_LIMIT = 100  # input items listed per page
+METADATA_MAX_KEYS, METADATA_MAX_KEY_CHARS, METADATA_MAX_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
+
+
+class Sent(ApiModel):
+    """A part of the request kept as sent (stored, echoed): fields this server does not read stay."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def as_sent(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+class Unsupported(Sent):
+    """A type this server does not serve (`what`: the kind of thing), refused naming it."""
+
+    what: ClassVar[str]
+    type: Any = None
+
+    @model_validator(mode="after")
+    def _refuse(self) -> Unsupported:
+        raise fail(self.what + " of type {got} are not supported by this server.", field="type",
+                   code="unsupported_value", got=got(self.type))
+
+
+def unsupported(what: str) -> type[Unsupported]:
+    return type(f"Unsupported{what.title().replace(' ', '')}", (Unsupported,), {"what": what})
+
+
+UnsupportedItem, UnsupportedPart = unsupported("Input items"), unsupported("Content parts")
+UnsupportedTool, UnsupportedChoice = unsupported("Tools"), unsupported("Tool choices")
+
+
+def _checked_schema(value: Any) -> Any:
+    schema_text(value)
+    return value  # as sent: the echo repeats it
+
+
+JsonSchema = Annotated[Any, PlainValidator(_checked_schema), WithJsonSchema({"type": "object",
+                                                                             "description": "a JSON Schema"})]
+
+
+def _metadata(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise fail("'{param}' must be an object.")
+    if len(value) > METADATA_MAX_KEYS:
+        raise fail("'{param}' may hold at most {cap} keys, got {got}.", cap=METADATA_MAX_KEYS, got=len(value))
+    if any(len(key) > METADATA_MAX_KEY_CHARS for key in value):
+        raise fail("'{param}' keys may be at most {cap} characters.", cap=METADATA_MAX_KEY_CHARS)
+    if not all(isinstance(v, str) and len(v) <= METADATA_MAX_VALUE_CHARS for v in value.values()):
+        raise fail("'{param}' values must be strings of at most {cap} characters.", cap=METADATA_MAX_VALUE_CHARS)
+    return value
+
+
+Metadata = Annotated[dict[str, str], PlainValidator(_metadata), WithJsonSchema({
+    "type": "object", "maxProperties": METADATA_MAX_KEYS,
+    "additionalProperties": {"type": "string", "maxLength": METADATA_MAX_VALUE_CHARS}})]
+
+
+# ------------------------------------------------------------------ input items
+
+
+class TextPart(Sent):
+    type: one_of(*TEXT_PARTS)
+    text: Str
+
+
+class RefusalPart(Sent):
+    type: one_of("refusal")
+    refusal: Str
+
+
+Content = text_or(by_type({**dict.fromkeys(TEXT_PARTS, TextPart), "refusal": RefusalPart}, UnsupportedPart),
+                  items="content parts")
+
+
+class MessageItem(Sent):
+    type: one_of("message") = "message"
+    role: one_of("user", "assistant", "system", "developer")
+    content: Content
+
+
+class FunctionCallItem(Sent):
+    type: one_of("function_call")
+    call_id: Str
+    name: NonEmptyStr
+    namespace: Str | None = None  # the call of a function in a namespace
+    arguments: Str = "{}"
+
+
+class FunctionCallOutputItem(Sent):
+    type: one_of("function_call_output")
+    call_id: NonEmptyStr
+    output: Content
+
+
+class ReasoningItem(Sent):
+    """An earlier turn's thinking, given back: accepted, left out of the prompt."""
+
+    type: one_of("reasoning")
+    summary: list[Any] = []
+
+
+InputItem = by_type({"message": MessageItem, "function_call": FunctionCallItem,
+                     "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem},
+                    UnsupportedItem, default="message")
+
+
+# ------------------------------------------------------------------ tools, tool choice, format
+
+
+class FunctionTool(Sent):
+    type: one_of("function")
+    name: ToolName
+    description: Str | None = None
+    parameters: JsonSchema | None = None
+    strict: Bool | None = None
+
+
+class NamespaceTool(Sent):
+    """Functions grouped under one name (Codex's sub-agent tools), offered as NAMESPACE__NAME."""
+
+    type: one_of("namespace")
+    name: NonEmptyStr
+    description: Str | None = None
+    tools: Annotated[list[by_type({"function": FunctionTool}, UnsupportedTool)], Field(min_length=1)]
+
+
+class HostedTool(Sent):
+    """Web search: accepted, not offered to the model."""
+
+    type: one_of(*NOT_OFFERED_TOOLS)
+
+
+Tool = by_type({"function": FunctionTool, "namespace": NamespaceTool, **dict.fromkeys(NOT_OFFERED_TOOLS, HostedTool)},
+               UnsupportedTool)
+
+
+class FunctionChoice(Sent):
+    """A named function: forced in `tool_choice`, allowed in `allowed_tools`."""
+
+    type: one_of("function")
+    name: Str
+
+
+class AllowedTools(Sent):
+    type: one_of("allowed_tools")
+    mode: one_of("auto", "required") = "auto"
+    tools: list[by_type({"function": FunctionChoice}, UnsupportedTool)]
+
+
+_CHOICE = TypeAdapter(by_type({"function": FunctionChoice, "allowed_tools": AllowedTools}, UnsupportedChoice))
+
+
+def _tool_choice(value: Any, info: ValidationInfo) -> str | Sent:
+    if isinstance(value, str) and value not in TOOL_CHOICE_MODES:
+        raise fail("'{param}' must be 'none', 'auto', 'required' or an object, got {got}.", got=got(value))
+    return value if isinstance(value, str) else _CHOICE.validate_python(value, context=info.context)
+
+
+ToolChoice = Annotated[Any, PlainValidator(_tool_choice, json_schema_input_type=Union[
+    one_of(*TOOL_CHOICE_MODES), FunctionChoice, AllowedTools])]
+
+
+class TextFormat(Sent):
+    type: one_of("text", "json_object", "json_schema")
+    name: Str | None = None
+    schema_: JsonSchema | None = Field(None, alias="schema")
+    strict: Bool | None = None
+    description: Str | None = None
+
+
+class TextOptions(Sent):
+    format: TextFormat | None = None
+
+
+class Reasoning(Sent):
+    effort: ReasoningEffort | None = None
+    summary: Str | None = None
+
+
+# ------------------------------------------------------------------ the request
+
+
+class ResponseRequest(SamplingFields, StoppingFields):
+    """POST /v1/responses. Unknown top-level fields are tolerated (`service_tier`, `prompt_cache_key`,
+    Codex's `client_metadata`...)."""
+
+    model: ModelId
+    input: text_or(InputItem, items="input items")
+    instructions: Str | None = None
+    previous_response_id: Str | None = None
+    store: Bool | None = None
+    stream: Bool | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: Bool | None = None
+    text: TextOptions | None = None
+    reasoning: Reasoning | None = None
+    max_output_tokens: Annotated[int_in(1, UINT32_MAX), Cap("max_tokens")] | None = None
+    top_logprobs: int_in(0, MAX_TOP_LOGPROBS) | None = None
+    include: list[Str] | None = None
+    metadata: Metadata | None = None
+    truncation: one_of("disabled", "auto") | None = None
+    user: Str | None = None
+    chat_template_kwargs: Object | None = None  # vendor fields, as the chat route reads them
+    max_reasoning_tokens: Count | None = None
+
+
+# ------------------------------------------------------------------ /openapi.json
+
+_RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _answer(schema: str, *errors: int, events: bool = False) -> dict[str, Any]:
+    content: dict[str, Any] = {"application/json": {"schema": ref(schema)}}
+    if events:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    return {"200": {"description": "the answer", "content": content}, **error_responses(*errors)}
+
+
+RESPONSES_API = ApiPart(
+    operations=[Operation("/v1/responses", "Create a response (OpenAI Responses API)", ResponseRequest, "Response",
+                          streams="its events (event: = data.type)")],
+    paths={
+        "/v1/responses/{response_id}": {
+            "get": {"summary": "A stored (or running) response; stream=true replays its events",
+                    "parameters": [_RESPONSE_ID, {"name": "stream", "in": "query", "schema": {"type": "boolean"}}],
+                    "responses": _answer("Response", 400, 401, 404, events=True)},
+            "delete": {"summary": "Delete a stored response", "parameters": [_RESPONSE_ID],
+                       "responses": {"200": {"description": "deleted"}, **error_responses(401, 404)}}},
+        "/v1/responses/{response_id}/input_items": {"get": {
+            "summary": "The input items a stored response was generated from (inherited ones included)",
+            "parameters": [_RESPONSE_ID,
+                           {"name": "limit", "in": "query",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT}},
+                           {"name": "order", "in": "query", "schema": {"type": "string", "enum": ["asc", "desc"]}},
+                           {"name": "after", "in": "query", "schema": {"type": "string"}}],
+            "responses": _answer("ResponseInputItems", 400, 401, 404)}},
+        "/v1/responses/{response_id}/cancel": {"post": {
+            "summary": "Cancel a response in flight on this server (400 once it finished)",
+            "parameters": [_RESPONSE_ID],
+            "responses": _answer("Response", 400, 401, 404)}},
+    },
+    schemas={
+        "Response": {"type": "object", "required": ["id", "object", "created_at", "status", "output", "model"],
+                     "properties": {
+                         "id": {"type": "string"}, "object": {"type": "string", "enum": ["response"]},
+                         "created_at": {"type": "integer"}, "model": {"type": "string"},
+                         "status": {"type": "string",
+                                    "enum": ["completed", "incomplete", "failed", "cancelled", "in_progress"]},
+                         "output": {"type": "array", "items": {"type": "object"}},
+                         "usage": {"type": "object", "nullable": True}}},
+        "ResponseInputItems": {"type": "object", "properties": {
+            "object": {"type": "string"}, "data": {"type": "array", "items": {"type": "object"}},
+            "has_more": {"type": "boolean"}}},
+    },
+)
