@@ -5,12 +5,16 @@ from __future__ import annotations
 import ast
 import asyncio
 import atexit
+import contextlib
 import gc
+import io
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
+import tokenize
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,12 +132,18 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def _module_marks(path: Path) -> set[str]:
-    """The names of the marks in a module's top-level `pytestmark = pytest.mark.X` (or a list of them)."""
-    for node in ast.parse(path.read_bytes()).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
-            return {n.attr for n in ast.walk(node.value) if isinstance(n, ast.Attribute)
-                    and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"}
-    return set()
+    """The names of the marks in a module's top-level `pytestmark = pytest.mark.X` (or a list of them).
+    Only that statement is parsed: the whole modules took each worker ~0.25 s of CPU."""
+    source = path.read_text()
+    found = re.search(r"^pytestmark\s*=", source, re.MULTILINE)
+    if found is None:
+        return set()
+    rest = source[found.start():]
+    end_row = next(token.end[0] for token in tokenize.generate_tokens(io.StringIO(rest).readline)
+                   if token.type == tokenize.NEWLINE)  # the statement's end, past its brackets
+    value = ast.parse("\n".join(rest.splitlines()[:end_row])).body[0].value
+    return {n.attr for n in ast.walk(value) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"}
 
 
 def _session_stacks_used(item: pytest.Item) -> set[str]:
@@ -256,18 +266,39 @@ def single_slot_stack() -> Iterator[Stack]:
         yield running
 
 
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch on `count` threads inside the block (a test of thread invariance computes its reference
+    on two: the tests in this process run on one, below)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """For a test running a model in the test process: torch on one thread. Beside the other worker and
     the engines the tests start, torch's thread pool waits on preempted threads (the default model's
-    comparison in test_lean_llama.py took 9 to 24 s on two threads, 8.5 s on one). Tests of thread
-    invariance set their own counts."""
-    import torch
+    comparison in test_lean_llama.py took 9 to 24 s on two threads, 8.5 s on one)."""
+    with torch_threads(1):
+        yield
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+
+@pytest.fixture(autouse=True)
+def in_process_engine_on_one_thread(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test marked `in_process_engine` on one torch thread, as one_torch_thread. Their models are
+    tiny, each op a barrier of the thread pool: on a loaded machine test_lean_llama.py took 0.3 s or
+    10 s on two threads, and test_native_kernels.py 3 s or 12 s."""
+    if request.node.get_closest_marker("in_process_engine") is None:
+        yield
+        return
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

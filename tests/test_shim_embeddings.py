@@ -8,11 +8,13 @@ import base64
 import struct
 
 import httpx
-import openai
 import pytest
 
+from common import lazy_module
 from fake_engine import MODEL_ID, start_shim, stop_process
 from http_shim.embeddings.request import openai_param
+
+openai = lazy_module("openai")  # imported by the first test that uses it
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,12 @@ import socket
 import time
 from urllib.parse import urlparse
 
-import openai
 import pytest
 
+from common import lazy_module
 from fake_engine import MODEL_CREATED, MODEL_ID, start_shim, stop_process
+
+openai = lazy_module("openai")  # imported by the first test that uses it
 
 HEARTBEAT_S = 0.3
 
