@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import queue
@@ -350,8 +351,17 @@ def start_shim(
     return process, f"http://127.0.0.1:{match.group(1)}"
 
 
-def stop_process(process: subprocess.Popen) -> None:
+def stop_process(process: subprocess.Popen | forked.ForkedProcess) -> None:
+    """SIGTERM, then its exit (a kill past 10 s). A shim waits up to a second for its idle keep-alive
+    connections to close (http_shim/server.py), and an SDK client a test has dropped holds its own until
+    the garbage collector breaks its reference cycles: a shim still up after a moment gets the young
+    ones collected (~10 ms; a full collection took as long as the wait), not waited for."""
     process.terminate()
+    try:
+        process.wait(timeout=0.1)
+        return
+    except subprocess.TimeoutExpired:
+        gc.collect(1)
     try:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:

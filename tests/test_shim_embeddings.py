@@ -44,6 +44,7 @@ def test_float_and_base64_shapes(shim, http) -> None:
     decoded = sdk.embeddings.create(model=MODEL_ID, input=[[5, 6, 7]])  # the SDK asks for base64 and decodes it
     assert decoded.data[0].embedding == pytest.approx([1.0, 0.3, 0.0, -1.0])
     assert decoded.usage.prompt_tokens == 3
+    sdk.close()  # its connection open, the shim's stop would wait for it
 
 
 @pytest.mark.parametrize("body, param", [
