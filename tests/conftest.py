@@ -104,18 +104,51 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if groups_file and hasattr(config, "workerinput"):
         partial = f"{groups_file}.{config.workerinput['workerid']}"
         Path(partial).write_text(json.dumps(groups))
-        os.replace(partial, groups_file)  # both workers write the same: whole, either one
+        os.replace(partial, groups_file)  # the workers write the same: whole, any one
     yield
     # The order the workers take the selected units (a group, or a module) in: the session stacks'
     # (the longest), then the others that run a model (in file order: a few tests can take long
-    # there), then the rest by their number of tests, the short ones evening out the two workers.
+    # there), then the rest longest first, by their tests' seconds in the last run (DURATIONS_KEY),
+    # the short ones evening out the workers at the end. By their number of tests alone, one-test
+    # modules of 3 to 5 s (a frozen engine, a killed one) came last and held one worker alone.
     def unit(item: pytest.Item) -> str:
         return groups[_module(item)]
 
+    last_run = getattr(config, "workerinput", {}).get(DURATIONS_KEY, {})
     with_model = Counter(unit(item) for item in items if item.get_closest_marker("model"))
-    selected = Counter(unit(item) for item in items)
+    seconds: Counter[str] = Counter()
+    for item in items:
+        seconds[unit(item)] += last_run.get(item.nodeid, UNKNOWN_TEST_S)
     items.sort(key=lambda item: (unit(item) != SESSION_STACKS_GROUP, not with_model[unit(item)],
-                                 0 if with_model[unit(item)] else -selected[unit(item)]))
+                                 0 if with_model[unit(item)] else -seconds[unit(item)]))
+
+
+# Each test's seconds (setup to teardown) in the last run that ran it, in pytest's cache: the
+# controller reads them at start and hands them to the workers, which order the units by them,
+# and keeps this run's at the end. A test never run counts as UNKNOWN_TEST_S (all of them: the order
+# by number of tests).
+DURATIONS_KEY = "conduit/test_seconds"
+UNKNOWN_TEST_S = 0.1
+_this_run_seconds: Counter[str] = Counter()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    cache = getattr(node.config, "cache", None)
+    node.workerinput[DURATIONS_KEY] = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _this_run_seconds[report.nodeid] += report.duration  # the controller's, and the workers' own (unused)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    cache = getattr(session.config, "cache", None)
+    if cache is None or hasattr(session.config, "workerinput") or not _this_run_seconds:
+        return
+    kept = cache.get(DURATIONS_KEY, {})
+    kept.update({nodeid: round(seconds, 3) for nodeid, seconds in _this_run_seconds.items()})
+    cache.set(DURATIONS_KEY, kept)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
