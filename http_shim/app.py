@@ -12,48 +12,43 @@ serve: the Flask app inside the middleware that stamps request ids and records m
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from flask import Flask, Response, current_app, g, request
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from flask import Flask, Response, g, request
+from werkzeug.exceptions import HTTPException
 
 from clients.engine_client import EngineClient
 from clients.errors import ConduitError
-from conduit.v1 import engine_pb2 as pb
-from conduit.v1.contract import REQUEST_ID_METADATA_KEY
 
 from .auth import KeyChecker
-from .connection import ABANDON_BODY_KEY, READ_DONE_KEY, request_timeout_error
+from .connection import ABANDON_BODY_KEY
+from .context import ShimContext
 from .cors import CorsPolicy, install_cors
 from .drain import Drain
 from .embeddings import register_embeddings
 from .errors import APIError, from_engine_error, internal_error_message
+from .limits import DEFAULT_LIMITS, RequestLimits
 from .messages import is_anthropic_request, register_messages
 from .messages.routes import GENERATION_ROUTES as MESSAGES_ROUTES
-from .messages.routes import anthropic_error, model_list, model_object
+from .messages.routes import anthropic_error
 from .metrics import ShimMetrics
 from .models import Connect, ServedModels
-from .observe import REQUEST_ID_KEY, ROUTE_KEY, ObservedApp
-from .openai_to_proto import DEFAULT_LIMITS, GenerationPlan, RequestLimits, check_body, parse_chat, parse_completion
+from .observe import ROUTE_KEY, ObservedApp
+from .openai import GENERATION_ROUTES as OPENAI_ROUTES
+from .openai import register_openai
 from .openapi import openapi_document
 from .playground import playground
-from .proto_to_openai import (ChatStreamTranslator, CompletionStreamTranslator, OpenAIEvents, chat_response,
-                              completion_response)
 from .relay import Relay
 from .responses import RESPONSES_ROUTE, ResponseStore, StoreLimits, default_store_dir, register_responses
 from .routing import RoutingConfig
-from .stream_fold import Collector
+from .service import register_service
+from .web import engine_metadata, json_response, request_id
 
 log = logging.getLogger("http_shim")
 
-# /health must answer a probe quickly, also when the engine does not.
-HEALTH_TIMEOUT_S = 2.0
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 # The shim's channel retries a lost engine at least this often (gRPC's default backoff grows to
 # two minutes), so it serves again within seconds of the engine's return.
@@ -62,7 +57,7 @@ ENGINE_CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
-_GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", RESPONSES_ROUTE, *MESSAGES_ROUTES)
+_GENERATION_ROUTES = (*OPENAI_ROUTES, RESPONSES_ROUTE, *MESSAGES_ROUTES)
 
 
 @dataclass
@@ -101,65 +96,11 @@ def connect_engine(target: str | Sequence[str], server_name: str | None = None) 
     return EngineClient(target, options=ENGINE_CHANNEL_OPTIONS)
 
 
-def _request_id() -> str:
-    return request.environ.get(REQUEST_ID_KEY, "")
-
-
-def _metadata() -> list[tuple[str, str]]:
-    """gRPC metadata of every engine call: the HTTP request's id."""
-    return [(REQUEST_ID_METADATA_KEY, _request_id())]
-
-
-def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(json.dumps(body, ensure_ascii=False), status, headers, mimetype="application/json")
-
-
 def _error(error: APIError) -> Response:
     """In the shape the client's API uses: OpenAI's, or Anthropic's (its routes, its SDKs)."""
     if is_anthropic_request():
-        return anthropic_error(error, _request_id())
-    return _json(error.body(), error.status, error.headers)
-
-
-def _read_body(limit: int) -> bytes:
-    """The request body, refused (413) past `limit` bytes whether Content-Length announced it or
-    not: werkzeug's own reader silently truncates a chunked body at the limit."""
-    length = request.content_length
-    if length is not None and length > limit:
-        raise RequestEntityTooLarge()
-    stream = request.environ["wsgi.input"]  # gevent's: ends at Content-Length, or at a chunked body's end
-    data = bytearray()
-    try:
-        while piece := stream.read(min(64 * 1024, limit + 1 - len(data))):
-            data += piece
-            if len(data) > limit:
-                raise RequestEntityTooLarge()
-    except TimeoutError:  # the server's read timeout (connection.py): a body sent too slowly
-        request.environ[ABANDON_BODY_KEY] = True
-        raise request_timeout_error() from None
-    request.environ.get(READ_DONE_KEY, lambda: None)()
-    return bytes(data)
-
-
-def _body() -> dict:
-    try:
-        body = json.loads(_read_body(current_app.config["MAX_CONTENT_LENGTH"]))
-    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, absurd nesting
-        raise APIError(
-            400, "We could not parse the JSON body of your request.", "invalid_request_error", None, "invalid_json"
-        ) from None
-    g.body = check_body(body)
-    return g.body
-
-
-def _model_object(info: pb.ModelInfo, started: int) -> dict[str, Any]:
-    return {
-        "id": info.id,
-        "object": "model",
-        "created": info.created or started,
-        "owned_by": "conduit",
-        "max_model_len": info.max_context_length,
-    }
+        return anthropic_error(error, request_id())
+    return json_response(error.body(), error.status, error.headers)
 
 
 def create_app(config: ShimConfig, connect: Connect = connect_engine) -> ObservedApp:
@@ -170,19 +111,29 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
     app.register_blueprint(playground)
     metrics = ShimMetrics()
     models = ServedModels(config.engine, connect, config.routing, metrics)
-    started = int(time.time())
     drain = Drain(metrics)
+    relay = Relay(models, drain, metrics, config.heartbeat_s, config.request_timeout_s, engine_metadata)
+    ctx = ShimContext(relay, models, drain, metrics, config.limits, config.request_timeout_s, int(time.time()))
     keys = KeyChecker(config.api_keys)
-    document = openapi_document(config.limits, keys.enabled)
-    relay = Relay(models, drain, metrics, config.heartbeat_s, config.request_timeout_s, _metadata)
+    _install_error_mapping(app, ctx, config.max_body_bytes)
+    _install_hooks(app, ctx, keys)
     store_dir = default_store_dir() if config.responses_store_dir is None else config.responses_store_dir
     store = ResponseStore(store_dir, config.responses_store_limits) if store_dir else None
-    register_responses(app, relay, store, config.limits, _body, _request_id, _json)
+    register_service(app, ctx, openapi_document(config.limits, keys.enabled))
+    register_openai(app, ctx)
+    register_responses(app, ctx, store)
+    register_messages(app, ctx)
+    register_embeddings(app, ctx)
+    return ObservedApp(app, metrics, ShimState(drain, metrics))
+
+
+def _install_error_mapping(app: Flask, ctx: ShimContext, max_body_bytes: int) -> None:
+    """Every failure becomes an APIError in the client's API's shape: ours, the engine's, werkzeug's, a bug."""
 
     @app.errorhandler(APIError)
     def on_api_error(error: APIError) -> Response:
         if error.code == "model_not_found" and request.path in _GENERATION_ROUTES:
-            models.expire()  # the engine may have been renamed since the list was read
+            ctx.models.expire()  # the engine may have been renamed since the list was read
         if error.param == "response_format":  # the engine says "constraint": name the field the user sent
             body = g.get("body")  # the parsed request body, when it was read
             if isinstance(body, dict) and "structured_outputs" in body:
@@ -191,14 +142,14 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
 
     @app.errorhandler(ConduitError)
     def on_engine_error(error: ConduitError) -> Response:
-        return on_api_error(from_engine_error(error, _request_id()))
+        return on_api_error(from_engine_error(error, request_id()))
 
     @app.errorhandler(HTTPException)
     def on_http_error(error: HTTPException) -> Response:
         messages = {
             404: (f"Unknown request URL: {request.method} {request.path}.", "unknown_url"),
             405: (f"Method {request.method} is not allowed for {request.path}.", "method_not_allowed"),
-            413: (f"The request body is larger than {config.max_body_bytes} bytes.", "request_too_large"),
+            413: (f"The request body is larger than {max_body_bytes} bytes.", "request_too_large"),
         }
         message, code = messages.get(error.code or 400, (error.description or error.name, None))
         headers = {"Allow": ", ".join(error.valid_methods)} if getattr(error, "valid_methods", None) else {}
@@ -210,8 +161,12 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
     @app.errorhandler(Exception)
     def on_bug(error: Exception) -> Response:
         log.exception("internal error")
-        message = internal_error_message("The server had an internal error.", _request_id())
+        message = internal_error_message("The server had an internal error.", request_id())
         return _error(APIError(500, message, "server_error", None, "internal_error"))
+
+
+def _install_hooks(app: Flask, ctx: ShimContext, keys: KeyChecker) -> None:
+    """Before each request: its route for the metrics, the key check, the drain's admission."""
 
     @app.before_request
     def note_route() -> None:
@@ -238,84 +193,11 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
     @app.before_request
     def refuse_while_draining() -> None:
         if request.path in _GENERATION_ROUTES:
-            g.admitted = drain.admit()
+            g.admitted = ctx.drain.admit()
 
     @app.teardown_request
     def release_admission(_: BaseException | None) -> None:
         # Runs before a stream's body is sent: by then the stream is tracked by itself.
         admitted = g.pop("admitted", None)
         if admitted is not None:
-            drain.discard(admitted)
-
-    @app.get("/health")
-    def health() -> Response:
-        if drain.draining:
-            return _json({"status": "draining", "engine": None}, 503)
-        # Through each model's channels: SERVING when one of its replicas is.
-        statuses = {}
-        for model_id, engines in models.clients(_metadata()).items():
-            for engine in engines:
-                try:
-                    statuses[model_id] = engine.health(timeout=HEALTH_TIMEOUT_S, metadata=_metadata())
-                except ConduitError:
-                    statuses[model_id] = "UNREACHABLE"
-                if statuses[model_id] == "SERVING":
-                    break
-        worst = [s for s in statuses.values() if s != "SERVING"]
-        status = worst[0] if worst else "SERVING" if statuses else "UNREACHABLE"
-        ok = status == "SERVING"
-        body = {"status": "ok" if ok else "unavailable", "engine": status}
-        if set(statuses) != {""}:
-            body["models"] = statuses
-        return _json(body, 200 if ok else 503)
-
-    @app.get("/metrics")
-    def metrics_text() -> Response:
-        body, content_type = metrics.exposition()
-        return Response(body, 200, content_type=content_type)
-
-    @app.get("/openapi.json")
-    def openapi() -> Response:
-        return _json(document)
-
-    @app.get("/v1/models")
-    def list_models() -> Response:
-        if is_anthropic_request():
-            return _json(model_list(models.list(metadata=_metadata()), started))
-        return _json({"object": "list", "data": [_model_object(m, started) for m in models.list(metadata=_metadata())]})
-
-    @app.get("/v1/models/<path:model_id>")
-    def get_model(model_id: str) -> Response:
-        if is_anthropic_request():
-            return _json(model_object(models.info(model_id, metadata=_metadata()), started))
-        return _json(_model_object(models.info(model_id, metadata=_metadata()), started))
-
-    @app.post("/v1/chat/completions")
-    def chat_completions() -> Response:
-        plan = parse_chat(_body(), _request_id(), config.limits)
-        return _generate(plan, f"chatcmpl-{uuid.uuid4().hex}", ChatStreamTranslator, chat_response)
-
-    @app.post("/v1/completions")
-    def completions() -> Response:
-        plan = parse_completion(_body(), _request_id(), config.limits)
-        return _generate(plan, f"cmpl-{uuid.uuid4().hex}", CompletionStreamTranslator, completion_response)
-
-    def _generate(
-        plan: GenerationPlan,
-        response_id: str,
-        translator_class: type[ChatStreamTranslator] | type[CompletionStreamTranslator],
-        build: Callable[[str, int, str, GenerationPlan, Collector], dict[str, Any]],
-    ) -> Response:
-        model, stream = relay.open(plan.model, plan.requests)
-        created = int(time.time())
-        if plan.stream:
-            return relay.sse(stream, lambda: OpenAIEvents(translator_class(response_id, created, model, plan)))
-        collected = relay.collect(stream)
-        if collected is None:
-            return Response(status=499)
-        return _json(build(response_id, created, model, plan, collected))
-
-    register_messages(app, relay, models, config.limits, _body, _request_id, _metadata)
-    register_embeddings(app, models, drain, config.request_timeout_s, _body, _request_id, _metadata, _json)
-    return ObservedApp(app, metrics, ShimState(drain, metrics))
-
+            ctx.drain.discard(admitted)

@@ -14,7 +14,7 @@ from conduit.v1.contract import LOGIT_BIAS_RANGE, MAX_TOP_LOGPROBS, REASONING_EF
 
 from .embeddings.openapi import embeddings_openapi
 from .messages.openapi import messages_openapi
-from .openai_to_proto import MAX_COMPLETION_LOGPROBS, MAX_PROMPTS, RequestLimits
+from .limits import MAX_COMPLETION_LOGPROBS, MAX_PROMPTS, RequestLimits
 from .responses.openapi import responses_paths
 
 _UINT32_MAX = 2**32 - 1

@@ -22,7 +22,7 @@ from conduit.v1.contract import (ENGINE_TOKEN_ENV, KEEPALIVE_TIME_S, KEEPALIVE_T
 from .app import DEFAULT_MAX_BODY_BYTES
 from .auth import KEY_ENV, KEYS_ENV, collect_keys
 from .cors import CorsPolicy, normal_origin
-from .openai_to_proto import DEFAULT_LIMITS, RequestLimits
+from .limits import DEFAULT_LIMITS, RequestLimits
 from .responses import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RESPONSES, IN_MEMORY, StoreLimits
 from .routing import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, POLICIES, RoutingConfig
 from .server import DEFAULT_DRAIN_S, DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S

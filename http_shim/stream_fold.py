@@ -4,7 +4,7 @@
 prompts) into events that say what happened, and owns what every API's stream must do alike: a tool
 call's id (the engine's, or a new one) and whether it started, the rule that calls the engine did not
 stream piecewise are sent whole before their choice ends, the finish reason and the usage. The stream
-writers (proto_to_openai.py, responses/events.py, messages/events.py) only format these events.
+writers (openai/response.py, responses/events.py, messages/events.py) only format these events.
 `Collector` is the same answer whole, for the APIs' non-streamed responses.
 """
 

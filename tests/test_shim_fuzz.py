@@ -21,7 +21,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from fake_engine import MODEL_ID, FakeEngineServer, start_shim, stop_process
-from http_shim.openai_to_proto import DEFAULT_LIMITS
+from http_shim.limits import DEFAULT_LIMITS
 from http_shim.openapi import openapi_document
 
 # schemathesis's pytest plugin, which turns a schema's `parametrize()` into tests: loaded here, for

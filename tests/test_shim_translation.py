@@ -13,8 +13,9 @@ import pytest
 from clients.errors import from_rpc_error
 from conduit.v1 import engine_pb2 as pb
 from http_shim.errors import APIError, from_engine_error
-from http_shim.openai_to_proto import parse_chat, parse_completion, check_body
-from http_shim.proto_to_openai import (
+from http_shim.openai.request import parse_chat, parse_completion
+from http_shim.web import check_body
+from http_shim.openai.response import (
     ChatStreamTranslator,
     Collector,
     CompletionStreamTranslator,

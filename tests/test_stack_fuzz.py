@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, Phase, settings
 from launcher.stack import Stack
 from common import ANSWER, MODEL, QUESTION
 from fake_engine import start_shim, stop_process
-from http_shim.openai_to_proto import RequestLimits
+from http_shim.limits import RequestLimits
 from http_shim.openapi import openapi_document
 from test_shim_fuzz import MAX_EXAMPLES, PHASES, check_answer, load_schema
 

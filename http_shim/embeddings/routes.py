@@ -4,7 +4,6 @@ serving that model), like chat."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -13,45 +12,33 @@ from flask import Flask, Response, g, request
 from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
 
-from ..drain import Drain
+from ..context import ShimContext
 from ..errors import APIError, from_engine_error, invalid
-from ..models import ServedModels
-from ..openai_to_proto import _message
+from ..openai.request import chat_message
+from ..web import engine_metadata, json_response, read_body, request_id
 from .request import openai_param, parse_embeddings
 from .response import embeddings_response
 
 EMBEDDINGS_ROUTE = "/v1/embeddings"
 
 
-def register_embeddings(
-    app: Flask,
-    models: ServedModels,
-    drain: Drain,
-    timeout_s: float | None,
-    read_body: Callable[[], dict],
-    request_id: Callable[[], str],
-    metadata: Callable[[], list[tuple[str, str]]],
-    to_json: Callable[..., Response],
-) -> None:
-    """`read_body()` is the app's body reader (size limit, JSON and Unicode checks); `timeout_s` the
-    engine calls' deadline (None: as long as the engine works)."""
-
+def register_embeddings(app: Flask, ctx: ShimContext) -> None:
     @app.before_request
     def admit_embeddings() -> None:
         if request.path == EMBEDDINGS_ROUTE:  # a draining shim refuses it; the app's teardown releases it
-            g.admitted = drain.admit()
+            g.admitted = ctx.drain.admit()
 
     @app.post(EMBEDDINGS_ROUTE)
     def embeddings() -> Response:
         plan = parse_embeddings(read_body(), request_id())
-        calls = metadata()
-        info, engine = models.route(plan.model, metadata=calls)
+        calls = engine_metadata()
+        info, engine = ctx.models.route(plan.model, metadata=calls)
         plan.request.model = info.id
         try:
-            answer = engine.embed(request=plan.request, timeout=timeout_s, metadata=calls)
+            answer = engine.embed(request=plan.request, timeout=ctx.request_timeout_s, metadata=calls)
         except ConduitError as exc:
             raise _embed_error(exc, plan.one_input, request_id()) from None
-        return to_json(embeddings_response(answer, plan.encoding_format))
+        return json_response(embeddings_response(answer, plan.encoding_format))
 
     @app.post("/tokenize")
     def tokenize() -> Response:
@@ -61,18 +48,18 @@ def register_embeddings(
         if isinstance(body.get("prompt"), str) and "messages" not in body:
             tokenize_request.text = body["prompt"]
         elif isinstance(body.get("messages"), list) and body["messages"] and "prompt" not in body:
-            tokenize_request.chat.messages.extend(_message(m, i) for i, m in enumerate(body["messages"]))
+            tokenize_request.chat.messages.extend(chat_message(m, i) for i, m in enumerate(body["messages"]))
         else:
             raise invalid("Give either 'prompt' (a string) or 'messages' (a non-empty list).", "prompt")
-        calls = metadata()
-        info, engine = models.route(model, metadata=calls)
+        calls = engine_metadata()
+        info, engine = ctx.models.route(model, metadata=calls)
         tokenize_request.model = info.id
-        answer = engine.tokenize(request=tokenize_request, timeout=timeout_s, metadata=calls)
+        answer = engine.tokenize(request=tokenize_request, timeout=ctx.request_timeout_s, metadata=calls)
         result: dict[str, Any] = {"count": len(answer.token_ids), "max_model_len": answer.max_context_length,
                                   "tokens": list(answer.token_ids)}
         if body.get("return_token_strs"):
             result["token_strs"] = list(answer.tokens)
-        return to_json(result)
+        return json_response(result)
 
     @app.post("/detokenize")
     def detokenize() -> Response:
@@ -82,10 +69,10 @@ def register_embeddings(
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and
                                                    0 <= t < 2**32 for t in tokens):
             raise invalid("'tokens' must be a list of token ids (integers from 0).", "tokens")
-        calls = metadata()
-        info, engine = models.route(model, metadata=calls)
-        text = engine.detokenize(tokens, model=info.id, timeout=timeout_s, metadata=calls)
-        return to_json({"prompt": text})
+        calls = engine_metadata()
+        info, engine = ctx.models.route(model, metadata=calls)
+        text = engine.detokenize(tokens, model=info.id, timeout=ctx.request_timeout_s, metadata=calls)
+        return json_response({"prompt": text})
 
 
 def _model(body: dict) -> str:

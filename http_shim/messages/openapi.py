@@ -7,7 +7,7 @@ from typing import Any
 
 from conduit.v1.contract import SAMPLING_RANGES
 
-from ..openai_to_proto import RequestLimits
+from ..limits import RequestLimits
 from .request import TEMPERATURE_RANGE
 
 _UINT32_MAX = 2**32 - 1

@@ -41,16 +41,8 @@ from conduit.v1.contract import SAMPLING_RANGES, Range
 
 from ..errors import invalid
 from ..fields import bool_field, dict_value, int_field, list_value, number_field, str_value
-from ..openai_to_proto import (
-    _TOOL_NAME,
-    DEFAULT_LIMITS,
-    RequestLimits,
-    _check_prompt_chars,
-    _max_tokens,
-    _model,
-    _schema_text,
-    chat_prompt_chars,
-)
+from ..limits import DEFAULT_LIMITS, RequestLimits
+from ..openai.request import TOOL_NAME, chat_prompt_chars, check_prompt_chars, max_tokens_field, model_field, schema_text
 
 TEMPERATURE_RANGE = Range(0.0, 1.0)  # Anthropic's, narrower than the engine's
 _ROLES = ("user", "assistant", "system")
@@ -251,7 +243,7 @@ def _tools(body: dict) -> list[pb.Tool]:
                 f"{param}.type",
             )
         name = str_value(tool.get("name"), f"{param}.name")
-        if not _TOOL_NAME.match(name):
+        if not TOOL_NAME.match(name):
             raise invalid(f"'{param}.name' must match ^[a-zA-Z0-9_-]{{1,64}}$, got {json.dumps(name)}.",
                           f"{param}.name")
         _cache_control(tool.get("cache_control"), f"{param}.cache_control")
@@ -262,7 +254,7 @@ def _tools(body: dict) -> list[pb.Tool]:
         tools.append(pb.Tool(
             name=name,
             description=str_value(tool.get("description") or "", f"{param}.description"),
-            parameters_json=_schema_text(tool["input_schema"], f"{param}.input_schema"),
+            parameters_json=schema_text(tool["input_schema"], f"{param}.input_schema"),
         ))
     if len({t.name for t in tools}) < len(tools):
         raise invalid("'tools' names a tool twice.", "tools")
@@ -298,7 +290,7 @@ def _format(value: Any, param: str) -> pb.Constraint | None:
         raise invalid(f"'{param}.type' must be 'json_schema', got {json.dumps(fmt.get('type'))}.", f"{param}.type")
     if fmt.get("schema") is None:
         raise invalid(f"'{param}.schema' is required.", f"{param}.schema")
-    return pb.Constraint(json_schema=_schema_text(fmt["schema"], f"{param}.schema"))
+    return pb.Constraint(json_schema=schema_text(fmt["schema"], f"{param}.schema"))
 
 
 def _constraint(body: dict) -> pb.Constraint | None:
@@ -349,12 +341,12 @@ def _refuse_unservable(body: dict) -> None:
 
 def chat_parts(body: dict, limits: RequestLimits = DEFAULT_LIMITS) -> ChatParts:
     """The model, rendered chat and answer format of a Messages (or count_tokens) body."""
-    model = _model(body)
+    model = model_field(body)
     _refuse_unservable(body)
     effort, budget = _thinking(body)
     messages = _chat_messages(body, limits)
     tools = _tools(body)
-    _check_prompt_chars(chat_prompt_chars(messages, tools), "messages", limits)
+    check_prompt_chars(chat_prompt_chars(messages, tools), "messages", limits)
     chat = pb.ChatInput(messages=messages, tools=tools, reasoning_effort=effort)
     _tool_choice(body, tools, chat)
     return ChatParts(model, chat, _constraint(body), budget)
@@ -393,7 +385,7 @@ def parse_messages(body: dict, request_id: str, limits: RequestLimits = DEFAULT_
     parts = chat_parts(body, limits)
     if body.get("max_tokens") is None:
         raise invalid("'max_tokens' is required.", "max_tokens")
-    max_tokens = _max_tokens(body, ("max_tokens",), 1, limits)
+    max_tokens = max_tokens_field(body, ("max_tokens",), 1, limits)
     metadata = body.get("metadata")
     if metadata is not None and dict_value(metadata, "metadata").get("user_id") is not None:
         str_value(metadata["user_id"], "metadata.user_id")

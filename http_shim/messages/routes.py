@@ -10,8 +10,7 @@ which the app's error handlers call), their responses carry a `request-id` heade
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -19,10 +18,10 @@ from flask import Flask, Response, request
 
 from conduit.v1 import engine_pb2 as pb
 
+from ..context import ShimContext
 from ..errors import APIError
-from ..models import RPC_TIMEOUT_S, ServedModels
-from ..openai_to_proto import RequestLimits
-from ..relay import Relay
+from ..models import RPC_TIMEOUT_S
+from ..web import engine_metadata, json_response, read_body, request_id
 from .errors import anthropic_status, error_body
 from .events import MessagesEvents
 from .request import parse_count_tokens, parse_messages
@@ -36,12 +35,8 @@ def is_anthropic_request() -> bool:
     return request.path.startswith("/v1/messages") or "anthropic-version" in request.headers
 
 
-def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(json.dumps(body, ensure_ascii=False), status, headers, mimetype="application/json")
-
-
 def anthropic_error(error: APIError, request_id: str) -> Response:
-    return _json(error_body(error, request_id), anthropic_status(error.status), error.headers)
+    return json_response(error_body(error, request_id), anthropic_status(error.status), error.headers)
 
 
 def _created_at(seconds: int) -> str:
@@ -58,16 +53,7 @@ def model_list(infos: Sequence[pb.ModelInfo], started: int) -> dict[str, Any]:
             "last_id": data[-1]["id"] if data else None}
 
 
-def register_messages(
-    app: Flask,
-    relay: Relay,
-    models: ServedModels,
-    limits: RequestLimits,
-    read_body: Callable[[], dict],
-    request_id: Callable[[], str],
-    metadata: Callable[[], list[tuple[str, str]]],
-) -> None:
-    """`read_body()` is the app's body reader (size limit, JSON and Unicode checks)."""
+def register_messages(app: Flask, ctx: ShimContext) -> None:
 
     @app.after_request
     def add_request_id(response: Response) -> Response:
@@ -77,21 +63,21 @@ def register_messages(
 
     @app.post("/v1/messages")
     def messages() -> Response:
-        plan = parse_messages(read_body(), request_id(), limits)
-        model, stream = relay.open(plan.model, [plan.request])
+        plan = parse_messages(read_body(), request_id(), ctx.limits)
+        model, stream = ctx.relay.open(plan.model, [plan.request])
         message_id = new_message_id()
         if plan.stream:
-            return relay.sse(stream, lambda: MessagesEvents(message_id, model, plan.stop_sequences))
-        collected = relay.collect(stream)
+            return ctx.relay.sse(stream, lambda: MessagesEvents(message_id, model, plan.stop_sequences))
+        collected = ctx.relay.collect(stream)
         if collected is None:
             return Response(status=499)
-        return _json(message_object(message_id, model, plan, collected))
+        return json_response(message_object(message_id, model, plan, collected))
 
     @app.post("/v1/messages/count_tokens")
     def count_tokens() -> Response:
-        model, tokenize = parse_count_tokens(read_body(), limits)
-        calls = metadata()
-        info, engine = models.route(model, metadata=calls)
+        model, tokenize = parse_count_tokens(read_body(), ctx.limits)
+        calls = engine_metadata()
+        info, engine = ctx.models.route(model, metadata=calls)
         tokenize.model = info.id
         answer = engine.tokenize(request=tokenize, timeout=RPC_TIMEOUT_S, metadata=calls)
-        return _json({"input_tokens": len(answer.token_ids)})
+        return json_response({"input_tokens": len(answer.token_ids)})

@@ -12,7 +12,7 @@ from typing import Any
 from conduit_common.results import Choice, Usage
 
 from ..errors import APIError
-from ..proto_to_openai import chat_logprobs
+from ..openai.response import chat_logprobs
 from ..stream_fold import Finish
 from .request import namespaced_names, new_id
 

@@ -39,7 +39,8 @@ from typing import Any
 
 from ..errors import APIError, invalid
 from ..fields import dict_value, list_value, str_value
-from ..openai_to_proto import GenerationPlan, RequestLimits, parse_chat
+from ..limits import RequestLimits
+from ..openai.request import GenerationPlan, parse_chat
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _ROLES = ("user", "assistant", "system", "developer")

@@ -9,17 +9,16 @@ flight are known to this process only (for GET and cancel), as the store is this
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from flask import Flask, Response, after_this_request, request
 
 from .. import sse
+from ..context import ShimContext
 from ..engine_stream import EngineStream
 from ..errors import APIError, invalid
-from ..openai_to_proto import RequestLimits
-from ..relay import Relay
+from ..web import json_response, read_body, request_id
 from .events import CANCELLED_CODE, ResponseEvents, replay
 from .objects import ResponseSkeleton, output_items, status_of, usage_object
 from .request import ResponsesRequest, new_id, parse_responses, renamed
@@ -41,9 +40,7 @@ def _not_found(response_id: str, param: str | None = None) -> APIError:
     return APIError(404, f"Response with id '{response_id}' not found.", "invalid_request_error", param, None)
 
 
-def register_responses(app: Flask, relay: Relay, store: ResponseStore | None, limits: RequestLimits,
-                       read_body: Callable[[], dict], request_id: Callable[[], str],
-                       to_json: Callable[..., Response]) -> None:
+def register_responses(app: Flask, ctx: ShimContext, store: ResponseStore | None) -> None:
     """`store` None: nothing is kept (every `store: true` answer is forgotten, chains are refused)."""
     in_flight: dict[str, _InFlight] = {}
 
@@ -63,14 +60,14 @@ def register_responses(app: Flask, relay: Relay, store: ResponseStore | None, li
                 raise invalid("'previous_response_id' must be a string.", "previous_response_id")
             prior = stored(previous, "previous_response_id")
             inherited = prior.context + prior.response["output"]
-        parsed = parse_responses(body, request_id(), limits, inherited)
+        parsed = parse_responses(body, request_id(), ctx.limits, inherited)
         if parsed.not_offered:
             @after_this_request
             def name_not_offered(answer: Response) -> Response:
                 answer.headers[NOT_OFFERED_HEADER] = ", ".join(parsed.not_offered)
                 return answer
         try:
-            model, stream = relay.open(parsed.plan.model, parsed.plan.requests)
+            model, stream = ctx.relay.open(parsed.plan.model, parsed.plan.requests)
         except APIError as error:
             raise renamed(error) from None
         response_id = new_id("resp")
@@ -84,21 +81,21 @@ def register_responses(app: Flask, relay: Relay, store: ResponseStore | None, li
         in_flight[response_id] = _InFlight(stream, skeleton)
         if parsed.stream:
             try:
-                answer = relay.sse(stream, lambda: ResponseEvents(skeleton, parsed.logprobs, keep))
+                answer = ctx.relay.sse(stream, lambda: ResponseEvents(skeleton, parsed.logprobs, keep))
             except APIError as error:
                 in_flight.pop(response_id, None)
                 raise renamed(error) from None
             answer.call_on_close(lambda: in_flight.pop(response_id, None))
             return answer
         try:
-            collected = relay.collect(stream)
+            collected = ctx.relay.collect(stream)
         except APIError as error:
             in_flight.pop(response_id, None)
             if error.code != CANCELLED_CODE:
                 raise renamed(error) from None
             cancelled = skeleton.build("cancelled", [])
             keep(cancelled)
-            return to_json(cancelled)
+            return json_response(cancelled)
         in_flight.pop(response_id, None)
         if collected is None:
             return Response(status=499)
@@ -106,7 +103,7 @@ def register_responses(app: Flask, relay: Relay, store: ResponseStore | None, li
         response = skeleton.build(status_of(choice.finish_reason), output_items(choice, parsed.logprobs, skeleton),
                                   usage_object(collected.usage()))
         keep(response)
-        return to_json(response)
+        return json_response(response)
 
     @app.get(f"{RESPONSES_ROUTE}/<response_id>")
     def get_response(response_id: str) -> Response:
@@ -115,7 +112,7 @@ def register_responses(app: Flask, relay: Relay, store: ResponseStore | None, li
         else:
             response = stored(response_id).response
         if request.args.get("stream", "false").lower() != "true":
-            return to_json(response)
+            return json_response(response)
         after = request.args.get("starting_after", "-1")
         if not after.lstrip("-").isdigit():
             raise invalid("'starting_after' must be an integer.", "starting_after")
@@ -127,7 +124,7 @@ def register_responses(app: Flask, relay: Relay, store: ResponseStore | None, li
     def delete_response(response_id: str) -> Response:
         if store is None or not store.delete(response_id):
             raise _not_found(response_id)
-        return to_json({"id": response_id, "object": "response", "deleted": True})
+        return json_response({"id": response_id, "object": "response", "deleted": True})
 
     @app.get(f"{RESPONSES_ROUTE}/<response_id>/input_items")
     def list_input_items(response_id: str) -> Response:
@@ -146,7 +143,7 @@ def register_responses(app: Flask, relay: Relay, store: ResponseStore | None, li
                 raise invalid(f"'after' names no input item of response '{response_id}'.", "after")
             ordered = ordered[ids.index(after) + 1:]
         page = ordered[: int(limit_text)]
-        return to_json({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+        return json_response({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
                         "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > len(page)})
 
     @app.post(f"{RESPONSES_ROUTE}/<response_id>/cancel")
@@ -159,4 +156,4 @@ def register_responses(app: Flask, relay: Relay, store: ResponseStore | None, li
         running.stream.interrupt(APIError(499, "The response was cancelled.", "invalid_request_error", None,
                                           CANCELLED_CODE))
         log.info("response %s cancelled", response_id)
-        return to_json(running.skeleton.build("cancelled", []))
+        return json_response(running.skeleton.build("cancelled", []))

@@ -26,47 +26,16 @@ from typing import Any
 
 from clients.request_builder import TOOL_CHOICE_MODES
 from conduit.v1 import engine_pb2 as pb
-from conduit.v1.contract import (LOGIT_BIAS_RANGE, MAX_N, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, REASONING_EFFORTS,
-                                  SAMPLING_RANGES)
+from conduit.v1.contract import LOGIT_BIAS_RANGE, MAX_TOP_LOGPROBS, REASONING_EFFORTS, SAMPLING_RANGES
 
-from .errors import APIError, invalid
-from .fields import (UINT32_MAX, bool_field, dict_value, int_field, is_int, is_number, list_value, number_field, str_value,
+from ..errors import invalid
+from ..fields import (UINT32_MAX, bool_field, dict_value, int_field, is_int, is_number, list_value, number_field, str_value,
                      token_id)
+from ..limits import DEFAULT_LIMITS, MAX_COMPLETION_LOGPROBS, MAX_PROMPTS, RequestLimits
 
-# The engine's limits (conduit.v1.contract) bound n, best_of, stop, top_logprobs and the sampling
-# fields; these are the shim's own.
-MAX_PROMPTS = 64  # prompts in one /v1/completions request; each becomes one Generate call
-MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for the legacy completions `logprobs`
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
-_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-@dataclass(frozen=True)
-class RequestLimits:
-    """The operator's caps on one request (flags --max-tokens-limit, --max-n, ...); each refused as a
-    400 naming the parameter. n and stop cannot exceed the engine's own limits."""
-
-    # max_tokens / max_completion_tokens, and the default when a request sets neither;
-    # None: what the context leaves.
-    max_tokens: int | None = None
-    max_n: int = MAX_N  # n, and best_of for /v1/completions
-    max_stop: int = MAX_STOP_STRINGS  # stop strings
-    max_messages: int = 2048  # chat messages
-    max_prompt_chars: int = 1_000_000  # characters of prompt text (see prompt_chars)
-
-    def __post_init__(self) -> None:
-        if self.max_tokens is not None and not 1 <= self.max_tokens <= UINT32_MAX:
-            raise ValueError(f"max_tokens limit must be between 1 and {UINT32_MAX}")
-        if not 1 <= self.max_n <= MAX_N:
-            raise ValueError(f"max_n must be between 1 and {MAX_N} (the engine's limit)")
-        if not 0 <= self.max_stop <= MAX_STOP_STRINGS:
-            raise ValueError(f"max_stop must be between 0 and {MAX_STOP_STRINGS} (the engine's limit)")
-        if self.max_messages < 1 or self.max_prompt_chars < 1:
-            raise ValueError("max_messages and max_prompt_chars must be positive")
-
-
-DEFAULT_LIMITS = RequestLimits()
 
 
 @dataclass
@@ -87,7 +56,7 @@ class GenerationPlan:
 # ------------------------------------------------------------------ shared fields
 
 
-def _model(body: dict) -> str:
+def model_field(body: dict) -> str:
     if body.get("model") is None:
         raise invalid("you must provide a model parameter.", "model")
     return str_value(body["model"], "model", allow_empty=False)
@@ -166,7 +135,7 @@ def _stopping(body: dict, max_tokens: int | None, limits: RequestLimits) -> pb.S
     return params
 
 
-def _schema_text(schema: Any, param: str) -> str:
+def schema_text(schema: Any, param: str) -> str:
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -190,7 +159,7 @@ def _response_format(value: Any) -> pb.Constraint | None:
             str_value(spec["name"], "response_format.json_schema.name")
         if spec.get("schema") is None:
             return pb.Constraint(json_object=True)
-        return pb.Constraint(json_schema=_schema_text(spec["schema"], "response_format.json_schema.schema"))
+        return pb.Constraint(json_schema=schema_text(spec["schema"], "response_format.json_schema.schema"))
     raise invalid(
         f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {json.dumps(kind)}.",
         "response_format.type",
@@ -206,7 +175,7 @@ def _structured_outputs(value: Any) -> pb.Constraint:
         )
     kind = kinds[0]
     if kind == "json":
-        return pb.Constraint(json_schema=_schema_text(spec["json"], "structured_outputs.json"))
+        return pb.Constraint(json_schema=schema_text(spec["json"], "structured_outputs.json"))
     text = str_value(spec[kind], f"structured_outputs.{kind}", allow_empty=False)
     return pb.Constraint(regex=text) if kind == "regex" else pb.Constraint(grammar=text)
 
@@ -258,7 +227,7 @@ def _tool_call(value: Any, param: str) -> pb.ToolCall:
     )
 
 
-def _message(value: Any, i: int) -> pb.ChatMessage:
+def chat_message(value: Any, i: int) -> pb.ChatMessage:
     param = f"messages[{i}]"
     msg = dict_value(value, param)
     role = msg.get("role")
@@ -293,7 +262,7 @@ def _tools(body: dict) -> list[pb.Tool]:
             raise invalid(f"'{param}.type' must be 'function'.", f"{param}.type")
         function = dict_value(tool.get("function"), f"{param}.function")
         name = str_value(function.get("name"), f"{param}.function.name")
-        if not _TOOL_NAME.match(name):
+        if not TOOL_NAME.match(name):
             raise invalid(
                 f"'{param}.function.name' must match ^[a-zA-Z0-9_-]{{1,64}}$, got {json.dumps(name)}.",
                 f"{param}.function.name",
@@ -303,7 +272,7 @@ def _tools(body: dict) -> list[pb.Tool]:
             pb.Tool(
                 name=name,
                 description=str_value(function.get("description") or "", f"{param}.function.description"),
-                parameters_json="" if params is None else _schema_text(params, f"{param}.function.parameters"),
+                parameters_json="" if params is None else schema_text(params, f"{param}.function.parameters"),
             )
         )
     return tools
@@ -337,7 +306,7 @@ def _reject_legacy_functions(body: dict) -> None:
             raise invalid(f"'{key}' is deprecated and not supported; use 'tools' and 'tool_choice'.", key)
 
 
-def _max_tokens(body: dict, keys: tuple[str, ...], lo: int, limits: RequestLimits) -> int | None:
+def max_tokens_field(body: dict, keys: tuple[str, ...], lo: int, limits: RequestLimits) -> int | None:
     """The first of `keys` that is set, within [lo, the operator's cap]."""
     for key in keys:
         value = int_field(body, key, lo, UINT32_MAX)
@@ -356,7 +325,7 @@ def _n(body: dict, key: str, limits: RequestLimits) -> int | None:
     return value
 
 
-def _check_prompt_chars(chars: int, param: str, limits: RequestLimits) -> None:
+def check_prompt_chars(chars: int, param: str, limits: RequestLimits) -> None:
     if chars > limits.max_prompt_chars:
         raise invalid(
             f"'{param}' may hold at most {limits.max_prompt_chars} characters of prompt text on this server, "
@@ -389,7 +358,7 @@ def chat_prompt_chars(messages: list[pb.ChatMessage], tools: list[pb.Tool]) -> i
 
 def parse_chat(body: dict, request_id: str, limits: RequestLimits = DEFAULT_LIMITS) -> GenerationPlan:
     """Validate a /v1/chat/completions body and build its single GenerateRequest."""
-    model = _model(body)
+    model = model_field(body)
     _reject_legacy_functions(body)
     items = list_value(body.get("messages"), "messages")
     if len(items) > limits.max_messages:
@@ -397,9 +366,9 @@ def parse_chat(body: dict, request_id: str, limits: RequestLimits = DEFAULT_LIMI
             f"'messages' may hold at most {limits.max_messages} messages on this server, got {len(items)}.",
             "messages",
         )
-    messages = [_message(m, i) for i, m in enumerate(items)]
+    messages = [chat_message(m, i) for i, m in enumerate(items)]
     tools = _tools(body)
-    _check_prompt_chars(chat_prompt_chars(messages, tools), "messages", limits)
+    check_prompt_chars(chat_prompt_chars(messages, tools), "messages", limits)
     chat = pb.ChatInput(messages=messages, tools=tools, tool_choice=_tool_choice(body, tools))
     parallel = bool_field(body, "parallel_tool_calls")
     if parallel is not None:
@@ -411,7 +380,7 @@ def parse_chat(body: dict, request_id: str, limits: RequestLimits = DEFAULT_LIMI
     top_logprobs = int_field(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
     if top_logprobs and not logprobs:
         raise invalid("'logprobs' must be true when 'top_logprobs' is set.", "logprobs")
-    max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"), 1, limits)
+    max_tokens = max_tokens_field(body, ("max_completion_tokens", "max_tokens"), 1, limits)
     if max_tokens is None:
         max_tokens = limits.max_tokens  # the cap bounds a request that names no limit too
     request = pb.GenerateRequest(
@@ -461,10 +430,10 @@ def _prompts(value: Any) -> list[str | list[int]]:
 
 def parse_completion(body: dict, request_id: str, limits: RequestLimits = DEFAULT_LIMITS) -> GenerationPlan:
     """Validate a /v1/completions body and build one GenerateRequest per prompt."""
-    model = _model(body)
+    model = model_field(body)
     prompts = _prompts(body.get("prompt"))
     # Token-id prompts count one per id.
-    _check_prompt_chars(sum(len(p) for p in prompts), "prompt", limits)
+    check_prompt_chars(sum(len(p) for p in prompts), "prompt", limits)
     suffix = body.get("suffix")
     if suffix is not None and str_value(suffix, "suffix"):
         raise invalid("'suffix' is not supported: the model has no fill-in-the-middle support.", "suffix")
@@ -479,7 +448,7 @@ def parse_completion(body: dict, request_id: str, limits: RequestLimits = DEFAUL
         raise invalid("'best_of' greater than 'n' cannot be used with 'stream'.", "best_of")
     top = int_field(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
     echo = bool(bool_field(body, "echo"))
-    max_tokens = _max_tokens(body, ("max_tokens",), 0, limits)
+    max_tokens = max_tokens_field(body, ("max_tokens",), 0, limits)
     if max_tokens is None:
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
         if limits.max_tokens is not None:
@@ -507,23 +476,3 @@ def parse_completion(body: dict, request_id: str, limits: RequestLimits = DEFAUL
             request.constraint.CopyFrom(constraint)
         requests.append(request)
     return GenerationPlan(model, requests, n, best_of, stream, include_usage, top is not None, top or 0, echo)
-
-
-def check_body(body: Any) -> dict:
-    """The request body must be a JSON object whose strings are valid Unicode.
-
-    JSON escapes can spell lone surrogates ("\\ud800"), which protobuf strings cannot hold.
-    """
-    if not isinstance(body, dict):
-        raise APIError(400, "The request body must be a JSON object.", "invalid_request_error", None, "invalid_json")
-    try:
-        json.dumps(body, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        raise APIError(
-            400,
-            "The request body contains invalid Unicode (a lone surrogate).",
-            "invalid_request_error",
-            None,
-            "invalid_json",
-        ) from None
-    return body

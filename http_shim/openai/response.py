@@ -13,11 +13,11 @@ from typing import Any
 from conduit_common.results import ToolCall, Usage
 from conduit.v1 import engine_pb2 as pb
 
-from . import sse
-from .errors import APIError
-from .openai_to_proto import GenerationPlan
-from .stream_fold import (ChoiceEnd, Collector, Event, Finish, PromptRead, ReasoningDelta, StreamFold, TextDelta,
-                          ToolCallArguments, ToolCallStart)
+from .. import sse
+from ..errors import APIError
+from .request import GenerationPlan
+from ..stream_fold import (ChoiceEnd, Collector, Event, Finish, PromptRead, ReasoningDelta, StreamFold, TextDelta,
+                           ToolCallArguments, ToolCallStart)
 
 # What OpenAI reports for a probability too small to represent.
 _MIN_LOGPROB = -9999.0
