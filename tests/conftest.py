@@ -5,12 +5,16 @@ from __future__ import annotations
 import ast
 import asyncio
 import atexit
+import contextlib
 import gc
+import io
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
+import tokenize
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,7 +67,7 @@ os.environ.setdefault("CONDUIT_THREADS", str(TEST_ENGINE_THREADS))
 os.environ.setdefault("CONDUIT_RESPONSES_STORE_DIR", tempfile.mkdtemp(prefix="conduit-responses-"))
 
 # The session stacks, each started once by whichever test first asks for it. Under pytest-xdist
-# (the suite runs on 2 workers, pyproject.toml) a session fixture is per worker, so the modules that
+# (the suite runs on 2 or 3 workers, pyproject.toml) a session fixture is per worker, so the modules that
 # use one of these all go to one worker (ModuleGroups below): each stack starts once (an engine's
 # memory each), and every other module goes whole to one worker (its own engine or shim starts once).
 SESSION_STACKS = ("stack", "single_slot_stack")
@@ -100,18 +104,51 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if groups_file and hasattr(config, "workerinput"):
         partial = f"{groups_file}.{config.workerinput['workerid']}"
         Path(partial).write_text(json.dumps(groups))
-        os.replace(partial, groups_file)  # both workers write the same: whole, either one
+        os.replace(partial, groups_file)  # the workers write the same: whole, any one
     yield
     # The order the workers take the selected units (a group, or a module) in: the session stacks'
     # (the longest), then the others that run a model (in file order: a few tests can take long
-    # there), then the rest by their number of tests, the short ones evening out the two workers.
+    # there), then the rest longest first, by their tests' seconds in the last run (DURATIONS_KEY),
+    # the short ones evening out the workers at the end. By their number of tests alone, one-test
+    # modules of 3 to 5 s (a frozen engine, a killed one) came last and held one worker alone.
     def unit(item: pytest.Item) -> str:
         return groups[_module(item)]
 
+    last_run = getattr(config, "workerinput", {}).get(DURATIONS_KEY, {})
     with_model = Counter(unit(item) for item in items if item.get_closest_marker("model"))
-    selected = Counter(unit(item) for item in items)
+    seconds: Counter[str] = Counter()
+    for item in items:
+        seconds[unit(item)] += last_run.get(item.nodeid, UNKNOWN_TEST_S)
     items.sort(key=lambda item: (unit(item) != SESSION_STACKS_GROUP, not with_model[unit(item)],
-                                 0 if with_model[unit(item)] else -selected[unit(item)]))
+                                 0 if with_model[unit(item)] else -seconds[unit(item)]))
+
+
+# Each test's seconds (setup to teardown) in the last run that ran it, in pytest's cache: the
+# controller reads them at start and hands them to the workers, which order the units by them,
+# and keeps this run's at the end. A test never run counts as UNKNOWN_TEST_S (all of them: the order
+# by number of tests).
+DURATIONS_KEY = "conduit/test_seconds"
+UNKNOWN_TEST_S = 0.1
+_this_run_seconds: Counter[str] = Counter()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    cache = getattr(node.config, "cache", None)
+    node.workerinput[DURATIONS_KEY] = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _this_run_seconds[report.nodeid] += report.duration  # the controller's, and the workers' own (unused)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    cache = getattr(session.config, "cache", None)
+    if cache is None or hasattr(session.config, "workerinput") or not _this_run_seconds:
+        return
+    kept = cache.get(DURATIONS_KEY, {})
+    kept.update({nodeid: round(seconds, 3) for nodeid, seconds in _this_run_seconds.items()})
+    cache.set(DURATIONS_KEY, kept)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -128,12 +165,18 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def _module_marks(path: Path) -> set[str]:
-    """The names of the marks in a module's top-level `pytestmark = pytest.mark.X` (or a list of them)."""
-    for node in ast.parse(path.read_bytes()).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
-            return {n.attr for n in ast.walk(node.value) if isinstance(n, ast.Attribute)
-                    and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"}
-    return set()
+    """The names of the marks in a module's top-level `pytestmark = pytest.mark.X` (or a list of them).
+    Only that statement is parsed: the whole modules took each worker ~0.25 s of CPU."""
+    source = path.read_text()
+    found = re.search(r"^pytestmark\s*=", source, re.MULTILINE)
+    if found is None:
+        return set()
+    rest = source[found.start():]
+    end_row = next(token.end[0] for token in tokenize.generate_tokens(io.StringIO(rest).readline)
+                   if token.type == tokenize.NEWLINE)  # the statement's end, past its brackets
+    value = ast.parse("\n".join(rest.splitlines()[:end_row])).body[0].value
+    return {n.attr for n in ast.walk(value) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"}
 
 
 def _session_stacks_used(item: pytest.Item) -> set[str]:
@@ -185,6 +228,19 @@ def _exit_now() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """The workers of `-n auto` (pyproject.toml): 3 for a run without the model tests (the fast tier),
+    else 2. The fast tier's tests mostly wait (on shims and fakes starting, timeouts, streams paced by
+    the fake), so two workers left the cores idle half the time: on the loaded 2-core machine a third
+    took the fast tier from 114 s to 86 s. The model tests keep two: each worker's engines hold
+    their models in memory."""
+    model_only = lambda name, **_: name == "model"  # noqa: E731
+    if config.option.markexpr and not Expression.compile(config.option.markexpr).evaluate(model_only):
+        return 3
+    return 2
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -256,18 +312,39 @@ def single_slot_stack() -> Iterator[Stack]:
         yield running
 
 
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch on `count` threads inside the block (a test of thread invariance computes its reference
+    on two: the tests in this process run on one, below)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """For a test running a model in the test process: torch on one thread. Beside the other worker and
     the engines the tests start, torch's thread pool waits on preempted threads (the default model's
-    comparison in test_lean_llama.py took 9 to 24 s on two threads, 8.5 s on one). Tests of thread
-    invariance set their own counts."""
-    import torch
+    comparison in test_lean_llama.py took 9 to 24 s on two threads, 8.5 s on one)."""
+    with torch_threads(1):
+        yield
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+
+@pytest.fixture(autouse=True)
+def in_process_engine_on_one_thread(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test marked `in_process_engine` on one torch thread, as one_torch_thread. Their ops are
+    small, each a barrier of the thread pool: on the 2 cores shared with others (load ~11),
+    test_lean_llama.py took 9.9 s on two threads and 0.9 s on one, test_native_kernels.py 31 s and 3.7 s."""
+    if request.node.get_closest_marker("in_process_engine") is None:
+        yield
+        return
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

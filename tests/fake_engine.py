@@ -21,20 +21,20 @@ its health status can be flipped and it can be made to refuse every call (`refus
 as a full or going engine does); GetLoad reports its open calls (and `queued`, set by a test).
 `start_shim` runs the real shim as a process against any engine
 address; `start_fake_engine_process` runs this fake as a process of its own (`python
-tests/fake_engine.py --port N`), for tests that kill the engine.
+tests/fake_engine.py --port N`, forked as the shims are: forked.py), for tests that kill the engine.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import queue
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import types
@@ -47,7 +47,6 @@ from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2
 
 import forked
-from conduit_common.lifetime import child_env
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
 from conduit.v1.contract import ENGINE_SERVICE, ERROR_CODE_METADATA_KEY, PARAM_METADATA_KEY
@@ -320,15 +319,10 @@ def _first_line(process: subprocess.Popen, timeout_s: float) -> str:
         raise RuntimeError(f"{process.args} did not report its port") from None
 
 
-def start_fake_engine_process(port: int = 0, timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
-    """This fake as a process of its own (so a test can SIGKILL it); returns it and its address."""
-    process = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "--port", str(port)],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
+def start_fake_engine_process(port: int = 0, timeout_s: float = 30.0) -> tuple[forked.ForkedProcess, str]:
+    """This fake as a process of its own (so a test can SIGKILL or SIGSTOP it), forked from one that has
+    imported it (forked.py); returns it and its address."""
+    process = forked.start("fake_engine", ["--port", str(port)], dict(os.environ), REPO_ROOT)
     line = _first_line(process, timeout_s)
     match = re.search(r"listening on (127\.0\.0\.1:\d+)", line)
     if not match:
@@ -357,8 +351,17 @@ def start_shim(
     return process, f"http://127.0.0.1:{match.group(1)}"
 
 
-def stop_process(process: subprocess.Popen) -> None:
+def stop_process(process: subprocess.Popen | forked.ForkedProcess) -> None:
+    """SIGTERM, then its exit (a kill past 10 s). A shim waits up to a second for its idle keep-alive
+    connections to close (http_shim/server.py), and an SDK client a test has dropped holds its own until
+    the garbage collector breaks its reference cycles: a shim still up after a moment gets the young
+    ones collected (~10 ms; a full collection took as long as the wait), not waited for."""
     process.terminate()
+    try:
+        process.wait(timeout=0.1)
+        return
+    except subprocess.TimeoutExpired:
+        gc.collect(1)
     try:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:
@@ -366,7 +369,7 @@ def stop_process(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def _main() -> None:
+def main() -> None:
     """`python tests/fake_engine.py --port N`: serve the fake until SIGTERM (or the parent's death)."""
     from conduit_common.lifetime import die_with_parent
 
@@ -382,4 +385,4 @@ def _main() -> None:
 
 
 if __name__ == "__main__":
-    _main()
+    main()

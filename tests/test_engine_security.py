@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import openai
 import pytest
 
 from clients import AsyncEngineClient, ConduitError, EngineClient, Unauthenticated, Unavailable
@@ -20,8 +19,11 @@ from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc
 from engine_service.serving.background import BackgroundServer
 from engine_service.serving.security import ServerSecurity, TokenAuthInterceptor, collect_tokens
+from common import lazy_module
 from engine_tls import make_tls_files
 from fake_engine import start_shim, stop_process
+
+openai = lazy_module("openai")  # imported by the first test that uses it
 
 TOKEN = "s3cret-token"
 OTHER_TOKEN = "second-token"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import torch_threads
 from tiny_models import RunnerSeq, tiny_config, tiny_in_memory
 
 from engine_service.core.scheduler import ScheduledBatch
@@ -129,16 +130,12 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_and_on_any_thread_count(ops
     weight, scales = quantized(203, 1536)  # 203: a tail of channels past every block width
     x = torch.randn(19, 1536, dtype=torch.bfloat16)
     kernel = lambda rows: ops.int8_matmul(rows, weight, scales)  # noqa: E731
-    full = kernel(x)
-    for rows in range(1, 19):
+    with torch_threads(2):
+        full = kernel(x)
+    for rows in range(1, 19):  # on one thread (conftest.py), as the rest
         assert torch.equal(kernel(x[:rows]), full[:rows]), rows
         assert torch.equal(kernel(x[rows:rows + 1]), full[rows:rows + 1]), rows
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(kernel(x), full)
-    finally:
-        torch.set_num_threads(threads)
+    assert torch.equal(kernel(x), full)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -292,17 +289,13 @@ def test_decode_attention_matches_softmax_attention_over_each_context(
 def test_decode_attention_gives_a_row_the_same_bits_in_any_batch(ops: native.Kernels) -> None:
     lens = [5, 130, 33, 64, 200]
     query, k, v, ids, lens_t, width = paged_case(lens, 9, 3, 64, torch.bfloat16)
-    batched = ops.decode_attention(query, k, v, ids, lens_t, 16, 0, 0.125)
-    for row in range(len(lens)):
+    with torch_threads(2):
+        batched = ops.decode_attention(query, k, v, ids, lens_t, 16, 0, 0.125)
+    for row in range(len(lens)):  # on one thread (conftest.py), as the rest
         alone = ops.decode_attention(query[row:row + 1], k, v, ids[row * width:(row + 1) * width].clone(),
                                      lens_t[row:row + 1], 16, 0, 0.125)
         assert torch.equal(alone, batched[row:row + 1]), row
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(ops.decode_attention(query, k, v, ids, lens_t, 16, 0, 0.125), batched)
-    finally:
-        torch.set_num_threads(threads)
+    assert torch.equal(ops.decode_attention(query, k, v, ids, lens_t, 16, 0, 0.125), batched)
 
 
 def test_decode_attention_refuses_what_it_cannot_compute(ops: native.Kernels) -> None:
@@ -388,16 +381,12 @@ def test_add_rms_norm_adds_in_place_and_normalizes_as_transformers(ops: native.K
 
 def test_add_rms_norm_gives_a_row_the_same_bits_in_any_batch(ops: native.Kernels) -> None:
     h, delta, weight = torch.randn(64, 2048).bfloat16(), torch.randn(64, 2048).bfloat16(), torch.randn(2048).bfloat16()
-    batched = ops.add_rms_norm(h.clone(), delta, weight, 1e-6)
-    for row in (0, 17, 63):
+    with torch_threads(2):
+        batched = ops.add_rms_norm(h.clone(), delta, weight, 1e-6)
+    for row in (0, 17, 63):  # on one thread (conftest.py), as the rest
         alone = ops.add_rms_norm(h[row:row + 1].clone(), delta[row:row + 1], weight, 1e-6)
         assert torch.equal(alone, batched[row:row + 1])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(ops.add_rms_norm(h.clone(), delta, weight, 1e-6), batched)
-    finally:
-        torch.set_num_threads(threads)
+    assert torch.equal(ops.add_rms_norm(h.clone(), delta, weight, 1e-6), batched)
 
 
 def test_add_rms_norm_refuses_what_it_cannot_compute(ops: native.Kernels) -> None:

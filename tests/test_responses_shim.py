@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
+from common import lazy_module
 from fake_engine import MODEL_ID, FakeEngineServer, start_shim, stop_process
+
+openai = lazy_module("openai")  # imported by the first test that uses it
 
 WEATHER = {"type": "function", "name": "get_weather",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}

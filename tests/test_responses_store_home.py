@@ -15,12 +15,14 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import openai
 import pytest
 
 from launcher.stack import REPO_ROOT
 from conduit_common.lifetime import child_env
+from common import lazy_module
 from fake_engine import MODEL_ID, FakeEngineServer, start_shim, stop_process
+
+openai = lazy_module("openai")  # imported by the first test that uses it
 
 STORE_VARIABLES = ("CONDUIT_RESPONSES_STORE_DIR", "XDG_STATE_HOME")
 

@@ -11,12 +11,14 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from common import lazy_module
 from fake_engine import MODEL_ID, start_shim, stop_process
 from test_shim_http import error_of, open_raw_stream, post, read_until, request, say
+
+openai = lazy_module("openai")  # imported by the first test that uses it
 
 EXIT_TIMEOUT_S = 20
 

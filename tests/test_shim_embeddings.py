@@ -8,11 +8,13 @@ import base64
 import struct
 
 import httpx
-import openai
 import pytest
 
+from common import lazy_module
 from fake_engine import MODEL_ID, start_shim, stop_process
 from http_shim.embeddings.request import openai_param
+
+openai = lazy_module("openai")  # imported by the first test that uses it
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +44,7 @@ def test_float_and_base64_shapes(shim, http) -> None:
     decoded = sdk.embeddings.create(model=MODEL_ID, input=[[5, 6, 7]])  # the SDK asks for base64 and decodes it
     assert decoded.data[0].embedding == pytest.approx([1.0, 0.3, 0.0, -1.0])
     assert decoded.usage.prompt_tokens == 3
+    sdk.close()  # its connection open, the shim's stop would wait for it
 
 
 @pytest.mark.parametrize("body, param", [

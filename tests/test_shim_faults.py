@@ -30,6 +30,7 @@ def test_engine_killed_mid_stream_then_back():
         engine.wait()
         sock.settimeout(STREAM_END_TIMEOUT_S)
         events = sse_data(read_to_end(sock))  # a timeout here: the stream outlived its engine
+        sock.close()
         assert "[DONE]" not in events
         error = json.loads(events[-1])["error"]
         assert error["code"] == "engine_unavailable" and error["type"] == "server_error"

@@ -13,10 +13,12 @@ import socket
 import time
 from urllib.parse import urlparse
 
-import openai
 import pytest
 
+from common import lazy_module
 from fake_engine import MODEL_CREATED, MODEL_ID, start_shim, stop_process
+
+openai = lazy_module("openai")  # imported by the first test that uses it
 
 HEARTBEAT_S = 0.3
 
@@ -30,7 +32,8 @@ def shim(fake):
 
 @pytest.fixture
 def client(shim):
-    return openai.OpenAI(base_url=f"{shim}/v1", api_key="unused", max_retries=0, timeout=30)
+    with openai.OpenAI(base_url=f"{shim}/v1", api_key="unused", max_retries=0, timeout=30) as sdk:
+        yield sdk
 
 
 @pytest.fixture
@@ -507,8 +510,8 @@ def test_api_key_is_required_when_configured(fake):
     try:
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
-        good = openai.OpenAI(base_url=f"{url}/v1", api_key="sekret", max_retries=0)
-        assert good.chat.completions.create(model=MODEL_ID, messages=say("hi")).choices[0].message.content
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="sekret", max_retries=0) as good:
+            assert good.chat.completions.create(model=MODEL_ID, messages=say("hi")).choices[0].message.content
         assert request(url, "GET", "/health")[0] == 200  # health stays open for probes
     finally:
         stop_process(process)

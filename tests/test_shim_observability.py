@@ -7,12 +7,14 @@ import json
 import re
 import time
 
-import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from common import lazy_module
 from fake_engine import MODEL_ID, start_shim, stop_process
 from test_shim_http import error_of, open_raw_stream, post, read_until, request, say
+
+openai = lazy_module("openai")  # imported by the first test that uses it
 
 GENERATED_ID = re.compile(r"req_[0-9a-f]{32}")
 CHAT = "/v1/chat/completions"

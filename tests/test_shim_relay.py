@@ -10,11 +10,13 @@ import concurrent.futures
 import json
 import socket
 
-import openai
 import pytest
 
+from common import lazy_module
 from fake_engine import MODEL_ID, start_shim, stop_process
 from test_shim_http import open_raw_stream, read_until, say
+
+openai = lazy_module("openai")  # imported by the first test that uses it
 
 # More than gevent's default thread pool (10 threads).
 MANY = 24

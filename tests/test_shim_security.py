@@ -11,12 +11,14 @@ import socket
 from contextlib import redirect_stderr
 from urllib.parse import urlparse
 
-import openai
 import pytest
 
+from common import lazy_module
 from fake_engine import MODEL_ID, start_shim, stop_process
 from http_shim import auth, options
 from test_shim_http import error_of, post, request, say
+
+openai = lazy_module("openai")  # imported by the first test that uses it
 
 BODY_LIMIT = 4000
 FLAG_KEYS = ["key-flag-1", "key-flag-2"]

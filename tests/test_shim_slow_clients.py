@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 import pytest
@@ -61,18 +62,26 @@ def answer_then_close(sock: socket.socket) -> bytes:
     return data
 
 
+def slow_request_answer(url: str, head_only: bool) -> bytes:
+    """What the shim answered a slow_request before it closed the connection."""
+    sock = slow_request(url, head_only)
+    try:
+        return answer_then_close(sock)
+    finally:
+        sock.close()
+
+
 @pytest.mark.parametrize("head_only", [True, False], ids=["headers", "body"])
 def test_a_request_sent_too_slowly_gets_408_and_its_connection_closes(shim, head_only) -> None:
-    stream = open_raw_stream(shim, {"model": MODEL_ID, "messages": say("long:150"), "stream": True})  # ~3 s
-    slow = [slow_request(shim, head_only) for _ in range(3)]
-    for sock in slow:
-        answer = answer_then_close(sock)
+    stream = open_raw_stream(shim, {"model": MODEL_ID, "messages": say("long:75"), "stream": True})  # >= 1.5 s
+    with ThreadPoolExecutor(3) as pool:  # three slow senders at once, each timed out on its own
+        answers = list(pool.map(lambda _: slow_request_answer(shim, head_only), range(3)))
+    for answer in answers:
         assert answer.startswith(b"HTTP/1.1 408 "), answer
         assert b'"code": "request_timeout"' in answer
-        sock.close()
     # The stream, longer than the read timeout, ran to its end.
     events = sse_data(read_to_end(stream))
-    assert events[-1] == "[DONE]" and len(events) > 150
+    assert events[-1] == "[DONE]" and len(events) > 75
     stream.close()
 
 

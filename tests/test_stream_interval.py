@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-import openai
 import pytest
 
 from launcher.stack import Stack
@@ -21,6 +20,9 @@ from engine_service.core.events import ChunkEvent, Event, FinalEvent, FinishReas
 from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
 from engine_service.core.sequence import Request
 from engine_service.model.loader import load_model
+from common import lazy_module
+
+openai = lazy_module("openai")  # imported by the first test that uses it
 
 MAX_TOKENS = 13
 # The module's engine runs in this process (conftest.py's one_torch_thread says why).
