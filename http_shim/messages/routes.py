@@ -27,7 +27,6 @@ from .events import MessagesEvents
 from .request import parse_count_tokens, parse_messages
 from .response import message_object, new_message_id
 
-ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
 GENERATION_ROUTES = ("/v1/messages",)  # admitted (or refused) by the drain
 
 
