@@ -96,6 +96,18 @@ def ensure_port_free(host: str, port: int) -> None:
             raise StackError(f"{host}:{port} is already in use ({error.strerror})") from None
 
 
+def thread_shares(cores: int, chat_engines: int, embedding: bool) -> tuple[int, int] | None:
+    """torch threads for each chat engine and for the embedding engine when several engines share
+    this host's cores; None for one engine alone (it takes them all). Torch's OpenMP threads wait for
+    each other after every op, so two engines whose threads outnumber the cores stall each other at
+    those waits: on 2 cores a chat stream's longest token gap went from ~30 ms to 1.3 s beside
+    embedding traffic (benchmarks/RESULTS.md). The shares add up to the cores, one thread at least."""
+    if chat_engines + embedding <= 1:
+        return None
+    embed = max(1, cores // 4) if embedding else 0
+    return max(1, (cores - embed) // chat_engines), embed
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -179,6 +191,10 @@ class Stack:
         self.embedding_model = embedding_model
         self.embedding_port = (embedding_port or free_port(host)) if embedding_model else 0
         self.embedder: subprocess.Popen[bytes] | None = None
+        # A --threads of the caller's (engine_args, or CONDUIT_THREADS) is kept: then no share is given.
+        chosen = "--threads" in self.engine_args or {**os.environ, **self.engine_env}.get("CONDUIT_THREADS")
+        self.threads = None if chosen else thread_shares(len(os.sched_getaffinity(0)), replicas,
+                                                         bool(embedding_model))
 
     @property
     def engine(self) -> subprocess.Popen[bytes] | None:
@@ -230,10 +246,12 @@ class Stack:
 
     def embedding_command(self) -> list[str]:
         """The embedding engine: the stack's security; 8192-token steps (an encoder's step is one padded
-        forward with no KV cache to budget, and bigger batches embed more per second on a CPU)."""
+        forward with no KV cache to budget, and bigger batches embed more per second on a CPU); its
+        share of the cores (thread_shares)."""
         tls = self.tls.engine_args() if self.tls else []
         return [sys.executable, "-m", "engine_service", "--host", self.host, "--port", str(self.embedding_port),
-                "--model", str(self.embedding_model), "--max-step-tokens", "8192", *tls]
+                "--model", str(self.embedding_model), "--max-step-tokens", "8192", *tls,
+                *(["--threads", str(self.threads[1])] if self.threads else [])]
 
     @property
     def shim_log(self) -> Path:
@@ -243,8 +261,9 @@ class Stack:
         tls = self.tls.engine_args() if self.tls else []
         metrics = (["--metrics-port", str(self.metrics_port + index), "--metrics-host", self.host]
                    if self.metrics_port else [])
+        threads = ["--threads", str(self.threads[0])] if self.threads else []
         command = [sys.executable, "-m", "engine_service", "--host", self.host,
-                   "--port", str(self.engine_ports[index]), *metrics, *tls, *self.engine_args]
+                   "--port", str(self.engine_ports[index]), *metrics, *tls, *threads, *self.engine_args]
         return command + ["--model", self.model] if self.model else command
 
     def shim_command(self) -> list[str]:
