@@ -232,14 +232,14 @@ def _exit_now() -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """The workers of `-n auto` (pyproject.toml): 3 for a run without the model tests (the fast tier),
+    """The workers of `-n auto` (pyproject.toml): 4 for a run without the model tests (the fast tier),
     else 2. The fast tier's tests mostly wait (on shims and fakes starting, timeouts, streams paced by
     the fake), so two workers left the cores idle half the time: on the loaded 2-core machine a third
-    took the fast tier from 114 s to 86 s. The model tests keep two: each worker's engines hold
-    their models in memory."""
+    took the fast tier from 114 s to 86 s; on a quiet one a fourth from 28.0-33.0 s to 25.5-30.9 s
+    (three runs each). The model tests keep two: each worker's engines hold their models in memory."""
     model_only = lambda name, **_: name == "model"  # noqa: E731
     if config.option.markexpr and not Expression.compile(config.option.markexpr).evaluate(model_only):
-        return 3
+        return 4
     return 2
 
 

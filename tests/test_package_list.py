@@ -15,10 +15,9 @@ def package_folders() -> set[str]:
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     renamed = {folder: name for name, folder in setuptools["package-dir"].items()}
     found = set()
-    for init in ROOT.rglob("__init__.py"):
+    tops = [d for d in ROOT.iterdir() if d.is_dir() and d.name not in NOT_INSTALLED and not d.name.startswith(".")]
+    for init in (init for top in tops for init in top.rglob("__init__.py")):
         folder = init.parent.relative_to(ROOT)
-        if folder.parts[0] in NOT_INSTALLED or folder.parts[0].startswith("."):
-            continue
         top = next((f for f in renamed if folder.as_posix().startswith(f)), None)
         dotted = folder.as_posix()
         if top is not None:
