@@ -230,6 +230,7 @@ def test_allowed_tools_narrow_the_tools_offered(client: openai.OpenAI) -> None:
     ({"input": "hi", "tools": [WEATHER, {"type": "namespace", "name": "n", "description": "",
                                          "tools": [{"type": "custom", "name": "x"}]}]}, "tools[1].tools[0].type"),
     ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice.type"),
+    ({"input": "hi", "tools": [{"type": "function", "name": {"x": 1}, "parameters": {}}]}, "tools[0].name"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "hi", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"input": "hi", "truncation": "middle"}, "truncation"),
