@@ -16,6 +16,7 @@ from ..context import ShimContext
 from ..errors import APIError, from_engine_error
 from ..protocol.base import parse
 from ..web import engine_metadata, json_response, read_body, request_id
+from .coalesce import EmbedCoalescer
 from .protocol import DetokenizeRequest, TokenizeRequest
 from .request import openai_param, parse_embeddings
 from .response import embeddings_response
@@ -24,6 +25,8 @@ EMBEDDINGS_ROUTE = "/v1/embeddings"
 
 
 def register_embeddings(app: Flask, ctx: ShimContext) -> None:
+    coalescer = EmbedCoalescer()
+
     @app.before_request
     def admit_embeddings() -> None:
         if request.path == EMBEDDINGS_ROUTE:  # a draining shim refuses it; the app's teardown releases it
@@ -36,7 +39,7 @@ def register_embeddings(app: Flask, ctx: ShimContext) -> None:
         info, engine = ctx.models.route(plan.model, metadata=calls)
         plan.request.model = info.id
         try:
-            answer = engine.embed(request=plan.request, timeout=ctx.request_timeout_s, metadata=calls)
+            answer = coalescer.embed(engine, plan.request, ctx.request_timeout_s, calls)
         except ConduitError as exc:
             raise _embed_error(exc, plan.one_input, request_id()) from None
         return json_response(embeddings_response(answer, plan.encoding_format))
