@@ -178,7 +178,8 @@ def main() -> None:
     parser.add_argument("--infinity-dir", type=Path, default=BENCH_DIR / "peers" / "infinity")
     parser.add_argument("--workloads", default="short,passages", help="short and/or passages")
     parser.add_argument("--ceiling", metavar="WHEN", help=argparse.SUPPRESS)  # only the ceiling, as JSON
-    parser.add_argument("--baseline", type=Path, help="also Conduit (engine and shim) from this checkout (a before arm)")
+    parser.add_argument("--baseline", type=Path,
+                        help="also Conduit (engine and shim) from this checkout (a before arm)")
     parser.add_argument("--json", type=Path, default=OUT / "embed.json")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
