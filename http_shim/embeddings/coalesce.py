@@ -10,7 +10,7 @@ Only requests that ask the same thing share a call (engine, model, dimensions, t
 error the engine pins on an input (INVALID_ARGUMENT: "inputs[7]" too long, say) would name the
 wrong request's input in a shared call, so each request of that call then goes alone and gets its
 own answer or 400, exactly as without coalescing. Any other error (the engine gone, draining, full,
-a deadline) is every member's alike.
+a deadline) is every member's alike. The engine logs a shared call under its first request's id.
 """
 
 from __future__ import annotations
