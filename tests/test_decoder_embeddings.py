@@ -123,7 +123,8 @@ TEXTS = ["a short one", "x", "a much longer input whose prompt takes several of 
 
 def test_vectors_equal_transformers_last_hidden_state_on_each_input_alone(folder, served, client) -> None:
     engine = served[1]
-    free = engine.scheduler.blocks.num_free
+    blocks = engine.scheduler.blocks
+    free, cached = blocks.num_free, len(blocks.chains)
     response = client.embed(TEXTS)
     ids = [engine.tokenizer(text)["input_ids"] for text in TEXTS]
     assert len(ids[2]) > 16  # chunked
@@ -131,10 +132,10 @@ def test_vectors_equal_transformers_last_hidden_state_on_each_input_alone(folder
     assert torch.allclose(got, reference(folder, ids), atol=1e-4)
     assert [e.prompt_tokens for e in response.embeddings] == [len(i) for i in ids]
     assert response.prompt_tokens == sum(map(len, ids)) and response.model == folder.name
-    # Token ids embed alike; and every block went back (an embedding offers none to the prefix cache).
+    # Token ids embed alike; and every block went back, none offered to the prefix cache.
     again = client.embed([ids[1]])
     assert torch.allclose(torch.tensor(list(again.embeddings[0].values)), got[1], atol=1e-5)
-    assert engine.scheduler.blocks.num_free == free and not engine.scheduler.running
+    assert blocks.num_free == free and len(blocks.chains) == cached and not engine.scheduler.running
 
 
 def test_an_embed_beside_a_running_stream(folder, served, client) -> None:
@@ -199,7 +200,7 @@ def test_a_cancelled_embed_frees_its_blocks(served) -> None:
             with grpc.insecure_channel(server.address) as channel:
                 try:
                     pb_grpc.EngineStub(channel).Embed(pb.EmbedRequest(inputs=[pb.EmbedInput(text="word " * 60)]),
-                                                      timeout=2)
+                                                      timeout=3)
                 except grpc.RpcError as exc:
                     errors.append(exc)
 
@@ -250,3 +251,22 @@ def test_the_runner_gives_the_final_norms_row_of_a_prompts_last_chunk(lean: bool
     last = runner.run(ScheduledBatch(prefill=[(seq, 8)]).step_input(wants_hidden={0}))
     assert torch.allclose(last.hidden[0], want, atol=1e-5)
     assert 0 in last.next_token  # logits as ever
+
+
+def test_the_shim_serves_embeddings_for_the_chat_model_id(folder, served) -> None:
+    """/v1/embeddings through a real shim in front of the engine, for the chat model's own id."""
+    import openai
+
+    from fake_engine import start_shim, stop_process
+
+    process, url = start_shim(served[0].address)
+    try:
+        sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        response = sdk.embeddings.create(model=folder.name, input=TEXTS)  # base64, decoded by the SDK
+        sdk.close()
+    finally:
+        stop_process(process)
+    ids = [served[1].tokenizer(t)["input_ids"] for t in TEXTS]
+    got = torch.tensor([item.embedding for item in response.data])
+    assert torch.allclose(got, reference(folder, ids), atol=1e-4)
+    assert response.usage.prompt_tokens == sum(map(len, ids))
