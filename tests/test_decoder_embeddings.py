@@ -28,6 +28,7 @@ from engine_service.model.runner import ModelRunner
 from engine_service.serving.background import BackgroundServer
 from engine_service.serving.decoder_embed import DecoderEmbedServicer
 from engine_service.serving.server import EngineServicer, outputs_to
+from engine_service.serving.vllm_worker import VllmWorker
 from tiny_models import RunnerSeq, tiny_config, tiny_in_memory
 
 pytestmark = pytest.mark.in_process_engine
@@ -98,7 +99,8 @@ def serve(folder: Path, enable: bool, **config) -> tuple[BackgroundServer, Engin
     engine = build_engine(loaded, EngineConfig(enable_embeddings=enable, quantization="none", kv_cache_tokens=1024,
                                                block_size=8, **config), on_outputs=outputs_to(grpc_loop))
     servicer = DecoderEmbedServicer(engine) if enable else EngineServicer(engine)
-    return BackgroundServer(servicer, "127.0.0.1", 0, loop=grpc_loop).start(), engine
+    return BackgroundServer(servicer, "127.0.0.1", 0, loop=grpc_loop, companions=[VllmWorker(servicer).add_to]
+                            ).start(), engine
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +157,18 @@ def test_an_embed_beside_a_running_stream(folder, served, client) -> None:
     ids = [served[1].tokenizer(t)["input_ids"] for t in TEXTS]
     assert torch.allclose(torch.tensor([list(e.values) for e in response.embeddings]), reference(folder, ids),
                           atol=1e-4)
+
+
+def test_the_gateways_embed_is_served_too(folder, served) -> None:
+    """vllm.grpc.engine's Embed (the Shepherd gateway's protocol, one input's ids a call) on the same port."""
+    from smg_grpc_proto.generated import vllm_engine_pb2 as vpb, vllm_engine_pb2_grpc as vpb_grpc
+
+    ids = served[1].tokenizer(TEXTS[0])["input_ids"]
+    with grpc.insecure_channel(served[0].address) as channel:
+        answer = vpb_grpc.VllmEngineStub(channel).Embed(vpb.EmbedRequest(tokenized=vpb.TokenizedInput(input_ids=ids)),
+                                                        timeout=30)
+    assert answer.prompt_tokens == len(ids) and answer.embedding_dim == 32
+    assert torch.allclose(torch.tensor([list(answer.embedding)]), reference(folder, [ids]), atol=1e-4)
 
 
 def embed_error(address: str, request: pb.EmbedRequest) -> grpc.RpcError:
