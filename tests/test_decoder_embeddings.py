@@ -141,21 +141,27 @@ def test_vectors_equal_transformers_last_hidden_state_on_each_input_alone(folder
 
 
 def test_an_embed_beside_a_running_stream(folder, served, client) -> None:
-    """Both answer: the stream's text is what it is alone (greedy), the vectors the reference's."""
-    def generate() -> str:
-        return client.complete(pb.GenerateRequest(text="once upon a time", sampling=pb.SamplingParams(temperature=0),
-                                                  stopping=pb.StoppingParams(max_tokens=24, ignore_eos=True))).text
-
-    alone = generate()
-    stream = client.generate(pb.GenerateRequest(text="once upon a time", sampling=pb.SamplingParams(temperature=0),
-                                                stopping=pb.StoppingParams(max_tokens=24, ignore_eos=True)))
-    first = next(stream)  # the stream is running
-    response = client.embed(TEXTS)
-    rest = list(stream)
-    text = "".join(m.chunk.text for m in [first, *rest] if m.HasField("chunk"))
+    """Both arrive while the engine is paused, so they start in the same step and share the next ones
+    (the long input's prompt spans several): the stream's text is what it is alone (greedy), the vectors
+    the reference's."""
+    _, engine, pump = served
+    request = pb.GenerateRequest(text="once upon a time", sampling=pb.SamplingParams(temperature=0),
+                                 stopping=pb.StoppingParams(max_tokens=24, ignore_eos=True))
+    alone = client.complete(request).text
+    answers: list[pb.EmbedResponse] = []
+    pump.running.clear()
+    try:
+        stream = client.generate(request)
+        call = threading.Thread(target=lambda: answers.append(client.embed(TEXTS)))
+        call.start()
+        wait_for(lambda: len(engine.loop.inbox) == 2)
+    finally:
+        pump.running.set()
+    text = "".join(m.chunk.text for m in stream if m.HasField("chunk"))
+    call.join()
     assert text == alone
-    ids = [served[1].tokenizer(t)["input_ids"] for t in TEXTS]
-    assert torch.allclose(torch.tensor([list(e.values) for e in response.embeddings]), reference(folder, ids),
+    ids = [engine.tokenizer(t)["input_ids"] for t in TEXTS]
+    assert torch.allclose(torch.tensor([list(e.values) for e in answers[0].embeddings]), reference(folder, ids),
                           atol=1e-4)
 
 
