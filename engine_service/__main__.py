@@ -96,6 +96,11 @@ def build_parser() -> EnvArgumentParser:
                         "(vLLM's and SGLang's flag of that name). auto (default): every token while a step "
                         f"feeds up to {AUTO_STREAMS_PER_STEP} requests, then every ceil(requests / "
                         f"{AUTO_STREAMS_PER_STEP}) steps, at most {AUTO_MAX_STREAM_INTERVAL}; 1: always every token")
+    p.add_argument("--enable-embeddings", action="store_true",
+                   help="a generation engine also serves Embed (/v1/embeddings for its model id): each input is "
+                        "a prefill-only sequence batched beside the chat traffic, its vector the final norm's "
+                        "hidden state at its last token, normalized (how Qwen3-Embedding-style decoders embed); "
+                        "only worth it for a model trained to embed. An embedding model's engine ignores it")
     p.add_argument("--threads", metavar="N", type=bounded("threads"), default=0,
                    help="torch CPU threads; default: all cores")
     p.add_argument("--log-level", default="INFO", help="Python logging level")
@@ -160,7 +165,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             block_size=args.block_size, kv_cache_tokens=args.kv_cache_tokens, kv_cache_gb=args.kv_cache_gb,
             max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
             quantization=args.quantization, deterministic=args.deterministic, native_kernels=args.native_kernels,
-            stream_interval=args.stream_interval, reasoning_parser=args.reasoning_parser)
+            stream_interval=args.stream_interval, reasoning_parser=args.reasoning_parser,
+            enable_embeddings=args.enable_embeddings)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     return args
@@ -183,6 +189,7 @@ def main() -> None:
     from engine_service.core.metrics import EngineMetrics
     from engine_service.model.loader import load_model
     from engine_service.serving.background import BackgroundServer
+    from engine_service.serving.decoder_embed import DecoderEmbedServicer
     from engine_service.serving.server import EngineServicer, outputs_to
     from engine_service.serving.vllm_worker import VllmWorker
 
@@ -214,7 +221,7 @@ def main() -> None:
     if metrics is not None:
         metrics.serve(args.metrics_port, args.metrics_host)
         logging.getLogger(__name__).info("metrics on http://%s:%d/metrics", args.metrics_host, args.metrics_port)
-    servicer = EngineServicer(engine)
+    servicer = DecoderEmbedServicer(engine) if args.config.enable_embeddings else EngineServicer(engine)
     server = BackgroundServer(servicer, args.host, args.port, security=args.security, description=loaded.model_id,
                               companions=[VllmWorker(servicer).add_to],  # the Shepherd gateway's protocol
                               loop=grpc_loop)

@@ -46,7 +46,7 @@ class Parts:
         params = RequestParams(SamplingParams(), StoppingParams(max_tokens=50, ignore_eos=True), n=n)
         request = Request(request_id, [1, 2, 3, 4, 5], params, max_tokens=50, sink=lambda events: None)
         self.requests.add(request)
-        self.scheduler.waiting.append(self.choices.make(request))
+        self.scheduler.waiting.extend(self.choices.make(request))
         return request
 
     def good_step(self) -> list[str]:

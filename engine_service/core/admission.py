@@ -32,6 +32,10 @@ class Admission:
 
     def check(self, request: Request) -> None:
         """Raise InvalidRequest naming the field at fault, or set `request.max_tokens`."""
+        if request.inputs is not None:
+            self._check_inputs(request.inputs)
+            request.max_tokens = 0
+            return
         prompt_len = len(request.prompt_ids)
         if prompt_len == 0:
             raise InvalidRequest("the prompt is empty", "input")
@@ -48,3 +52,13 @@ class Admission:
         wanted = request.params.stopping.max_tokens
         room = limit - prompt_len
         request.max_tokens = room if wanted is None else min(wanted, room)
+
+    def _check_inputs(self, inputs: list[list[int]]) -> None:
+        """An Embed's inputs (serving/embed.py checked them against the context already, naming each):
+        a prompt to the last token, no generated token after it."""
+        if not inputs:
+            raise InvalidRequest("inputs must not be empty", "inputs")
+        for i, ids in enumerate(inputs):
+            if not ids or len(ids) > self.context_limit or any(not 0 <= t < self.vocab_size for t in ids):
+                raise InvalidRequest(f"inputs[{i}] must have 1 to {self.context_limit} token ids below the "
+                                     f"vocabulary size {self.vocab_size}", f"inputs[{i}]")

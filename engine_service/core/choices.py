@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 
 from engine_service.core.events import FinishReason, PromptEvent
 from engine_service.core.metrics import StepRecorder
@@ -38,13 +39,23 @@ class Choices:
         self.recorder = recorder
         self.call_markers = skipped_markers(tokenizer, CALL_TAGS)  # tool-call tags the detokenizer skips
 
-    def make(self, request: Request) -> Sequence:
-        """Fresh sequences for every choice of `request`; returns the leader, for the caller to
-        queue (the forks wait on it)."""
+    def make(self, request: Request) -> list[Sequence]:
+        """Fresh sequences for every choice of `request`; returns those the caller queues: the
+        leader (the forks wait on it), or every input of an Embed (each its own prompt)."""
+        if request.embeds:
+            request.sequences = [Sequence(request, i, set(), None, None) for i in range(request.params.n)]
+            return list(request.sequences)
         request.sequences = [self._sequence(request, i) for i in range(request.params.n)]
         leader = request.sequences[0]
         leader.forks = request.sequences[1:]  # siblings join once the shared prompt is prefilled
-        return leader
+        return [leader]
+
+    def embedded(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        """An Embed's input is prefilled: its vector is its last token's hidden row, normalized (the
+        last-token pooling of decoder embedding models); it ends there, its blocks freed."""
+        seq.embedding = torch.nn.functional.normalize(hidden, p=2, dim=-1)
+        self.recorder.prompt_done(seq.prompt_len)
+        self.requests.finish(seq, FinishReason.STOP)
 
     def start(self, leader: Sequence) -> list[Sequence]:
         """The prompt is prefilled: announce it, and start the request's choices from it (n > 1 forks

@@ -74,6 +74,8 @@ class EngineConfig:
     stream_interval: int = 0
     # Reasoning models' thinking markers: auto (from the chat template), none, or a family by name.
     reasoning_parser: str = "auto"
+    # A generation engine also answers Embed: each input a prefill-only sequence, pooled by its last token.
+    enable_embeddings: bool = False
 
     def __post_init__(self) -> None:
         """Raises ValueError naming the first setting out of bounds."""

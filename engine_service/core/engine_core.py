@@ -24,7 +24,7 @@ from engine_service.core.pacing import StreamPacing
 from engine_service.core.recovery import StepRecovery
 from engine_service.core.requests import RequestOutput, Requests
 from engine_service.core.sampler import sample
-from engine_service.core.scheduler import ScheduledBatch, Scheduler
+from engine_service.core.scheduler import ScheduledBatch, Scheduler, embedding_inputs
 from engine_service.core.sequence import Request, Sequence
 from engine_service.model.runner import ModelRunner
 from engine_service.model.step import StepLogits
@@ -51,12 +51,12 @@ class EngineCore:
         started fails alone."""
         for request in requests:
             try:
-                leader = self.choices.make(request)  # its sequences, stop handling, grammar matchers
+                queued = self.choices.make(request)  # its sequences, stop handling, grammar matchers
             except Exception:  # that request's fault, or the engine's on it: it fails alone (INTERNAL)
                 log.exception("could not start the request; failing it", extra=request_extra(request.log_id))
                 self.requests.end(request, FinishReason.ERROR)
                 continue
-            self.scheduler.waiting.append(leader)
+            self.scheduler.waiting.extend(queued)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """End each request still here with CANCELLED; its blocks go back now."""
@@ -71,7 +71,7 @@ class EngineCore:
         batch = self.scheduler.schedule()
         if batch:
             try:
-                logits = self.runner.run(batch.step_input(prompt_logprobs.wanted(batch)))
+                logits = self.runner.run(batch.step_input(prompt_logprobs.wanted(batch), embedding_inputs(batch)))
                 self.scheduler.advance(batch)
                 sampled = self._postprocess(batch, logits)
             except Exception:
@@ -107,6 +107,9 @@ class EngineCore:
         seqs: list[Sequence] = []
         for seq_id, row in logits.next_token.items():
             seq = scheduled[seq_id]
+            if seq.request.embeds:  # an Embed's input: its vector, no token
+                self.choices.embedded(seq, logits.hidden[seq_id])
+                continue
             choices = self.choices.start(seq) if seq.num_output == 0 and seq.index == 0 else [seq]
             rows += [row] * len(choices)
             seqs += choices

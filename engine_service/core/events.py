@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from conduit_common.results import ToolCall
 from engine_service.text.tools import ToolCallDelta
+
+if TYPE_CHECKING:
+    import torch
 
 
 class FinishReason(enum.Enum):
@@ -58,6 +62,7 @@ class FinalEvent:
     matched_stop: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     reasoning_tokens: int = 0  # of completion_tokens, the thinking's
+    embedding: torch.Tensor | None = None  # an Embed's input (index): its normalized float32 vector
 
 
 Event = PromptEvent | ChunkEvent | FinalEvent

@@ -61,7 +61,7 @@ class FaultInjectingChoices:
         self.marker = marker
         self.decode = decode
 
-    def make(self, request: Request) -> Sequence:
+    def make(self, request: Request) -> list[Sequence]:
         if self.marker in self.decode(request.prompt_ids):
             raise InjectedFault(f"injected fault ({FAULT_INJECT_TAKE_ENV}) for request {request.log_id}")
         return self.choices.make(request)

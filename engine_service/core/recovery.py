@@ -75,7 +75,7 @@ class StepRecovery:
             for seq in request.sequences:
                 self.scheduler.release(seq)
             request.outbox = []
-            self.scheduler.waiting.appendleft(self.choices.make(request))
+            self.scheduler.waiting.extendleft(reversed(self.choices.make(request)))
             return
         for seq in request.sequences:
             if not seq.finished:

@@ -56,11 +56,15 @@ class Requests:
         events, request.outbox = request.outbox, []
         request.unsent_steps = 0
         for seq in request.sequences:
-            chunk = seq.output.chunk()
+            chunk = seq.output.chunk() if seq.output is not None else None
             if chunk is not None:
                 events.append(chunk)
             if seq.finished and not seq.finish_reason.abnormal and not seq.final_sent:
                 seq.final_sent = True
+                if seq.output is None:  # an Embed's input
+                    events.append(FinalEvent(seq.index, seq.finish_reason, seq.prompt_len, 0,
+                                             embedding=seq.embedding))
+                    continue
                 events.append(FinalEvent(seq.index, seq.finish_reason, seq.prompt_len, seq.num_output,
                                          seq.output.matched_stop, tool_calls=seq.output.tool_calls,
                                          reasoning_tokens=seq.output.reasoning_tokens))

@@ -8,7 +8,9 @@ sequence is preempted: its blocks are freed and it is recomputed later.
 
 Admission shares the prefix-cached blocks that start a sequence's tokens (block_manager.py),
 so only the rest is prefilled; after a preemption this finds the sequence's own blocks again
-unless they were evicted meanwhile. Requests that want their prompt's logprobs compute it all.
+unless they were evicted meanwhile. An Embed's inputs are prefill-only sequences like any other
+prompt, finished at their prompt's end: they read the cache but offer it nothing (`advance`).
+Requests that want their prompt's logprobs compute it all.
 
 After a step fails, recovery.py names the requests it suspects (`suspects`, by request id):
 a step then holds the sequences of at most one suspect, beside any others, so the next
@@ -36,16 +38,24 @@ class ScheduledBatch:
     def sequences(self) -> list[Sequence]:
         return [*self.decode, *(seq for seq, _ in self.prefill)]
 
-    def step_input(self, wants_prompt_logprobs: set[int] = frozenset()) -> StepInput:
+    def step_input(self, wants_prompt_logprobs: set[int] = frozenset(), wants_hidden: set[int] = frozenset()
+                   ) -> StepInput:
         """What the model runner reads of this batch; `wants_prompt_logprobs`: the sequences (by
-        seq_id) whose prompt chunks keep every logits row (prompt_logprobs.wanted)."""
+        seq_id) whose prompt chunks keep every logits row (prompt_logprobs.wanted); `wants_hidden`:
+        those whose prompt's last token gives its hidden row (an Embed's inputs: `embedding_inputs`)."""
         decode = [DecodeRow(seq.seq_id, seq.token_ids[seq.num_cached], seq.num_cached, seq.block_table)
                   for seq in self.decode]
         prefill = [PromptChunk(seq.seq_id, seq.token_ids[seq.num_cached:seq.num_cached + length], seq.num_cached,
                                seq.block_table, ends_prompt=seq.num_cached + length == len(seq.token_ids),
-                               keep_all_rows=seq.seq_id in wants_prompt_logprobs)
+                               keep_all_rows=seq.seq_id in wants_prompt_logprobs,
+                               wants_hidden=seq.seq_id in wants_hidden)
                    for seq, length in self.prefill]
         return StepInput(decode, prefill)
+
+
+def embedding_inputs(batch: ScheduledBatch) -> set[int]:
+    """The seq_ids of the batch's prompt chunks that are an Embed's inputs."""
+    return {seq.seq_id for seq, _ in batch.prefill if seq.request.embeds}
 
 
 class Scheduler:
@@ -90,13 +100,15 @@ class Scheduler:
 
     def advance(self, batch: ScheduledBatch) -> None:
         """After the model ran the batch: its tokens are in the cache, and the blocks they fill
-        can be shared."""
+        can be shared. An embedding's blocks are not offered: it reads cached prefixes (the same
+        keys and values) but a burst of documents would otherwise evict the chats' prefixes."""
         for seq in batch.decode:
             seq.num_cached += 1
             self.blocks.register_full_blocks(seq)
         for seq, length in batch.prefill:
             seq.num_cached += length
-            self.blocks.register_full_blocks(seq)
+            if not seq.request.embeds:
+                self.blocks.register_full_blocks(seq)
 
     def _admit(self, seq: Sequence) -> bool:
         """Blocks for all of seq's tokens, cached ones shared; the request's cached_tokens is what

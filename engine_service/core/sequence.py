@@ -40,6 +40,13 @@ class Request:
     log_id: str = ""  # the id the caller knows (x-request-id, else its request_id): in log lines about it
     arrival: float = 0.0  # time.monotonic() at submit, for latency metrics
     cached_tokens: int | None = None  # prompt tokens found in the prefix cache at its first admission
+    # An Embed (generation engines with enable_embeddings): each input's ids, one prefill-only sequence
+    # each (params.n of them), ending at the end of its prompt with its last token's hidden row.
+    inputs: list[list[int]] | None = None
+
+    @property
+    def embeds(self) -> bool:
+        return self.inputs is not None
 
     @property
     def finished(self) -> bool:
@@ -50,13 +57,15 @@ class Sequence:
     """A choice being generated: its tokens and cache blocks; `output` turns its tokens into text."""
 
     def __init__(self, request: Request, index: int, stop_ids: set[int], matcher: Matcher | None,
-                 output: OutputProcessor) -> None:
+                 output: OutputProcessor | None) -> None:
+        """output: None for an embedding's input (request.inputs[index] is its prompt)."""
         self.seq_id = next(_seq_ids)
         self.request = request
         self.index = index
         self.params = request.params
-        self.token_ids: list[int] = list(request.prompt_ids)
-        self.prompt_len = len(request.prompt_ids)
+        prompt = request.prompt_ids if request.inputs is None else request.inputs[index]
+        self.token_ids: list[int] = list(prompt)
+        self.prompt_len = len(prompt)
         self.num_cached = 0
         self.block_table: list[int] = []
         # Prefix caching (see block_manager.py): the keys of its full token blocks, computed once,
@@ -77,6 +86,7 @@ class Sequence:
         self.last_token_time = 0.0  # time.monotonic() of its last token (kept only with metrics on)
         # Echo with logprobs: one entry per prompt token (None for the first).
         self.prompt_logprobs: list[TokenLogprob | None] = [None]
+        self.embedding: torch.Tensor | None = None  # an embedding's input: its vector once prefilled
 
     @property
     def constrained(self) -> bool:

@@ -90,7 +90,8 @@ def fuse_projections(model: torch.nn.Module) -> None:
 
 
 class LeanLlama:
-    """Call with (input_ids [1, T], position_ids [1, T], logits_to_keep [K], layout) -> logits [1, K, vocab].
+    """Call with (input_ids [1, T], position_ids [1, T], logits_to_keep [K], layout) -> logits [1, K, vocab];
+    `final_hidden` gives the same rows before lm_head (the final norm's output: what embeddings pool).
 
     Built over a model whose projections are fused (`fuse_projections`) and whose linears are final
     (quantized or not): it holds each layer's modules as plain calls and its norms' weights at hand,
@@ -112,6 +113,11 @@ class LeanLlama:
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, logits_to_keep: torch.Tensor,
                  layout: attention.StepLayout) -> torch.Tensor:
+        return self.lm_head(self.final_hidden(input_ids, position_ids, logits_to_keep, layout)).unsqueeze(0)
+
+    def final_hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows_to_keep: torch.Tensor,
+                     layout: attention.StepLayout) -> torch.Tensor:
+        """[K, hidden]: the final norm's output at the kept rows."""
         base = self.model.model
         tokens, head_dim, q_heads, qk_heads = input_ids.shape[1], self.head_dim, self.q_heads, self.qk_heads
         h = F.embedding(input_ids[0], base.embed_tokens.weight)  # [T, hidden] all the way: no reshapes
@@ -127,7 +133,7 @@ class LeanLlama:
             h, normed = layer.post_attention_norm.after_adding(h, layer.o_proj(out.reshape(tokens, -1)))
             gate, up = layer.gate_up_proj(normed).chunk(2, dim=-1)
             h, normed = next_norm.after_adding(h, layer.down_proj(layer.act_fn(gate) * up))
-        return self.lm_head(normed[logits_to_keep]).unsqueeze(0)
+        return normed[rows_to_keep]
 
 
 class _Layer:

@@ -1,4 +1,5 @@
-"""Runs one engine step through the model: a StepInput in (model/step.py), logits out.
+"""Runs one engine step through the model: a StepInput in (model/step.py), logits out (and, for
+the prompt chunks that end an embedding's input, the final norm's hidden row of its last token).
 
 The whole step is one forward pass over a packed [1, T] sequence (decode tokens
 first, then prompt chunks); the paged attention function keeps sequences apart.
@@ -43,6 +44,7 @@ class PackedBatch:
     keep: list[int] = field(default_factory=list)  # packed positions whose logits are computed
     next_token_rows: dict[int, int] = field(default_factory=dict)  # seq_id -> row in the kept logits
     prompt_rows: list[PromptRows] = field(default_factory=list)
+    hidden_rows: dict[int, int] = field(default_factory=dict)  # seq_id -> kept row whose hidden state is wanted
 
     def add(self, token: int, position: int, slot: int) -> None:
         self.input_ids.append(token)
@@ -110,11 +112,12 @@ class ModelRunner:
             batch.keep_row(padding_row)  # its logits row comes last and is dropped
         if self.full_weights is not None:
             self.full_weights.set_for_step(len(batch.input_ids), bool(step.prefill))
-        logits = self.forward(batch)
+        logits, hidden = self.forward(batch)
         return StepLogits(
             next_token={seq_id: logits[row] for seq_id, row in batch.next_token_rows.items()},
             prompt={p.seq_id: (p.first_position, logits[p.first_row:p.first_row + p.count])
-                    for p in batch.prompt_rows})
+                    for p in batch.prompt_rows},
+            hidden={seq_id: hidden[row] for seq_id, row in batch.hidden_rows.items()})
 
     def _slot(self, block_table: list[int], position: int) -> int:
         return block_table[position // self.block_size] * self.block_size + position % self.block_size
@@ -156,9 +159,12 @@ class ModelRunner:
                     batch.next_token_rows[chunk.seq_id] = rows[-1]
             elif chunk.ends_prompt:
                 batch.next_token_rows[chunk.seq_id] = batch.keep_row(start + length - 1)
+            if chunk.ends_prompt and chunk.wants_hidden:
+                batch.hidden_rows[chunk.seq_id] = batch.next_token_rows[chunk.seq_id]
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
-        """The model over the packed batch: float32 logits of the kept rows, on the CPU."""
+    def forward(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model over the packed batch: float32 logits of the kept rows, on the CPU; and where
+        `batch.hidden_rows` wants any, the final norm's output at the kept rows (else None)."""
         device = self.device
         block_ids = lens = None
         max_context = 0
@@ -184,9 +190,16 @@ class ModelRunner:
         position_ids = torch.tensor([batch.positions], device=device)
         # Empty when the step only prefills the middle of a prompt: no logits then.
         keep = torch.tensor(batch.keep, dtype=torch.long, device=device)
+        hidden = None
         if self.lean is not None:
-            logits = self.lean(input_ids, position_ids, keep, layout)
+            hidden = self.lean.final_hidden(input_ids, position_ids, keep, layout)
+            logits = self.lean.lm_head(hidden)
         else:
-            logits = self.model(input_ids=input_ids, position_ids=position_ids, logits_to_keep=keep,
-                                use_cache=False, layout=layout).logits
-        return logits[0].float().cpu()
+            # hidden_states[-1] is the base model's output, after its final norm (only asked for when wanted).
+            out = self.model(input_ids=input_ids, position_ids=position_ids, logits_to_keep=keep, use_cache=False,
+                             layout=layout, output_hidden_states=bool(batch.hidden_rows))
+            logits = out.logits[0]
+            if batch.hidden_rows:
+                hidden = out.hidden_states[-1][0, keep]
+        wanted = None if hidden is None or not batch.hidden_rows else hidden.float().cpu()
+        return logits.float().cpu(), wanted

@@ -31,6 +31,7 @@ class PromptChunk:
     block_table: list[int]
     ends_prompt: bool  # its last token is the prompt's: its logits row picks the first output token
     keep_all_rows: bool = False  # every row's logits wanted (the prompt's logprobs)
+    wants_hidden: bool = False  # an embedding: the final-normed hidden row of the prompt's last token
 
 
 @dataclass
@@ -45,3 +46,5 @@ class StepLogits:
 
     next_token: dict[int, torch.Tensor]  # seq_id -> [vocab] logits for its next token
     prompt: dict[int, tuple[int, torch.Tensor]]  # seq_id -> (first position, [chunk, vocab]) for prompt logprobs
+    # seq_id -> [hidden] float32: the final norm's output at the prompt's last token (chunks that want it)
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)

@@ -1,10 +1,12 @@
 """The Embed RPC: the servicer of an engine that serves an embedding model, and the checks of an
 EmbedRequest's inputs against that model.
 
-An engine serves either generation or embeddings (the model decides: serving/server.py for a chat
-model, this for an embedding model). Generate and GenerateMany here end with FAILED_PRECONDITION;
-so does Embed on a generation model (server.py): a chat model's hidden states are no embedding it
-was trained for, and vectors that look right but retrieve badly are worse than a clear refusal.
+An embedding model's engine serves embeddings only: Generate and GenerateMany here end with
+FAILED_PRECONDITION. Embed on a generation model does too (server.py) unless the engine was started
+with --enable-embeddings (serving/decoder_embed.py, which shares this module's checks and packing): a
+chat model's hidden states are no embedding it was trained for, and vectors that look right but
+retrieve badly are worse than a clear refusal, so that is the operator's explicit choice (a decoder
+trained for embeddings, Qwen3-Embedding style, beside its own generation).
 """
 
 from __future__ import annotations
@@ -119,6 +121,41 @@ def shorten(vectors: torch.Tensor, dimensions: int, normalize: bool) -> torch.Te
     return torch.nn.functional.normalize(short, p=2, dim=-1) if normalize else short
 
 
+def call_ids(request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> tuple[str, str]:
+    """(the call's request id, the id its log lines carry), as Generate names its calls; sets the latter."""
+    metadata_id = caller_request_id(context)
+    request_id = clean_request_id(request.request_id) or metadata_id or f"emb-{uuid.uuid4().hex}"
+    REQUEST_ID.set(metadata_id or request_id)
+    return request_id, metadata_id or request_id
+
+
+async def checked_inputs(servicer: EngineServicer, model: EmbeddingModel, request: pb.EmbedRequest,
+                         context: grpc.aio.ServicerContext, max_len: int) -> list[list[int]]:
+    """What every Embed does first: UNAVAILABLE while draining, NOT_FOUND for another model, then each
+    input's ids (embed_inputs), or INVALID_ARGUMENT naming the field at fault."""
+    if servicer.draining:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
+    await servicer._check_model(request.model, context)
+    try:  # 2048 texts take a while to tokenize: off the event loop, but not a query (see inline_work)
+        if inline_work(request):
+            return embed_inputs(model, request, max_len)
+        return await servicer._off_loop(embed_inputs, model, request, max_len)
+    except InvalidRequest as exc:
+        log.info("invalid: %s", exc)
+        await abort_invalid(context, exc, None)
+        raise  # not reached: abort raises
+
+
+def embed_response(model: EmbeddingModel, request: pb.EmbedRequest, vectors: torch.Tensor,
+                   inputs: list[list[int]]) -> pb.EmbedResponse:
+    """The vectors (one row per input, in order), shortened where `dimensions` asks, packed."""
+    dimensions = request.dimensions if request.HasField("dimensions") else model.dimensions
+    vectors = shorten(vectors, dimensions, model.pooling.normalize)
+    return pb.EmbedResponse(
+        embeddings=[pb.Embedding(values=row.tolist(), prompt_tokens=len(ids)) for row, ids in zip(vectors, inputs)],
+        prompt_tokens=sum(len(ids) for ids in inputs), model=model.model_id)
+
+
 class EmbeddingServicer(EngineServicer):
     """conduit.v1.Engine over an EmbeddingEngine: Embed, plus what every engine answers (models,
     Tokenize, Detokenize, GetLoad, health through BackgroundServer)."""
@@ -126,29 +163,16 @@ class EmbeddingServicer(EngineServicer):
     engine: EmbeddingEngine  # type: ignore[assignment]
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
-        metadata_id = caller_request_id(context)
-        request_id = clean_request_id(request.request_id) or metadata_id or f"emb-{uuid.uuid4().hex}"
-        REQUEST_ID.set(metadata_id or request_id)
-        if self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
-        await self._check_model(request.model, context)
+        request_id, log_id = call_ids(request, context)
         model: EmbeddingModel = self.engine.loaded
-        try:  # 2048 texts take a while to tokenize: off the event loop, but not a query (see inline_work)
-            if inline_work(request):
-                inputs = embed_inputs(model, request, self.engine.max_model_len)
-            else:
-                inputs = await self._off_loop(embed_inputs, model, request, self.engine.max_model_len)
-        except InvalidRequest as exc:
-            log.info("invalid: %s", exc)
-            await abort_invalid(context, exc, None)
+        inputs = await checked_inputs(self, model, request, context, self.engine.max_model_len)
         loop = asyncio.get_running_loop()
         done: asyncio.Future[tuple[torch.Tensor | None, FinishReason]] = loop.create_future()
 
         def sink(vectors: torch.Tensor | None, reason: FinishReason) -> None:  # on the engine's thread
             loop.call_soon_threadsafe(lambda: done.done() or done.set_result((vectors, reason)))
 
-        job = EmbedJob(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", inputs=inputs, sink=sink,
-                       log_id=metadata_id or request_id)
+        job = EmbedJob(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", inputs=inputs, sink=sink, log_id=log_id)
         try:
             self.engine.submit(job)
         except QueueFull as exc:
@@ -163,13 +187,9 @@ class EmbeddingServicer(EngineServicer):
                 self.engine.abort(job.request_id)
         if vectors is None:
             await self._abort_abnormal(context, reason, job.log_id)
-        dimensions = request.dimensions if request.HasField("dimensions") else model.dimensions
-        vectors = shorten(vectors, dimensions, model.pooling.normalize)
         log.info("embedded %d input(s), %d tokens, %.3fs", len(inputs), job.prompt_tokens,
                  time.monotonic() - job.arrival)
-        return pb.EmbedResponse(
-            embeddings=[pb.Embedding(values=row.tolist(), prompt_tokens=len(ids)) for row, ids in zip(vectors, inputs)],
-            prompt_tokens=job.prompt_tokens, model=model.model_id)
+        return embed_response(model, request, vectors, inputs)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         await self._check_model(request.model, context)

@@ -280,11 +280,13 @@ class EngineServicer(pb_grpc.EngineServicer):
         return ids, self.engine.tokenizer.convert_ids_to_tokens(ids)
 
     async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
-        """A generation model serves no embeddings (serving/embed.py serves an embedding model's)."""
+        """A generation model serves no embeddings unless started with --enable-embeddings
+        (serving/decoder_embed.py); serving/embed.py serves an embedding model's."""
         await self._check_model(request.model, context)
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                             f"model {self.loaded.model_id!r} is a generation model and serves no embeddings; "
-                            "use an embedding model (e.g. conduit-engine --model all-MiniLM-L6-v2)")
+                            "use an embedding model (e.g. conduit-engine --model all-MiniLM-L6-v2), or start "
+                            "this engine with --enable-embeddings if the model was trained to embed")
 
     async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:
         await self._check_model(request.model, context)

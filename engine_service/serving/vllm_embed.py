@@ -17,10 +17,9 @@ from datetime import datetime, timezone
 import grpc
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2 as vpb
 
-from conduit.v1 import engine_pb2 as pb
 from engine_service.serving.embed import EmbeddingServicer
 from engine_service.serving.tokenizer_zip import TokenizerZip
-from engine_service.serving.vllm_worker import SERVER_TYPE, VllmWorker
+from engine_service.serving.vllm_worker import SERVER_TYPE, VllmWorker, embed_through
 
 
 class VllmEmbedWorker(VllmWorker):
@@ -32,14 +31,7 @@ class VllmEmbedWorker(VllmWorker):
         self._calls: dict[str, str] = {}  # Abort finds nothing to end: an Embed call ends with its caller
 
     async def Embed(self, request: vpb.EmbedRequest, context: grpc.aio.ServicerContext) -> vpb.EmbedResponse:
-        if request.tokenized.input_ids:
-            item = pb.EmbedInput(token_ids=pb.TokenIds(ids=request.tokenized.input_ids))
-        else:  # text only: tokenized here, as the gateway would have
-            item = pb.EmbedInput(text=request.tokenized.original_text)
-        answer = await self.conduit.Embed(pb.EmbedRequest(request_id=request.request_id, inputs=[item]), context)
-        (embedding,) = answer.embeddings
-        return vpb.EmbedResponse(embedding=embedding.values, prompt_tokens=embedding.prompt_tokens,
-                                 embedding_dim=len(embedding.values))
+        return await embed_through(self.conduit, request, context)
 
     async def Generate(self, request: vpb.GenerateRequest, context: grpc.aio.ServicerContext):
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION,

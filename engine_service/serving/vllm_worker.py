@@ -133,9 +133,11 @@ class VllmWorker(vpb_grpc.VllmEngineServicer):
         return vpb.AbortResponse()
 
     async def Embed(self, request: vpb.EmbedRequest, context) -> vpb.EmbedResponse:
+        if self.engine.config.enable_embeddings:  # --enable-embeddings: conduit.v1's Embed (decoder_embed.py)
+            return await embed_through(self.conduit, request, context)
         await context.abort(grpc.StatusCode.UNIMPLEMENTED,
                             "this engine serves a generative model: no embeddings (Conduit's shim serves "
-                            "/v1/embeddings from its own embedding model)")
+                            "/v1/embeddings from its own embedding model; --enable-embeddings serves this one's)")
 
     # ----------------------------------------------------------------- the rest
 
@@ -204,3 +206,17 @@ class VllmWorker(vpb_grpc.VllmEngineServicer):
 
     async def StopProfile(self, request, context) -> common_pb2.ProfileResponse:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this engine (Conduit) has no profiler to stop")
+
+
+async def embed_through(conduit: EngineServicer, request: vpb.EmbedRequest,
+                        context: grpc.aio.ServicerContext) -> vpb.EmbedResponse:
+    """The gateway's one-input Embed through conduit.v1's Embed on `conduit`: checked and embedded exactly
+    as an input given there (its token ids, or its text tokenized here, as the gateway would have)."""
+    if request.tokenized.input_ids:
+        item = pb.EmbedInput(token_ids=pb.TokenIds(ids=request.tokenized.input_ids))
+    else:
+        item = pb.EmbedInput(text=request.tokenized.original_text)
+    answer = await conduit.Embed(pb.EmbedRequest(request_id=request.request_id, inputs=[item]), context)
+    (embedding,) = answer.embeddings
+    return vpb.EmbedResponse(embedding=embedding.values, prompt_tokens=embedding.prompt_tokens,
+                             embedding_dim=len(embedding.values))
