@@ -67,8 +67,7 @@ class EmbedCoalescer:
                request.truncate_prompt_tokens if request.HasField("truncate_prompt_tokens") else None)
         waiter = _Waiter(request, metadata)
         self._waiting.setdefault(key, []).append(waiter)
-        if self._in_flight.get(key, 0) < self.max_in_flight:
-            self._send(key, engine, timeout)
+        self._send(key, engine, timeout)
         outcome = waiter.result.get()
         if outcome is _ALONE:
             return _whole(engine.embed(request=request, timeout=timeout, metadata=metadata))
@@ -77,7 +76,9 @@ class EmbedCoalescer:
     def _send(self, key: tuple, engine: Any, timeout: float | None) -> None:
         """One call for the requests waiting (in arrival order, up to MAX_EMBED_INPUTS inputs in all);
         then, if more came meanwhile, another call for them on a greenlet of its own."""
-        waiting = self._waiting[key]
+        waiting = self._waiting.get(key)
+        if not waiting or self._in_flight.get(key, 0) >= self.max_in_flight:
+            return  # another call took them, or the next call to end sends them
         batch, size = [], 0
         while waiting and (not batch or size + len(waiting[0].request.inputs) <= MAX_EMBED_INPUTS):
             batch.append(waiting.pop(0))
