@@ -286,6 +286,25 @@ def test_with_no_healthy_replica_a_routed_call_tries_the_others_anyway(pair, rou
     assert decisions == [1.0, None]  # the first listed, as none is better
 
 
+def test_embeddings_go_to_the_least_loaded_replica(pair, routed) -> None:
+    """Embed (and the other unary calls) on the least loaded healthy replica, not always the first listed."""
+    router, _ = routed
+    engine = router.engine(MODEL_ID)
+    first, second = (server for replica in router.serving(MODEL_ID) for server in pair
+                     if server.address == replica.address)
+    first.engine.queued = 10  # busy with other shims' work, as its report says
+    wait_until(lambda: min(router.serving(MODEL_ID), key=lambda replica: replica.load).address == second.address,
+               SETTLE_S)
+    for _ in range(3):
+        engine.embed(["a text"], model=MODEL_ID)
+    assert (first.engine.embeds, second.engine.embeds) == (0, 3)
+    first.engine.queued, second.engine.queued = 0, 10
+    wait_until(lambda: min(router.serving(MODEL_ID), key=lambda replica: replica.load).address == first.address,
+               SETTLE_S)
+    engine.embed(["a text"], model=MODEL_ID)
+    assert (first.engine.embeds, second.engine.embeds) == (1, 3)
+
+
 # --- the rules, on stand-in replicas ---------------------------------------------------------------
 
 class StandIn:

@@ -237,13 +237,20 @@ class RoutedEngine:
         return self._unary(lambda client: client.detokenize(*args, **kwargs))
 
     def _unary(self, call: Any) -> Any:
-        """`call(client)` on the healthy replicas in turn until one answers; the last error if none does."""
+        """`call(client)` on the replicas serving the model, the healthy ones first and the least loaded
+        of them first (an Embed of many inputs is real work: spread by load, as generation is), until
+        one answers; the last error if none does. Counted in the replica's load while it runs."""
         error: ConduitError | None = None
-        for replica in self._router.serving(self.model):
+        replicas = sorted(self._router.serving(self.model), key=lambda replica: (replica.state != SERVING,
+                                                                                  replica.load))
+        for replica in replicas:
+            replica.call_started()
             try:
                 return call(replica.client)
             except ConduitError as exc:
                 if exc.code != grpc.StatusCode.UNAVAILABLE:
                     raise
                 error = exc
+            finally:
+                replica.call_ended()
         raise error or from_status(grpc.StatusCode.UNAVAILABLE, f"no engine replica serves {self.model!r}")
