@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from common import lazy_module
-from fake_engine import MODEL_ID, REFUSED_INPUT, start_shim, stop_process
+from fake_engine import MODEL_ID, REFUSED_INPUT, FakeEngineServer, start_shim, stop_process
 from http_shim.embeddings.coalesce import MAX_IN_FLIGHT
 from http_shim.embeddings.request import openai_param
 
@@ -94,6 +94,29 @@ def test_concurrent_requests_share_an_engine_call_and_keep_their_own_answers(fak
     assert [d["embedding"] for d in good_response.json()["data"]] == [[1.0, pytest.approx(0.3), 0.0, -1.0]]
     assert good_response.json()["usage"]["prompt_tokens"] == 3
     assert bad_response.status_code == 400 and bad_response.json()["error"]["param"] == "input[1]"
+
+
+def test_replicas_of_a_model_each_get_their_calls(fake) -> None:
+    """Over two replicas, twice the calls run side by side: coalescing must not leave one replica idle."""
+    second = FakeEngineServer().start()
+    process, url = start_shim(f"{fake.address},{second.address}")
+    engines = (fake.engine, second.engine)
+    try:
+        for engine in engines:
+            engine.embed_calls.clear()
+            engine.embed_gate.clear()
+        with ThreadPoolExecutor(2 * MAX_IN_FLIGHT) as pool:
+            answers = [pool.submit(httpx.post, f"{url}/v1/embeddings", json={"model": MODEL_ID, "input": "one"},
+                                   timeout=30) for _ in range(2 * MAX_IN_FLIGHT)]
+            _wait_for(lambda: sum(len(engine.embed_calls) for engine in engines) == 2 * MAX_IN_FLIGHT)
+            for engine in engines:
+                engine.embed_gate.set()
+            assert all(answer.result().status_code == 200 for answer in answers)
+    finally:
+        for engine in engines:
+            engine.embed_gate.set()
+        stop_process(process)
+        second.stop()
 
 
 def _in_flight(http) -> float:

@@ -28,7 +28,8 @@ from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import MAX_EMBED_INPUTS
 
 # Two: while the engine runs one call's step, the next call is already queued there, so the engine
-# never idles for the shim's round trip; the requests arriving meanwhile gather behind them.
+# never idles for the shim's round trip; the requests arriving meanwhile gather behind them. Per
+# replica, where a model has several (RoutedEngine.width): each call goes to the least loaded one.
 MAX_IN_FLIGHT = 2
 
 
@@ -52,7 +53,8 @@ _ALONE = object()  # the shared call failed on some input: go again alone
 
 
 class EmbedCoalescer:
-    """Per engine client and request shape: the requests waiting, and the calls out. Greenlets only."""
+    """Per engine (a client, or a model's RoutedEngine) and request shape: the requests waiting, and the
+    calls out. Greenlets only."""
 
     def __init__(self, max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.max_in_flight = max_in_flight
@@ -62,7 +64,7 @@ class EmbedCoalescer:
     def embed(self, engine: Any, request: pb.EmbedRequest, timeout: float | None, metadata: Any) -> EmbedAnswer:
         """`engine.embed(request=...)`'s answer for this request, maybe from a call shared with others.
         Raises ConduitError as that call would."""
-        key = (id(engine), request.model,
+        key = (engine, request.model,
                request.dimensions if request.HasField("dimensions") else None,
                request.truncate_prompt_tokens if request.HasField("truncate_prompt_tokens") else None)
         waiter = _Waiter(request, metadata)
@@ -77,7 +79,7 @@ class EmbedCoalescer:
         """One call for the requests waiting (in arrival order, up to MAX_EMBED_INPUTS inputs in all);
         then, if more came meanwhile, another call for them on a greenlet of its own."""
         waiting = self._waiting.get(key)
-        if not waiting or self._in_flight.get(key, 0) >= self.max_in_flight:
+        if not waiting or self._in_flight.get(key, 0) >= self.max_in_flight * getattr(engine, "width", 1):
             return  # another call took them, or the next call to end sends them
         batch, size = [], 0
         while waiting and (not batch or size + len(waiting[0].request.inputs) <= MAX_EMBED_INPUTS):
