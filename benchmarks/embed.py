@@ -178,7 +178,8 @@ def main() -> None:
     parser.add_argument("--infinity-dir", type=Path, default=BENCH_DIR / "peers" / "infinity")
     parser.add_argument("--workloads", default="short,passages", help="short and/or passages")
     parser.add_argument("--ceiling", metavar="WHEN", help=argparse.SUPPRESS)  # only the ceiling, as JSON
-    parser.add_argument("--baseline", type=Path, help="also Conduit with its engine from this checkout (a before arm)")
+    parser.add_argument("--baseline", type=Path,
+                        help="also Conduit (engine and shim) from this checkout (a before arm)")
     parser.add_argument("--json", type=Path, default=OUT / "embed.json")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -199,11 +200,11 @@ def main() -> None:
     arms = [("Conduit (HTTP)", {})]
     if args.baseline:
         root = args.baseline.resolve()
-        # PYTHONSAFEPATH: the launcher starts the engine in this checkout, which -m would put first on the path.
+        # PYTHONSAFEPATH: the launcher starts both processes in this checkout, which -m would put first on the path.
         arms.append((f"Conduit {_commit(root)} (HTTP)", {"PYTHONPATH": f"{root}:{root / 'protos'}",
                                                          "PYTHONSAFEPATH": "1"}))
-    for name, engine_env in arms:
-        with Stack(model=MODEL, engine_args=["--max-step-tokens", "8192"], engine_env=engine_env,
+    for name, env in arms:
+        with Stack(model=MODEL, engine_args=["--max-step-tokens", "8192"], engine_env=env, shim_env=env,
                    log_dir=OUT / "embed-stack") as stack:
             pids = [stack.engine.pid, stack.shim.pid]  # type: ignore[union-attr]
             rows += measure(name, f"{stack.base_url}/embeddings", texts, lengths, levels, args.seconds, pids)

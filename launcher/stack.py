@@ -150,7 +150,7 @@ class Stack:
 
     Ports of 0 are replaced by free ports. Use as a context manager, or call
     `start()` and `stop()`. `token` and `tls` secure the engine's port (see the module
-    docstring); `engine_env` adds to the engine's environment only.
+    docstring); `engine_env` adds to the engine's environment only, `shim_env` to the shim's.
 
     `replicas` > 1 starts that many engines (the first on `engine_port`, the others on the next
     ports when `engine_port` was given, else on free ones) behind the one shim, which spreads
@@ -168,8 +168,9 @@ class Stack:
                  shim_port: int = 0, engine_args: Sequence[str] = (), shim_args: Sequence[str] = (),
                  log_dir: Path | str | None = None, startup_timeout: float = 300.0,
                  token: str | None = None, tls: TLSFiles | None = None,
-                 engine_env: Mapping[str, str] | None = None, replicas: int = 1,
-                 metrics_port: int = 0, embedding_model: str | None = None, embedding_port: int = 0) -> None:
+                 engine_env: Mapping[str, str] | None = None, shim_env: Mapping[str, str] | None = None,
+                 replicas: int = 1, metrics_port: int = 0, embedding_model: str | None = None,
+                 embedding_port: int = 0) -> None:
         if replicas < 1:
             raise ValueError("replicas must be at least 1")
         self.model = model
@@ -184,6 +185,7 @@ class Stack:
         self.token = token
         self.tls = tls
         self.engine_env = dict(engine_env or {})
+        self.shim_env = dict(shim_env or {})
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="conduit-stack-"))
         self.startup_timeout = startup_timeout
         self.engines: list[subprocess.Popen[bytes] | None] = [None] * replicas
@@ -279,7 +281,7 @@ class Stack:
         return env
 
     def shim_environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {**os.environ, **self.shim_env}
         if self.token:
             env[ENGINE_TOKEN_ENV] = self.token
         return env

@@ -58,6 +58,7 @@ from engine_service.serving.many import ManyCalls
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_ID = "fake-model"
 MODEL_CREATED = 1_700_000_000
+REFUSED_INPUT = "refuse me"  # a text Embed refuses with INVALID_ARGUMENT naming its inputs[i]
 # For the playground's tests: Markdown to render, and markup that must show as text and never run.
 MARKDOWN_ANSWER = (
     "## A **bold** answer\n\n"
@@ -102,6 +103,9 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.embeds = 0  # Embed calls answered
         self.refuse: grpc.StatusCode | None = None  # every call fails with it before any response
         self.list_failures = 0  # ListModels calls that fail first (an engine just up, too busy to answer)
+        self.embed_calls: list[int] = []  # each Embed call's number of inputs
+        self.embed_gate = threading.Event()  # Embed calls wait while it is clear
+        self.embed_gate.set()
 
     # -------------------------------------------------------------- observation
 
@@ -144,6 +148,13 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         if request.HasField("dimensions") and request.dimensions != 4:
             context.set_trailing_metadata([(PARAM_METADATA_KEY, "dimensions")])
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "dimensions must be 4")
+        self.embed_calls.append(len(request.inputs))
+        while not self.embed_gate.is_set():
+            await asyncio.sleep(0.01)
+        for i, item in enumerate(request.inputs):
+            if item.text == REFUSED_INPUT:  # as the real engine refuses an over-long input: naming it
+                context.set_trailing_metadata([(PARAM_METADATA_KEY, f"inputs[{i}]")])
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"inputs[{i}] is refused")
         self.embeds += 1
         sizes = [len(i.text.split()) if i.HasField("text") else len(i.token_ids.ids) for i in request.inputs]
         return pb.EmbedResponse(model=self.model_id, prompt_tokens=sum(sizes), embeddings=[

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import base64
 import struct
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from common import lazy_module
-from fake_engine import MODEL_ID, start_shim, stop_process
+from fake_engine import MODEL_ID, REFUSED_INPUT, FakeEngineServer, start_shim, stop_process
+from http_shim.embeddings.coalesce import MAX_IN_FLIGHT
 from http_shim.embeddings.request import openai_param
 
 openai = lazy_module("openai")  # imported by the first test that uses it
@@ -64,6 +67,71 @@ def test_bad_input_names_its_param(http, body, param) -> None:
     response = http.post("/v1/embeddings", json=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_concurrent_requests_share_an_engine_call_and_keep_their_own_answers(fake, shim, http) -> None:
+    """While MAX_IN_FLIGHT calls are out, the requests arriving go as one call; an input the engine
+    refuses in it fails only its own request (with its own param), the other gets its own vector."""
+    engine, idle = fake.engine, _in_flight(http)
+    engine.embed_calls.clear()
+    engine.embed_gate.clear()
+    try:
+        with ThreadPoolExecutor(MAX_IN_FLIGHT + 2) as pool:
+            post = lambda body: httpx.post(f"{shim}/v1/embeddings", json={"model": MODEL_ID, **body}, timeout=30)
+            held = [pool.submit(post, {"input": "one"}) for _ in range(MAX_IN_FLIGHT)]
+            _wait_for(lambda: len(engine.embed_calls) == MAX_IN_FLIGHT)
+            good = pool.submit(post, {"input": ["three four five"]})
+            bad = pool.submit(post, {"input": ["x", REFUSED_INPUT]})
+            _wait_for(lambda: _in_flight(http) == idle + MAX_IN_FLIGHT + 2)
+            engine.embed_gate.set()
+            assert all(f.result().status_code == 200 for f in held)
+            good_response, bad_response = good.result(), bad.result()
+    finally:
+        engine.embed_gate.set()
+    assert engine.embed_calls[:MAX_IN_FLIGHT + 1] == [1] * MAX_IN_FLIGHT + [3]  # the shared call, refused
+    assert sorted(engine.embed_calls[MAX_IN_FLIGHT + 1:]) == [1, 2]  # then each alone
+    assert good_response.status_code == 200, good_response.text
+    assert [d["embedding"] for d in good_response.json()["data"]] == [[1.0, pytest.approx(0.3), 0.0, -1.0]]
+    assert good_response.json()["usage"]["prompt_tokens"] == 3
+    assert bad_response.status_code == 400 and bad_response.json()["error"]["param"] == "input[1]"
+
+
+def test_replicas_of_a_model_each_get_their_calls(fake) -> None:
+    """Over two replicas, twice the calls run side by side: coalescing must not leave one replica idle."""
+    second = FakeEngineServer().start()
+    process, url = start_shim(f"{fake.address},{second.address}")
+    engines = (fake.engine, second.engine)
+    try:
+        for engine in engines:
+            engine.embed_calls.clear()
+            engine.embed_gate.clear()
+        with ThreadPoolExecutor(2 * MAX_IN_FLIGHT) as pool:
+            answers = [pool.submit(httpx.post, f"{url}/v1/embeddings", json={"model": MODEL_ID, "input": "one"},
+                                   timeout=30) for _ in range(2 * MAX_IN_FLIGHT)]
+            _wait_for(lambda: sum(len(engine.embed_calls) for engine in engines) == 2 * MAX_IN_FLIGHT)
+            for engine in engines:
+                engine.embed_gate.set()
+            assert all(answer.result().status_code == 200 for answer in answers)
+    finally:
+        for engine in engines:
+            engine.embed_gate.set()
+        stop_process(process)
+        second.stop()
+
+
+def _in_flight(http) -> float:
+    """The shim's HTTP requests in flight, as its /metrics reports them."""
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith("conduit:http_requests_in_flight "):
+            return float(line.split()[1])
+    raise AssertionError("no conduit:http_requests_in_flight in /metrics")
+
+
+def _wait_for(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
 def test_unknown_model(http) -> None:

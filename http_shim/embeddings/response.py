@@ -7,7 +7,7 @@ import sys
 from array import array
 from typing import Any
 
-from conduit.v1 import engine_pb2 as pb
+from .coalesce import EmbedAnswer
 
 
 def encode_vector(values: Any, encoding_format: str) -> list[float] | str:
@@ -20,7 +20,7 @@ def encode_vector(values: Any, encoding_format: str) -> list[float] | str:
     return base64.b64encode(packed.tobytes()).decode("ascii")
 
 
-def embeddings_response(answer: pb.EmbedResponse, encoding_format: str) -> dict[str, Any]:
+def embeddings_response(answer: EmbedAnswer, encoding_format: str) -> dict[str, Any]:
     return {
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": encode_vector(e.values, encoding_format)}

@@ -204,6 +204,18 @@ class RoutedEngine:
         self._router = router
         self.model = model
 
+    # One per request, but equal for one model: the embeddings coalescer keys its calls on it.
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RoutedEngine) and (other._router, other.model) == (self._router, self.model)
+
+    def __hash__(self) -> int:
+        return hash((id(self._router), self.model))
+
+    @property
+    def width(self) -> int:
+        """The replicas serving the model: how many calls of it can run side by side."""
+        return max(len(self._router.serving(self.model)), 1)
+
     def generate_shared(self, request: pb.GenerateRequest, /, *, timeout: float | None = None,
                         metadata: Metadata | None = None) -> AttemptedCall:
         return AttemptedCall(_Routed(self._router, self.model, request, tuple(metadata or ())), timeout)

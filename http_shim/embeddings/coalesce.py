@@ -1,0 +1,133 @@
+"""Concurrent /v1/embeddings requests to one engine share one Embed call.
+
+At 64 clients of one short query each, a gRPC call per query cost about as much CPU as the query's
+forward (the shim's client side and the engine's servicer, ~1 ms an input of ~7). So while
+MAX_IN_FLIGHT calls to an engine are out, a request waits; when one comes back, the requests that
+waited meanwhile go as one call (their inputs concatenated, up to MAX_EMBED_INPUTS) and each takes
+its own vectors back. A request alone goes at once, as before.
+
+Only requests that ask the same thing share a call (engine, model, dimensions, truncation). An
+error the engine pins on an input (INVALID_ARGUMENT: "inputs[7]" too long, say) would name the
+wrong request's input in a shared call, so each request of that call then goes alone and gets its
+own answer or 400, exactly as without coalescing. Any other error (the engine gone, draining, full,
+a deadline) is every member's alike. The engine logs a shared call under its first request's id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gevent
+import grpc
+from gevent.event import AsyncResult
+
+from clients.errors import ConduitError
+from conduit.v1 import engine_pb2 as pb
+from conduit.v1.contract import MAX_EMBED_INPUTS
+
+# Two: while the engine runs one call's step, the next call is already queued there, so the engine
+# never idles for the shim's round trip; the requests arriving meanwhile gather behind them. Per
+# replica, where a model has several (RoutedEngine.width): each call goes to the least loaded one.
+MAX_IN_FLIGHT = 2
+
+
+@dataclass
+class EmbedAnswer:
+    """One request's share of an EmbedResponse."""
+
+    embeddings: Sequence[pb.Embedding]
+    prompt_tokens: int
+    model: str
+
+
+@dataclass(eq=False)
+class _Waiter:
+    request: pb.EmbedRequest
+    metadata: Any
+    result: AsyncResult = field(default_factory=AsyncResult)  # an EmbedAnswer, an exception, or _ALONE
+
+
+_ALONE = object()  # the shared call failed on some input: go again alone
+
+
+class EmbedCoalescer:
+    """Per engine (a client, or a model's RoutedEngine) and request shape: the requests waiting, and the
+    calls out. Greenlets only."""
+
+    def __init__(self, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+        self.max_in_flight = max_in_flight
+        self._waiting: dict[tuple, list[_Waiter]] = {}
+        self._in_flight: dict[tuple, int] = {}
+
+    def embed(self, engine: Any, request: pb.EmbedRequest, timeout: float | None, metadata: Any) -> EmbedAnswer:
+        """`engine.embed(request=...)`'s answer for this request, maybe from a call shared with others.
+        Raises ConduitError as that call would."""
+        key = (engine, request.model,
+               request.dimensions if request.HasField("dimensions") else None,
+               request.truncate_prompt_tokens if request.HasField("truncate_prompt_tokens") else None)
+        waiter = _Waiter(request, metadata)
+        self._waiting.setdefault(key, []).append(waiter)
+        self._send(key, engine, timeout)
+        outcome = waiter.result.get()
+        if outcome is _ALONE:
+            return _whole(engine.embed(request=request, timeout=timeout, metadata=metadata))
+        return outcome
+
+    def _send(self, key: tuple, engine: Any, timeout: float | None) -> None:
+        """One call for the requests waiting (in arrival order, up to MAX_EMBED_INPUTS inputs in all);
+        then, if more came meanwhile, another call for them on a greenlet of its own."""
+        waiting = self._waiting.get(key)
+        if not waiting or self._in_flight.get(key, 0) >= self.max_in_flight * getattr(engine, "width", 1):
+            return  # another call took them, or the next call to end sends them
+        batch, size = [], 0
+        while waiting and (not batch or size + len(waiting[0].request.inputs) <= MAX_EMBED_INPUTS):
+            batch.append(waiting.pop(0))
+            size += len(batch[-1].request.inputs)
+        if not waiting:
+            del self._waiting[key]
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        try:
+            _call(engine, batch, timeout)
+        finally:
+            self._in_flight[key] -= 1
+            if not self._in_flight[key]:
+                del self._in_flight[key]
+            if key in self._waiting:
+                gevent.spawn(self._send, key, engine, timeout)
+
+
+def _call(engine: Any, batch: list[_Waiter], timeout: float | None) -> None:
+    """Every waiter of `batch` gets its outcome, whatever happens here (a killed greenlet included)."""
+    if len(batch) == 1:
+        request = batch[0].request
+    else:
+        request = pb.EmbedRequest()
+        request.CopyFrom(batch[0].request)  # model, dimensions, truncation and the first's request id
+        for waiter in batch[1:]:
+            request.inputs.extend(waiter.request.inputs)
+    try:
+        answer = engine.embed(request=request, timeout=timeout, metadata=batch[0].metadata)
+    except ConduitError as exc:
+        shared = len(batch) > 1 and exc.code == grpc.StatusCode.INVALID_ARGUMENT
+        for waiter in batch:
+            waiter.result.set(_ALONE) if shared else waiter.result.set_exception(exc)
+        return
+    except BaseException:
+        for waiter in batch:
+            if not waiter.result.ready():
+                waiter.result.set(_ALONE)
+        raise
+    if len(batch) == 1:
+        batch[0].result.set(_whole(answer))
+        return
+    start = 0
+    for waiter in batch:
+        mine = answer.embeddings[start:start + len(waiter.request.inputs)]
+        start += len(mine)
+        waiter.result.set(EmbedAnswer(mine, sum(e.prompt_tokens for e in mine), answer.model))
+
+
+def _whole(answer: pb.EmbedResponse) -> EmbedAnswer:
+    return EmbedAnswer(answer.embeddings, answer.prompt_tokens, answer.model)
