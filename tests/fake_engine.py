@@ -100,7 +100,6 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.serving = True  # as its health says (set_serving); GetLoad reports draining when not
         self.running = 0  # Generate calls open now: the load GetLoad reports
         self.queued = 0  # waiting requests GetLoad adds (as if other shims kept this replica busy)
-        self.embeds = 0  # Embed calls answered
         self.refuse: grpc.StatusCode | None = None  # every call fails with it before any response
         self.list_failures = 0  # ListModels calls that fail first (an engine just up, too busy to answer)
         self.embed_calls: list[int] = []  # each Embed call's number of inputs
@@ -155,7 +154,6 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             if item.text == REFUSED_INPUT:  # as the real engine refuses an over-long input: naming it
                 context.set_trailing_metadata([(PARAM_METADATA_KEY, f"inputs[{i}]")])
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"inputs[{i}] is refused")
-        self.embeds += 1
         sizes = [len(i.text.split()) if i.HasField("text") else len(i.token_ids.ids) for i in request.inputs]
         return pb.EmbedResponse(model=self.model_id, prompt_tokens=sum(sizes), embeddings=[
             pb.Embedding(values=[1.0, n / 10, 0.0, -1.0], prompt_tokens=n) for n in sizes])
