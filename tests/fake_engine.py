@@ -202,7 +202,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             context.set_trailing_metadata(((PARAM_METADATA_KEY, path),))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the engine refuses {path}")
         if script.startswith("too-long:"):
-            prompt = types.SimpleNamespace(prompt_ids=[1] * int(script.split(":")[1]))
+            prompt = types.SimpleNamespace(prompt_ids=[1] * int(script.split(":")[1]), inputs=None)  # not an Embed
             try:
                 Admission(max_model_len=64, kv_capacity_tokens=64, vocab_size=100, max_batch_size=1).check(prompt)
             except InvalidRequest as exc:  # as the engine's servicer words it (serving/server.py)
