@@ -56,23 +56,23 @@ print(json.dumps({
     "list": health([a, b]),
     "async list": asyncio.run(async_health([a, b])),
     "proxy asked for": health(a, options=[("grpc.enable_http_proxy", 1)]),
-}))
+}), flush=True)
+import os
+os._exit(0)  # not the servers' shutdown at exit: nothing is left to wait for
 """
-
-
-def unused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def health_through_bogus_proxy(no_proxy: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    env["http_proxy"] = f"http://127.0.0.1:{unused_port()}"
-    if no_proxy is not None:
-        env["no_proxy"] = no_proxy
-    done = subprocess.run([sys.executable, "-c", CLIENTS], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    # A port held bound but not listening: connections to it are refused, and no server that another
+    # test starts meanwhile can take it (one that answered the proxy's CONNECT could hold the call).
+    with socket.socket() as proxy:
+        proxy.bind(("127.0.0.1", 0))
+        env["http_proxy"] = f"http://127.0.0.1:{proxy.getsockname()[1]}"
+        if no_proxy is not None:
+            env["no_proxy"] = no_proxy
+        done = subprocess.run([sys.executable, "-c", CLIENTS], cwd=REPO_ROOT, env=env, capture_output=True,
+                              text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
