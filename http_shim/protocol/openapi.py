@@ -119,9 +119,8 @@ def request_schemas(models: Iterable[type[BaseModel]], limits: RequestLimits) ->
 
 
 def _openapi30(schema: Any, limits: RequestLimits) -> Any:
-    """JSON Schema 2020-12 (pydantic's) -> OpenAPI 3.0: a null member of anyOf becomes `nullable`, a
-    const an enum, a numeric exclusiveMinimum the boolean form; titles and null defaults go; an
-    `x-cap` becomes its keyword with the operator's value."""
+    """JSON Schema 2020-12 (pydantic's) -> OpenAPI 3.0: a null member of anyOf becomes `nullable`; titles
+    and null defaults go; an `x-cap` becomes its keyword with the operator's value."""
     if isinstance(schema, list):
         return [_openapi30(s, limits) for s in schema]
     if not isinstance(schema, dict):
@@ -135,10 +134,7 @@ def _openapi30(schema: Any, limits: RequestLimits) -> Any:
         value = getattr(limits, limit)
         if value is not None:
             out[keyword] = value
-    if "const" in out:
-        out["enum"] = [out.pop("const")]
-    if isinstance(out.get("exclusiveMinimum"), (int, float)) and not isinstance(out["exclusiveMinimum"], bool):
-        out["minimum"], out["exclusiveMinimum"] = out["exclusiveMinimum"], True
+
     members = out.get("anyOf")
     if members and {"type": "null"} in members:
         rest = [m for m in members if m != {"type": "null"}]

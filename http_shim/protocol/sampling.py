@@ -1,8 +1,6 @@
 """The sampling and stopping fields every generation API shares (OpenAI's names, vLLM's vendor fields),
-with the engine's ranges (conduit.v1.contract), and their builders into SamplingParams/StoppingParams.
-
-The builders read attributes by name, so an API whose own model names a subset of these fields (or
-spells `stop` otherwise, passed as `stop=`) uses them too.
+with the engine's ranges, and their builders. The builders read attributes by name, so an API whose model
+names a subset of these fields (or spells `stop` otherwise, passed as `stop=`) uses them too.
 """
 
 from __future__ import annotations
