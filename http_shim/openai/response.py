@@ -148,6 +148,10 @@ class _StreamTranslator:
     def index(self, prompt_index: int, choice: int) -> int:
         return prompt_index * self.plan.n + choice
 
+    def chunk(self, index: int, content: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict:
+        """A chunk of one choice; `content`: its delta (chat) or its text (completions)."""
+        return self.envelope([{"index": index, **content, "logprobs": logprobs, "finish_reason": finish}])
+
     def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[dict[str, Any]]:
         return self.chunks(self._fold.on_response(prompt_index, response))
 
@@ -168,9 +172,6 @@ class ChatStreamTranslator(_StreamTranslator):
 
     object_name = "chat.completion.chunk"
 
-    def _choice(self, index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict:
-        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-
     def chunks(self, events: list[Event]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         delta: dict[str, Any] = {}
@@ -179,8 +180,7 @@ class ChatStreamTranslator(_StreamTranslator):
         index = 0
         for e in events:
             if isinstance(e, PromptRead):
-                out += [self.envelope([self._choice(i, {"role": "assistant", "content": ""})])
-                        for i in range(self.plan.n)]
+                out += [self.chunk(i, {"delta": {"role": "assistant", "content": ""}}) for i in range(self.plan.n)]
                 continue
             index = self.index(e.prompt_index, e.choice)
             if isinstance(e, ReasoningDelta):
@@ -199,7 +199,7 @@ class ChatStreamTranslator(_StreamTranslator):
             elif isinstance(e, ChoiceEnd):
                 out += self._delta(index, delta, calls, logprobs)
                 delta, calls, logprobs = {}, {}, None
-                out.append(self.envelope([self._choice(index, {}, None, finish_reason(e.reason))]))
+                out.append(self.chunk(index, {"delta": {}}, None, finish_reason(e.reason)))
         return out + self._delta(index, delta, calls, logprobs)
 
     def _delta(self, index: int, delta: dict[str, Any], calls: dict[int, dict[str, Any]], logprobs: Any) -> list[dict]:
@@ -209,7 +209,7 @@ class ChatStreamTranslator(_StreamTranslator):
             return []
         if not delta:
             delta["content"] = ""
-        return [self.envelope([self._choice(index, delta, logprobs)])]
+        return [self.chunk(index, {"delta": delta}, logprobs)]
 
 
 class CompletionStreamTranslator(_StreamTranslator):
@@ -219,9 +219,6 @@ class CompletionStreamTranslator(_StreamTranslator):
         super().__init__(response_id, created, model, plan)
         # Characters before each choice's next token (the logprobs' text_offset), per (prompt, choice).
         self._offsets: dict[tuple[int, int], int] = {}
-
-    def _choice(self, index: int, text: str, logprobs: Any = None, finish: str | None = None) -> dict:
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
     def chunks(self, events: list[Event]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -235,10 +232,10 @@ class CompletionStreamTranslator(_StreamTranslator):
                     logprobs = completion_logprobs(e.logprobs, offset)
                     self._offsets[e.prompt_index, e.choice] = offset + sum(len(t.token) for t in e.logprobs)
                 if e.text or logprobs is not None:
-                    out.append(self.envelope([self._choice(self.index(e.prompt_index, e.choice), e.text, logprobs)]))
+                    out.append(self.chunk(self.index(e.prompt_index, e.choice), {"text": e.text}, logprobs))
             elif isinstance(e, ChoiceEnd):
                 index = self.index(e.prompt_index, e.choice)
-                out.append(self.envelope([self._choice(index, "", None, finish_reason(e.reason))]))
+                out.append(self.chunk(index, {"text": ""}, None, finish_reason(e.reason)))
         return out
 
     def _echo(self, prompt_index: int, prompt: pb.PromptInfo) -> list[dict[str, Any]]:
@@ -249,7 +246,7 @@ class CompletionStreamTranslator(_StreamTranslator):
         for i in range(self.plan.n):
             logprobs = completion_logprobs(list(prompt.prompt_logprobs), 0) if self.plan.logprobs else None
             self._offsets[prompt_index, i] = len(echoed)
-            out.append(self.envelope([self._choice(self.index(prompt_index, i), echoed, logprobs)]))
+            out.append(self.chunk(self.index(prompt_index, i), {"text": echoed}, logprobs))
         return out
 
 

@@ -215,7 +215,6 @@ def by_type(members: dict[str, type[ApiModel]], other: type[ApiModel], shown: in
     `other`; the document shows the first `shown` members (all: None). Not pydantic's tagged union,
     whose tag would enter the param path."""
 
-
     def check(value: Any, info: ValidationInfo) -> ApiModel:
         kind = value.get("type") if isinstance(value, dict) else None
         kind = default if kind is None else kind
