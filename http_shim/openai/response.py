@@ -1,9 +1,6 @@
-"""Engine responses -> OpenAI objects: whole responses and streamed chunks.
-
-Choices from several prompts (a /v1/completions prompt list) are numbered
-`prompt_index * n + choice_index`, as OpenAI does. The responses are folded by the client
-library's `CompletionBuilder`, one per prompt; this module only shapes the result.
-"""
+"""Engine responses (folded by stream_fold) -> OpenAI objects: whole responses and streamed chunks.
+Choices from several prompts (a /v1/completions prompt list) are numbered `prompt_index * n + choice`,
+as OpenAI does."""
 
 from __future__ import annotations
 
@@ -19,9 +16,7 @@ from .request import GenerationPlan
 from ..stream_fold import (ChoiceEnd, Collector, Event, Finish, PromptRead, ReasoningDelta, StreamFold, TextDelta,
                            ToolCallArguments, ToolCallStart)
 
-# What OpenAI reports for a probability too small to represent.
-_MIN_LOGPROB = -9999.0
-
+_MIN_LOGPROB = -9999.0  # what OpenAI reports for a probability too small to represent
 
 # OpenAI's words for why a choice ended: the neutral names.
 _FINISH_REASONS = {Finish.STOP: "stop", Finish.LENGTH: "length", Finish.TOOL_CALLS: "tool_calls"}

@@ -96,16 +96,9 @@ def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, An
         paths.update(part.paths)
         schemas.update(part.schemas)
     schemas.update(request_schemas([op.request for part in parts for op in part.operations], limits))
-    document: dict[str, Any] = {
-        "openapi": "3.0.3",
-        "info": {
-            "title": "Conduit OpenAI-compatible API",
-            "version": "1",
-            "description": "The OpenAI API subset the Conduit HTTP shim serves. Unknown request fields are ignored.",
-        },
-        "paths": paths,
-        "components": {"schemas": schemas},
-    }
+    info = {"title": "Conduit OpenAI-compatible API", "version": "1",
+            "description": "The OpenAI API subset the Conduit HTTP shim serves. Unknown request fields are ignored."}
+    document: dict[str, Any] = {"openapi": "3.0.3", "info": info, "paths": paths, "components": {"schemas": schemas}}
     if auth_required:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         document["security"] = [{"bearer": []}]
