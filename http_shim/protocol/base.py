@@ -48,8 +48,7 @@ class ApiModel(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _drop_nulls(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            raise fail("'{param}' must be an object.")
+        value = _object(value)
         return {k: v for k, v in value.items() if v is not None} if None in value.values() else value
 
 
