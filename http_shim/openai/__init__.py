@@ -1,9 +1,5 @@
-"""OpenAI's chat completions and completions APIs over the engine.
-
-protocol.py declares the typed requests (their checks and their part of /openapi.json), request.py
-builds the engine's GenerateRequests from them, response.py writes the whole response objects and the
-chunk stream, routes.py registers the routes on the app.
-"""
+"""OpenAI's chat completions and completions APIs: typed requests (protocol.py), the engine's requests
+built from them (request.py), whole responses and chunks (response.py), the routes (routes.py)."""
 
 from .routes import GENERATION_ROUTES, register_openai
 

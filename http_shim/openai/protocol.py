@@ -100,13 +100,10 @@ class ChatMessage(ApiModel):
         return self
 
     def to_pb(self) -> pb.ChatMessage:
-        out = pb.ChatMessage(role=self.role, name=self.name or "", content=self.content or "")
-        if self.role == "assistant":
-            out.tool_calls.extend(pb.ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments)
-                                  for c in self.tool_calls or ())
-        if self.role == "tool":
-            out.tool_call_id = self.tool_call_id
-        return out
+        calls = [pb.ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments)
+                 for c in self.tool_calls or ()] if self.role == "assistant" else []
+        return pb.ChatMessage(role=self.role, name=self.name or "", content=self.content or "", tool_calls=calls,
+                              tool_call_id=self.tool_call_id if self.role == "tool" else "")
 
 
 class FunctionDefinition(ApiModel):

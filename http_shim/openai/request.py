@@ -27,43 +27,28 @@ class GenerationPlan:
     stream: bool
     include_usage: bool
     logprobs: bool  # whether the client asked for logprobs
-    top_logprobs: int
-    echo: bool
-
-
-def chat_input(request: ChatCompletionRequest, limits: RequestLimits) -> pb.ChatInput:
-    messages = [m.to_pb() for m in request.messages]
-    tools = [t.to_pb() for t in request.tools or ()]
-    check_prompt_chars(chat_prompt_chars(messages, tools), "messages", limits)
-    chat = pb.ChatInput(messages=messages, tools=tools, tool_choice=request.tool_choice_pb(tools))
-    if request.parallel_tool_calls is not None:
-        chat.parallel_tool_calls = request.parallel_tool_calls
-    reasoning_options(chat, request.reasoning_effort, request.chat_template_kwargs)
-    return chat
+    echo: bool = False
 
 
 def parse_chat(body: dict, request_id: str, limits: RequestLimits = DEFAULT_LIMITS) -> GenerationPlan:
     """Validate a /v1/chat/completions body and build its single GenerateRequest."""
     request = parse(ChatCompletionRequest, body, limits=limits)
-    max_tokens = request.max_completion_tokens or request.max_tokens
-    if max_tokens is None:
-        max_tokens = limits.max_tokens  # the cap bounds a request that names no limit too
-    n, top_logprobs = request.n or 1, request.top_logprobs or 0
+    messages = [m.to_pb() for m in request.messages]
+    tools = [t.to_pb() for t in request.tools or ()]
+    check_prompt_chars(chat_prompt_chars(messages, tools), "messages", limits)
+    chat = pb.ChatInput(messages=messages, tools=tools, tool_choice=request.tool_choice_pb(tools),
+                        parallel_tool_calls=request.parallel_tool_calls)
+    reasoning_options(chat, request.reasoning_effort, request.chat_template_kwargs)
+    # The cap bounds a request that names no limit too.
+    max_tokens = request.max_completion_tokens or request.max_tokens or limits.max_tokens
+    n = request.n or 1
     generate = pb.GenerateRequest(
-        request_id=request_id,
-        model=request.model,
-        chat=chat_input(request, limits),
-        sampling=sampling_params(request),
-        stopping=stopping_params(request, max_tokens),
-        n=n,
-        logprobs=bool(request.logprobs),
-        top_logprobs=top_logprobs,
-        constraint=request.constraint(),
-    )
-    if request.max_reasoning_tokens is not None:
-        generate.max_reasoning_tokens = request.max_reasoning_tokens
+        request_id=request_id, model=request.model, chat=chat, sampling=sampling_params(request),
+        stopping=stopping_params(request, max_tokens), n=n, logprobs=bool(request.logprobs),
+        top_logprobs=request.top_logprobs or 0, constraint=request.constraint(),
+        max_reasoning_tokens=request.max_reasoning_tokens)
     return GenerationPlan(request.model, [generate], n, n, bool(request.stream), request.include_usage,
-                          bool(request.logprobs), top_logprobs, echo=False)
+                          bool(request.logprobs))
 
 
 def parse_completion(body: dict, request_id: str, limits: RequestLimits = DEFAULT_LIMITS) -> GenerationPlan:
@@ -77,7 +62,7 @@ def parse_completion(body: dict, request_id: str, limits: RequestLimits = DEFAUL
     max_tokens = request.max_tokens
     if max_tokens is None:
         max_tokens = min(DEFAULT_COMPLETION_MAX_TOKENS, limits.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS)
-    sampling, stopping, constraint = sampling_params(request), stopping_params(request, max_tokens), request.constraint()
+    sampling, stopping = sampling_params(request), stopping_params(request, max_tokens)
     requests = []
     for i, prompt in enumerate(prompts):
         generate = pb.GenerateRequest(
@@ -90,7 +75,7 @@ def parse_completion(body: dict, request_id: str, limits: RequestLimits = DEFAUL
             logprobs=top is not None or best_of > n,
             top_logprobs=top or 0,
             echo=bool(request.echo),
-            constraint=constraint,
+            constraint=request.constraint(),
         )
         if isinstance(prompt, str):
             generate.text = prompt
@@ -98,4 +83,4 @@ def parse_completion(body: dict, request_id: str, limits: RequestLimits = DEFAUL
             generate.token_ids.ids.extend(prompt)
         requests.append(generate)
     return GenerationPlan(request.model, requests, n, best_of, bool(request.stream), request.include_usage,
-                          top is not None, top or 0, bool(request.echo))
+                          top is not None, bool(request.echo))

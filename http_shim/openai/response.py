@@ -1,16 +1,13 @@
-"""Engine responses -> OpenAI objects: whole responses and streamed chunks.
-
-Choices from several prompts (a /v1/completions prompt list) are numbered
-`prompt_index * n + choice_index`, as OpenAI does. The responses are folded by the client
-library's `CompletionBuilder`, one per prompt; this module only shapes the result.
-"""
+"""Engine responses (folded by stream_fold) -> OpenAI objects: whole responses and streamed chunks.
+Choices from several prompts (a /v1/completions prompt list) are numbered `prompt_index * n + choice`,
+as OpenAI does."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from conduit_common.results import ToolCall, Usage
+from conduit_common.results import Usage
 from conduit.v1 import engine_pb2 as pb
 
 from .. import sse
@@ -19,9 +16,7 @@ from .request import GenerationPlan
 from ..stream_fold import (ChoiceEnd, Collector, Event, Finish, PromptRead, ReasoningDelta, StreamFold, TextDelta,
                            ToolCallArguments, ToolCallStart)
 
-# What OpenAI reports for a probability too small to represent.
-_MIN_LOGPROB = -9999.0
-
+_MIN_LOGPROB = -9999.0  # what OpenAI reports for a probability too small to represent
 
 # OpenAI's words for why a choice ended: the neutral names.
 _FINISH_REASONS = {Finish.STOP: "stop", Finish.LENGTH: "length", Finish.TOOL_CALLS: "tool_calls"}
@@ -39,17 +34,12 @@ def logprob_value(value: float) -> float | None:
     return max(value, _MIN_LOGPROB)
 
 
-# ------------------------------------------------------------------ logprobs
-
-
 def chat_logprobs(entries: list[pb.TokenLogprob]) -> dict[str, Any]:
     def item(t: pb.TokenLogprob | pb.TopLogprob) -> dict[str, Any]:
         return {"token": t.token, "logprob": logprob_value(t.logprob), "bytes": list(t.bytes or t.token.encode())}
 
-    return {
-        "content": [{**item(e), "top_logprobs": [item(t) for t in e.top_logprobs]} for e in entries],
-        "refusal": None,
-    }
+    return {"content": [{**item(e), "top_logprobs": [item(t) for t in e.top_logprobs]} for e in entries],
+            "refusal": None}
 
 
 def completion_logprobs(entries: list[pb.TokenLogprob], text_offset: int) -> dict[str, Any]:
@@ -65,14 +55,6 @@ def completion_logprobs(entries: list[pb.TokenLogprob], text_offset: int) -> dic
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
 
 
-def _merge_completion_logprobs(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    merged: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for part in parts:
-        for key, values in merged.items():
-            values.extend(part[key])
-    return merged
-
-
 def echo_text(plan: GenerationPlan, prompt_index: int, prompt: pb.PromptInfo) -> str:
     """The prompt to prepend for `echo`: the engine's text, else the prompt as sent or its tokens."""
     if not plan.echo:
@@ -82,12 +64,9 @@ def echo_text(plan: GenerationPlan, prompt_index: int, prompt: pb.PromptInfo) ->
 
 
 def usage(tally: Usage) -> dict[str, Any]:
-    out = {
-        "prompt_tokens": tally.prompt_tokens,
-        "completion_tokens": tally.completion_tokens,
-        "total_tokens": tally.prompt_tokens + tally.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": tally.cached_tokens},
-    }
+    out = {"prompt_tokens": tally.prompt_tokens, "completion_tokens": tally.completion_tokens,
+           "total_tokens": tally.prompt_tokens + tally.completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": tally.cached_tokens}}
     if tally.reasoning_tokens:  # a model that thought (others' usage is as it always was)
         out["completion_tokens_details"] = {"reasoning_tokens": tally.reasoning_tokens}
     return out
@@ -99,15 +78,9 @@ def reasoning_fields(reasoning: str) -> dict[str, str]:
     return {"reasoning_content": reasoning, "reasoning": reasoning} if reasoning else {}
 
 
-# ------------------------------------------------------------------ whole responses
-
-
-def tool_call_object(call: ToolCall) -> dict[str, Any]:
-    return {
-        "id": call.id,
-        "type": "function",
-        "function": {"name": call.name, "arguments": call.arguments},
-    }
+def _answer(kind: str, response_id: str, created: int, model: str, choices: list, **rest: Any) -> dict[str, Any]:
+    """The object around the choices, whole or a chunk."""
+    return {"id": response_id, "object": kind, "created": created, "model": model, "choices": choices, **rest}
 
 
 def chat_response(
@@ -116,7 +89,8 @@ def chat_response(
     choices = []
     for i, choice in enumerate(collected.ranked(0, plan.n, plan.best_of)):
         # Also a call cut off by max_tokens (finish_reason "length").
-        tool_calls = [tool_call_object(c) for c in choice.tool_calls]
+        tool_calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                      for c in choice.tool_calls]
         message: dict[str, Any] = {
             "role": "assistant",
             # No answer after thinking (cut by max_tokens inside it): null, not the thinking.
@@ -126,23 +100,11 @@ def chat_response(
         }
         if tool_calls:
             message["tool_calls"] = tool_calls
-        choices.append(
-            {
-                "index": i,
-                "message": message,
-                "logprobs": chat_logprobs(choice.logprobs) if plan.logprobs else None,
-                "finish_reason": finish_reason(choice.finish_reason),
-            }
-        )
-    return {
-        "id": response_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": usage(collected.usage()),
-        "system_fingerprint": None,
-    }
+        logprobs = chat_logprobs(choice.logprobs) if plan.logprobs else None
+        choices.append({"index": i, "message": message, "logprobs": logprobs,
+                        "finish_reason": finish_reason(choice.finish_reason)})
+    return _answer("chat.completion", response_id, created, model, choices, usage=usage(collected.usage()),
+                   system_fingerprint=None)
 
 
 def completion_response(
@@ -153,31 +115,14 @@ def completion_response(
         prompt = collected.completion(p).prompt
         echoed = echo_text(plan, p, prompt)
         for i, choice in enumerate(collected.ranked(p, plan.n, plan.best_of)):
-            logprobs = None
-            if plan.logprobs:
-                parts = [completion_logprobs(list(prompt.prompt_logprobs), 0)] if plan.echo else []
-                parts.append(completion_logprobs(choice.logprobs, len(echoed)))
-                logprobs = _merge_completion_logprobs(parts)
-            choices.append(
-                {
-                    "index": p * plan.n + i,
-                    "text": echoed + choice.text,
-                    "logprobs": logprobs,
-                    "finish_reason": finish_reason(choice.finish_reason),
-                }
-            )
-    return {
-        "id": response_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": usage(collected.usage()),
-        "system_fingerprint": None,
-    }
-
-
-# ------------------------------------------------------------------ streamed chunks
+            logprobs = completion_logprobs(choice.logprobs, len(echoed)) if plan.logprobs else None
+            if logprobs is not None and plan.echo:  # the prompt's logprobs first
+                echoed_logprobs = completion_logprobs(list(prompt.prompt_logprobs), 0)
+                logprobs = {key: echoed_logprobs[key] + values for key, values in logprobs.items()}
+            choices.append({"index": p * plan.n + i, "text": echoed + choice.text, "logprobs": logprobs,
+                            "finish_reason": finish_reason(choice.finish_reason)})
+    return _answer("text_completion", response_id, created, model, choices, usage=usage(collected.usage()),
+                   system_fingerprint=None)
 
 
 class _StreamTranslator:
@@ -190,20 +135,17 @@ class _StreamTranslator:
         self._fold = StreamFold()
 
     def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        chunk: dict[str, Any] = {
-            "id": self.response_id,
-            "object": self.object_name,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "system_fingerprint": None,
-        }
+        chunk = _answer(self.object_name, self.response_id, self.created, self.model, choices, system_fingerprint=None)
         if self.plan.include_usage:
             chunk["usage"] = None
         return chunk
 
     def index(self, prompt_index: int, choice: int) -> int:
         return prompt_index * self.plan.n + choice
+
+    def chunk(self, index: int, content: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict:
+        """A chunk of one choice; `content`: its delta (chat) or its text (completions)."""
+        return self.envelope([{"index": index, **content, "logprobs": logprobs, "finish_reason": finish}])
 
     def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[dict[str, Any]]:
         return self.chunks(self._fold.on_response(prompt_index, response))
@@ -213,9 +155,7 @@ class _StreamTranslator:
         end = self._fold.finish()
         if not self.plan.include_usage:
             return []
-        chunk = self.envelope([])
-        chunk["usage"] = usage(end.usage)
-        return [chunk]
+        return [{**self.envelope([]), "usage": usage(end.usage)}]
 
     def chunks(self, events: list[Event]) -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -227,9 +167,6 @@ class ChatStreamTranslator(_StreamTranslator):
 
     object_name = "chat.completion.chunk"
 
-    def _choice(self, index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict:
-        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-
     def chunks(self, events: list[Event]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         delta: dict[str, Any] = {}
@@ -238,7 +175,7 @@ class ChatStreamTranslator(_StreamTranslator):
         index = 0
         for e in events:
             if isinstance(e, PromptRead):
-                out += [self.envelope([self._choice(i, {"role": "assistant", "content": ""})]) for i in range(self.plan.n)]
+                out += [self.chunk(i, {"delta": {"role": "assistant", "content": ""}}) for i in range(self.plan.n)]
                 continue
             index = self.index(e.prompt_index, e.choice)
             if isinstance(e, ReasoningDelta):
@@ -257,7 +194,7 @@ class ChatStreamTranslator(_StreamTranslator):
             elif isinstance(e, ChoiceEnd):
                 out += self._delta(index, delta, calls, logprobs)
                 delta, calls, logprobs = {}, {}, None
-                out.append(self.envelope([self._choice(index, {}, None, finish_reason(e.reason))]))
+                out.append(self.chunk(index, {"delta": {}}, None, finish_reason(e.reason)))
         return out + self._delta(index, delta, calls, logprobs)
 
     def _delta(self, index: int, delta: dict[str, Any], calls: dict[int, dict[str, Any]], logprobs: Any) -> list[dict]:
@@ -267,7 +204,7 @@ class ChatStreamTranslator(_StreamTranslator):
             return []
         if not delta:
             delta["content"] = ""
-        return [self.envelope([self._choice(index, delta, logprobs)])]
+        return [self.chunk(index, {"delta": delta}, logprobs)]
 
 
 class CompletionStreamTranslator(_StreamTranslator):
@@ -277,9 +214,6 @@ class CompletionStreamTranslator(_StreamTranslator):
         super().__init__(response_id, created, model, plan)
         # Characters before each choice's next token (the logprobs' text_offset), per (prompt, choice).
         self._offsets: dict[tuple[int, int], int] = {}
-
-    def _choice(self, index: int, text: str, logprobs: Any = None, finish: str | None = None) -> dict:
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
     def chunks(self, events: list[Event]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -293,10 +227,10 @@ class CompletionStreamTranslator(_StreamTranslator):
                     logprobs = completion_logprobs(e.logprobs, offset)
                     self._offsets[e.prompt_index, e.choice] = offset + sum(len(t.token) for t in e.logprobs)
                 if e.text or logprobs is not None:
-                    out.append(self.envelope([self._choice(self.index(e.prompt_index, e.choice), e.text, logprobs)]))
+                    out.append(self.chunk(self.index(e.prompt_index, e.choice), {"text": e.text}, logprobs))
             elif isinstance(e, ChoiceEnd):
                 index = self.index(e.prompt_index, e.choice)
-                out.append(self.envelope([self._choice(index, "", None, finish_reason(e.reason))]))
+                out.append(self.chunk(index, {"text": ""}, None, finish_reason(e.reason)))
         return out
 
     def _echo(self, prompt_index: int, prompt: pb.PromptInfo) -> list[dict[str, Any]]:
@@ -307,7 +241,7 @@ class CompletionStreamTranslator(_StreamTranslator):
         for i in range(self.plan.n):
             logprobs = completion_logprobs(list(prompt.prompt_logprobs), 0) if self.plan.logprobs else None
             self._offsets[prompt_index, i] = len(echoed)
-            out.append(self.envelope([self._choice(self.index(prompt_index, i), echoed, logprobs)]))
+            out.append(self.chunk(self.index(prompt_index, i), {"text": echoed}, logprobs))
         return out
 
 

@@ -1,11 +1,5 @@
-"""The request-model base every API's typed requests build on: `ApiModel`, the strict scalar types,
-operator caps (`Cap`), and `parse`, which validates a JSON body and turns the first failure into
-today's 400 `APIError` naming the OpenAI-style `param` path ("messages[0].content").
-
-Each scalar type checks its value itself and fails with a message template in which `{param}` stands
-for the path (filled in by `parse`), so one type gives the same message wherever it is used. Errors
-raised by pydantic's own checks (a missing field, an object or array expected) get theirs from
-`_PYDANTIC_MESSAGES`.
+"""The base of every API's typed requests (see the package docstring): `ApiModel`, the strict scalar
+types, operator caps (`Cap`), and `parse`. pydantic's own failures get their words from `_PYDANTIC_MESSAGES`.
 """
 
 from __future__ import annotations
@@ -31,11 +25,9 @@ _CONDUIT = "conduit"  # the pydantic error type of the failures raised by `fail`
 
 def fail(template: str, field: str | int | tuple[str | int, ...] | None = None, code: str | None = None,
          **values: Any) -> PydanticCustomError:
-    """A validation failure; `template` is formatted with `param` (the failing field's path, OpenAI's
-    spelling: "messages[0].role"), `path` (pydantic's and Anthropic's: "messages.0.role") and `values`.
-    `field`: a field (or a path, as a tuple) below the failing value, for checks across the fields
-    of one object and for failures of values checked inside another's validator. `code`: the error's
-    `code` ("unsupported_value"), when it has one."""
+    """A validation failure; `template` may use `param` ("messages[0].role"), `path` (pydantic's and
+    Anthropic's spelling: "messages.0.role") and `values`. `field`: a field (or a path, as a tuple)
+    below the failing value, for checks across an object's fields. `code`: the error's `code`, if any."""
     return PydanticCustomError(_CONDUIT, template, {"template": template, "field": field, "code": code, **values})
 
 
@@ -56,8 +48,7 @@ class ApiModel(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _drop_nulls(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            raise fail("'{param}' must be an object.")
+        value = _object(value)
         return {k: v for k, v in value.items() if v is not None} if None in value.values() else value
 
 
@@ -94,23 +85,19 @@ def int_in(lo: int, hi: int) -> Any:
     return Annotated[int, *_scalar(check, {"type": "integer", "minimum": lo, "maximum": hi})]
 
 
-def number_in(allowed: Range | None) -> Any:
-    """A finite number in `allowed` (None: any), as a float."""
+def number_in(allowed: Range) -> Any:
+    """A finite number in `allowed`, as a float."""
 
     def check(value: Any) -> float:
         if not is_number(value):
             raise fail("'{param}' must be a number, got {got}.", got=got(value))
-        if allowed is None:
-            return float(value)
         if value not in allowed:
             low = f"greater than {allowed.lo}" if allowed.lo_open else f"at least {allowed.lo}"
             raise fail("'{param}' must be {low} and at most {hi}, got {got}.", low=low, hi=allowed.hi, got=value)
         return float(value)
 
-    schema: Schema = {"type": "number"}
-    if allowed is not None:
-        schema.update(minimum=allowed.lo, maximum=allowed.hi)
-    if allowed is not None and allowed.lo_open:
+    schema: Schema = {"type": "number", "minimum": allowed.lo, "maximum": allowed.hi}
+    if allowed.lo_open:
         schema["exclusiveMinimum"] = True
     return Annotated[float, *_scalar(check, schema)]
 
@@ -169,24 +156,17 @@ Str = Annotated[str, *_scalar(_str, {"type": "string"})]
 NonEmptyStr = Annotated[str, *_scalar(_non_empty_str, {"type": "string", "minLength": 1})]
 Bool = Annotated[bool, *_scalar(_bool, {"type": "boolean"})]
 Object = Annotated[dict, *_scalar(_object, {"type": "object"})]  # any JSON object, kept as it is
-Number = number_in(None)
 TokenId = Annotated[int, *_scalar(_token_id, {"type": "integer", "minimum": 0, "maximum": UINT32_MAX})]
 Count = int_in(0, UINT32_MAX)  # a token count: min_tokens, budgets
 ModelId = Annotated[str, *_scalar(_non_empty_str, {"type": "string", "minLength": 1,
                                                      "description": "a model id from GET /v1/models"})]
 
 
-def limits_of(info: ValidationInfo) -> RequestLimits:
-    """The operator's limits `parse` was given (validators reach them through pydantic's context)."""
-    return (info.context or {}).get("limits", DEFAULT_LIMITS)
-
-
 @dataclass(frozen=True)
 class Cap:
-    """An operator's limit on a field (RequestLimits.<limit>, a runtime setting): checked against the
-    limits `parse` was given, and written into the document as `keyword` (maximum, maxItems) by the
-    generator, which knows the limits too (the schema carries {"x-cap": [limit, keyword]} until then).
-    `noun`: what a list holds, for the message ("'stop' may hold at most 4 strings on this server")."""
+    """An operator's limit on a field (RequestLimits.<limit>): checked against the limits `parse` was
+    given, and written into the document as `keyword` (maximum, maxItems) by the generator (the schema
+    carries {"x-cap": [limit, keyword]} until then). `noun`: what a list holds, for the message."""
 
     limit: str
     keyword: str = "maximum"
@@ -202,7 +182,7 @@ class Cap:
         return document
 
     def _check(self, value: Any, info: ValidationInfo) -> Any:
-        cap = getattr(limits_of(info), self.limit)
+        cap = getattr((info.context or {}).get("limits", DEFAULT_LIMITS), self.limit)
         size = len(value) if self.noun else value
         if cap is not None and size > cap:
             if self.noun:
@@ -213,8 +193,7 @@ class Cap:
 
 
 class Whole:
-    """An array whose items' failures name the array itself ("stop", not "stop[2]"), as today's scalar
-    arrays (stop strings, token ids) do."""
+    """An array whose items' failures name the array itself ("stop", not "stop[2]")."""
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
         return core_schema.no_info_wrap_validator_function(self._wrap, handler(source))
@@ -232,8 +211,8 @@ class Whole:
 def by_type(members: dict[str, type[ApiModel]], other: type[ApiModel], shown: int | None = None,
             default: str | None = None) -> Any:
     """An object of the model its `type` names (`default` when it has none), any other type parsed as
-    `other`; the document shows the first `shown` members (all: None). Not pydantic's tagged union, whose
-    tag would enter the param path: a member's failures are named by their place in the value."""
+    `other`; the document shows the first `shown` members (all: None). Not pydantic's tagged union,
+    whose tag would enter the param path."""
 
     def check(value: Any, info: ValidationInfo) -> ApiModel:
         kind = value.get("type") if isinstance(value, dict) else None

@@ -65,9 +65,9 @@ class StructuredOutputs(ApiModel):
         return self
 
     def constraint(self) -> pb.Constraint:
-        if self.json_ is not None:
-            return pb.Constraint(json_schema=self.json_)
-        return pb.Constraint(regex=self.regex) if self.regex is not None else pb.Constraint(grammar=self.grammar)
+        # Exactly one is set; the others (None) leave their member of the oneof unset.
+        return pb.Constraint(json_schema=self.json_, regex=self.regex, grammar=self.grammar)
+
 
 
 def tool_choice(choice: str | None, function: str | None, tools: list[pb.Tool]) -> pb.ToolChoice:
@@ -101,8 +101,5 @@ def chat_prompt_chars(messages: list[pb.ChatMessage], tools: list[pb.Tool]) -> i
 
 def check_prompt_chars(chars: int, param: str, limits: RequestLimits) -> None:
     if chars > limits.max_prompt_chars:
-        raise invalid(
-            f"'{param}' may hold at most {limits.max_prompt_chars} characters of prompt text on this server, "
-            f"got {chars}.",
-            param,
-        )
+        raise invalid(f"'{param}' may hold at most {limits.max_prompt_chars} characters of prompt text on this "
+                      f"server, got {chars}.", param)

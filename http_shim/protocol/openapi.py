@@ -1,11 +1,7 @@
-"""GET /openapi.json, generated: each API declares its routes as an `ApiPart` (operations whose request
-body is a typed request model, plus hand-kept schemas of its answers and the path items that take no
-body), and `openapi_document` assembles the parts listed in `api_parts()` into one OpenAPI 3.0 document.
-
-The request schemas are the models' own (pydantic's JSON Schema, turned into OpenAPI 3.0: nullable for
-optional fields, no titles), with each operator cap (`Cap`) written in from this server's limits, so
-the document never drifts from the checks. Unknown fields are accepted and ignored, so request objects
-allow extra properties.
+"""GET /openapi.json, generated: each API declares its routes as an `ApiPart` (operations whose body is a
+typed request model, hand-kept answer schemas, bodiless path items); `openapi_document` assembles them.
+The request schemas are the models' own, turned into OpenAPI 3.0, with this server's caps written in, so
+the document never drifts from the checks.
 """
 
 from __future__ import annotations
@@ -22,12 +18,9 @@ from .base import Schema
 
 _REF = "#/components/schemas/{model}"
 REQUEST_ID_HEADER: Schema = {
-    "name": "X-Request-Id",
-    "in": "header",
-    "required": False,
+    "name": "X-Request-Id", "in": "header", "required": False,
     "description": "names the request in logs and in the engine; printable ASCII, at most 128 characters",
-    "schema": {"type": "string"},
-}
+    "schema": {"type": "string"}}
 _ERROR_REASONS = {
     400: "invalid request (the error's param names the field)",
     401: "missing or wrong API key",
@@ -39,7 +32,6 @@ _ERROR_REASONS = {
     503: "the engine is unavailable, or this server is shutting down (Retry-After)",
     504: "the request's deadline passed",
 }
-REQUEST_ERRORS = (400, 401, 404, 413, 429, 500, 502, 503, 504)  # what a request to the engine may answer
 
 
 def ref(name: str) -> Schema:
@@ -63,7 +55,7 @@ class Operation:
     response: str
     streams: str = ""
     parameters: Sequence[Schema] = (REQUEST_ID_HEADER,)
-    errors: Mapping[str, Any] = field(default_factory=lambda: error_responses(*REQUEST_ERRORS))
+    errors: Mapping[str, Any] = field(default_factory=lambda: error_responses(*_ERROR_REASONS))  # all of them
 
     def path_item(self) -> dict[str, Any]:
         content: dict[str, Any] = {"application/json": {"schema": ref(self.response)}}
@@ -87,37 +79,26 @@ class ApiPart:
     paths: Mapping[str, Any] = field(default_factory=dict)  # routes with no request body
 
 
-def api_parts() -> list[ApiPart]:
-    """Every API's part: the hook where an API adds its own (imported here, not at module level, so
-    the API packages may import this module)."""
+def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, Any]:
+    # Imported here, not at module level, so the API packages may import this module.
     from ..embeddings.protocol import EMBEDDINGS_API
     from ..messages.protocol import MESSAGES_API
     from ..openai.protocol import OPENAI_API
     from ..responses.protocol import RESPONSES_API
     from ..service import SERVICE_API
 
-    return [OPENAI_API, RESPONSES_API, MESSAGES_API, EMBEDDINGS_API, SERVICE_API]
-
-
-def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, Any]:
-    parts = api_parts()
+    parts = [OPENAI_API, RESPONSES_API, MESSAGES_API, EMBEDDINGS_API, SERVICE_API]
     paths: dict[str, Any] = {}
+
     schemas: dict[str, Schema] = {}
     for part in parts:
         paths.update({op.path: op.path_item() for op in part.operations})
         paths.update(part.paths)
         schemas.update(part.schemas)
     schemas.update(request_schemas([op.request for part in parts for op in part.operations], limits))
-    document: dict[str, Any] = {
-        "openapi": "3.0.3",
-        "info": {
-            "title": "Conduit OpenAI-compatible API",
-            "version": "1",
-            "description": "The OpenAI API subset the Conduit HTTP shim serves. Unknown request fields are ignored.",
-        },
-        "paths": paths,
-        "components": {"schemas": schemas},
-    }
+    info = {"title": "Conduit OpenAI-compatible API", "version": "1",
+            "description": "The OpenAI API subset the Conduit HTTP shim serves. Unknown request fields are ignored."}
+    document: dict[str, Any] = {"openapi": "3.0.3", "info": info, "paths": paths, "components": {"schemas": schemas}}
     if auth_required:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         document["security"] = [{"bearer": []}]
@@ -131,9 +112,8 @@ def request_schemas(models: Iterable[type[BaseModel]], limits: RequestLimits) ->
 
 
 def _openapi30(schema: Any, limits: RequestLimits) -> Any:
-    """JSON Schema 2020-12 (pydantic's) -> OpenAPI 3.0: a null member of anyOf becomes `nullable`, a
-    const an enum, a numeric exclusiveMinimum the boolean form; titles and null defaults go; an
-    `x-cap` becomes its keyword with the operator's value."""
+    """JSON Schema 2020-12 (pydantic's) -> OpenAPI 3.0: a null member of anyOf becomes `nullable`; titles
+    and null defaults go; an `x-cap` becomes its keyword with the operator's value."""
     if isinstance(schema, list):
         return [_openapi30(s, limits) for s in schema]
     if not isinstance(schema, dict):
@@ -147,10 +127,7 @@ def _openapi30(schema: Any, limits: RequestLimits) -> Any:
         value = getattr(limits, limit)
         if value is not None:
             out[keyword] = value
-    if "const" in out:
-        out["enum"] = [out.pop("const")]
-    if isinstance(out.get("exclusiveMinimum"), (int, float)) and not isinstance(out["exclusiveMinimum"], bool):
-        out["minimum"], out["exclusiveMinimum"] = out["exclusiveMinimum"], True
+
     members = out.get("anyOf")
     if members and {"type": "null"} in members:
         rest = [m for m in members if m != {"type": "null"}]

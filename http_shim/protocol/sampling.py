@@ -1,8 +1,6 @@
 """The sampling and stopping fields every generation API shares (OpenAI's names, vLLM's vendor fields),
-with the engine's ranges (conduit.v1.contract), and their builders into SamplingParams/StoppingParams.
-
-The builders read attributes by name, so an API whose own model names a subset of these fields (or
-spells `stop` otherwise, passed as `stop=`) uses them too.
+with the engine's ranges, and their builders. The builders read attributes by name, so an API whose model
+names a subset of these fields (or spells `stop` otherwise, passed as `stop=`) uses them too.
 """
 
 from __future__ import annotations
@@ -84,29 +82,22 @@ class StoppingFields(ApiModel):
     stop_token_ids: Annotated[list[TokenId], Whole()] | None = None
 
 
+# Both builders pass None for a field left out: a message's constructor leaves such a field unset.
 def sampling_params(fields: Any) -> pb.SamplingParams:
     """SamplingParams from whichever of SamplingFields' attributes `fields` has (None: the engine's default)."""
-    params = pb.SamplingParams(logit_bias=getattr(fields, "logit_bias", None) or {})
-    for name in SAMPLING_RANGES:
-        value = getattr(fields, name, None)
-        if value is not None:
-            setattr(params, name, value)
-    top_k = getattr(fields, "top_k", None)
-    if top_k is not None:
-        params.top_k = max(top_k, 0)
-    seed = getattr(fields, "seed", None)
-    if seed is not None:
-        params.seed = seed % 2**64  # negative OpenAI seeds wrap, deterministically
-    return params
+    top_k, seed = getattr(fields, "top_k", None), getattr(fields, "seed", None)
+    return pb.SamplingParams(
+        logit_bias=getattr(fields, "logit_bias", None) or {},
+        top_k=None if top_k is None else max(top_k, 0),
+        seed=None if seed is None else seed % 2**64,  # negative OpenAI seeds wrap, deterministically
+        **{name: getattr(fields, name, None) for name in SAMPLING_RANGES})
 
 
 def stopping_params(fields: Any, max_tokens: int | None, stop: list[str] | None = None) -> pb.StoppingParams:
     """StoppingParams from StoppingFields' attributes; `stop` overrides `fields.stop` (another API's name)."""
-    params = pb.StoppingParams(stop=stop if stop is not None else getattr(fields, "stop", None) or [])
-    if max_tokens is not None:
-        params.max_tokens = max_tokens
-    params.min_tokens = getattr(fields, "min_tokens", None) or 0
-    params.ignore_eos = bool(getattr(fields, "ignore_eos", None))
-    params.stop_token_ids.extend(getattr(fields, "stop_token_ids", None) or [])
-    return params
-
+    return pb.StoppingParams(
+        stop=stop if stop is not None else getattr(fields, "stop", None) or [],
+        max_tokens=max_tokens,
+        min_tokens=getattr(fields, "min_tokens", None) or 0,
+        ignore_eos=bool(getattr(fields, "ignore_eos", None)),
+        stop_token_ids=getattr(fields, "stop_token_ids", None) or [])
