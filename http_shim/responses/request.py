@@ -226,9 +226,7 @@ def _echo(request: ResponseRequest) -> dict[str, Any]:
 def build_request(request: ResponseRequest, request_id: str, limits: RequestLimits,
                   inherited: list[dict[str, Any]] | None = None) -> ResponsesRequest:
     """The engine request of a validated body. `inherited`: the context and output of `previous_response_id`."""
-    new = [] if isinstance(request.input, str) else request.input
-    if isinstance(request.input, str):
-        new = [MessageItem(role="user", content=request.input)]
+    new = [MessageItem(role="user", content=request.input)] if isinstance(request.input, str) else request.input
     context = inherited_items(inherited or []) + new
     chat, tools = _chat(request, context, limits)
     logprobs = LOGPROBS_INCLUDE in (request.include or [])
