@@ -67,8 +67,6 @@ class ResponseEvents:
         self._fold = StreamFold()
         self._status = "completed"  # incomplete once the engine says the output limit cut the answer
 
-    # -------------------------------------------------------------- framing
-
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
@@ -81,8 +79,6 @@ class ResponseEvents:
         snapshot = self._skeleton.build("in_progress", [])
         return [self._event("response.created", response=snapshot),
                 self._event("response.in_progress", response=snapshot)]
-
-    # -------------------------------------------------------------- items
 
     @staticmethod
     def _where(entry: _Item) -> dict[str, Any]:
@@ -189,8 +185,6 @@ class ResponseEvents:
             return [self._event(f"response.{status}", response=response)]
         flat = {"code": error.code or error.type, "message": error.message, "param": error.param}
         return [self._event("error", **flat), self._event("response.failed", response=response)]
-
-    # -------------------------------------------------------------- EventWriter
 
     def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[bytes]:
         out = self._start()

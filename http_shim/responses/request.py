@@ -68,9 +68,6 @@ class ResponsesRequest:
         return error
 
 
-# ------------------------------------------------------------------ input items
-
-
 def stored_item(item: Sent) -> dict[str, Any]:
     """An input item as stored and listed: typed, with an id, message content as parts."""
     out = {"type": item.type, **item.as_sent()}
@@ -120,9 +117,6 @@ def chat_messages(items: list[Sent]) -> list[pb.ChatMessage]:
         elif isinstance(item, FunctionCallOutputItem):
             messages.append(pb.ChatMessage(role="tool", tool_call_id=item.call_id, content=_text(item.output)))
     return messages
-
-
-# ------------------------------------------------------------------ tools, tool choice, format
 
 
 def _function(tool: FunctionTool, param: str, namespace: NamespaceTool | None = None) -> pb.Tool:
@@ -176,9 +170,6 @@ def constraint(request: ResponseRequest) -> pb.Constraint | None:
     if fmt.type == "json_object" or fmt.schema_ is None:
         return pb.Constraint(json_object=True)
     return pb.Constraint(json_schema=schema_text(fmt.schema_))
-
-
-# ------------------------------------------------------------------ the request
 
 
 def _chat(request: ResponseRequest, items: list[Sent], limits: RequestLimits) -> tuple[pb.ChatInput, Tools]:
