@@ -94,7 +94,7 @@ class ResponseEvents:
         return entry, out
 
     def _finished(self, entry: _Item, item: dict[str, Any], *events: bytes) -> list[bytes]:
-        """An item's final form: its own done `events`, then output_item.done."""
+        """An item's final form: its own done `events` (numbered before this one), then output_item.done."""
         entry.item, entry.done = item, True
         return [*events, self._event("response.output_item.done", output_index=entry.output_index, item=item)]
 
