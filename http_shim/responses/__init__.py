@@ -1,8 +1,8 @@
 """OpenAI's Responses API (POST /v1/responses and its stored responses) over the engine's chat.
 
 protocol.py types a body (validation and its /openapi.json part); request.py builds the GenerateRequest
-from it; objects.py builds the response object;
-events.py writes the exact event stream; store.py keeps responses in SQLite; routes.py serves them.
+from it; objects.py builds the response object; events.py writes the exact event stream; store.py keeps
+responses in SQLite; routes.py serves them.
 """
 
 from .routes import RESPONSES_ROUTE, register_responses

@@ -35,7 +35,7 @@ CANCELLED_CODE = "response_cancelled"
 
 @dataclass
 class _Item:
-    """An output item being written: a message (text) or a function call (arguments)."""
+    """An output item being written: reasoning or a message (text), or a function call (arguments)."""
 
     output_index: int
     item: dict[str, Any]
@@ -67,8 +67,6 @@ class ResponseEvents:
         self._fold = StreamFold()
         self._status = "completed"  # incomplete once the engine says the output limit cut the answer
 
-    # -------------------------------------------------------------- framing
-
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
@@ -82,43 +80,50 @@ class ResponseEvents:
         return [self._event("response.created", response=snapshot),
                 self._event("response.in_progress", response=snapshot)]
 
-    # -------------------------------------------------------------- items
+    @staticmethod
+    def _where(entry: _Item) -> dict[str, Any]:
+        return {"item_id": entry.item["id"], "output_index": entry.output_index, "content_index": 0}
 
-    def _add(self, item: dict[str, Any]) -> tuple[_Item, bytes]:
+    def _add(self, item: dict[str, Any], part: dict[str, Any] | None = None) -> tuple[_Item, list[bytes]]:
+        """A new output item and its added event, then its content part's when it has one."""
         entry = _Item(len(self._items), item)
         self._items.append(entry)
-        return entry, self._event("response.output_item.added", output_index=entry.output_index, item=item)
+        out = [self._event("response.output_item.added", output_index=entry.output_index, item=item)]
+        if part is not None:
+            out.append(self._event("response.content_part.added", **self._where(entry), part=part))
+        return entry, out
+
+    def _finished(self, entry: _Item, item: dict[str, Any], *events: bytes) -> list[bytes]:
+        """An item's final form: its own done `events` (numbered before this one), then output_item.done."""
+        entry.item, entry.done = item, True
+        return [*events, self._event("response.output_item.done", output_index=entry.output_index, item=item)]
+
+    def _close_content(self, entry: _Item, item: dict[str, Any], kind: str, **fields: Any) -> list[bytes]:
+        """A reasoning or message item's end: `kind`.done (with `fields`), content_part.done, output_item.done."""
+        where = self._where(entry)
+        return self._finished(entry, item, self._event(f"response.{kind}.done", **where, **fields),
+                              self._event("response.content_part.done", **where, part=item["content"][0]))
 
     def reasoning_delta(self, text: str, item_id: str | None = None) -> list[bytes]:
         out = []
         if self._reasoning is None:
-            self._reasoning, added = self._add(reasoning_item(item_id or new_id("rs"), "in_progress", None))
-            out = [added, self._event("response.content_part.added", item_id=self._reasoning.item["id"],
-                                      output_index=self._reasoning.output_index, content_index=0,
-                                      part={"type": "reasoning_text", "text": ""})]
-        entry = self._reasoning
-        entry.pieces.append(text)
-        return out + [self._event("response.reasoning_text.delta", item_id=entry.item["id"],
-                                  output_index=entry.output_index, content_index=0, delta=text)]
+            item = reasoning_item(item_id or new_id("rs"), "in_progress", None)
+            self._reasoning, out = self._add(item, {"type": "reasoning_text", "text": ""})
+        self._reasoning.pieces.append(text)
+        return out + [self._event("response.reasoning_text.delta", **self._where(self._reasoning), delta=text)]
 
     def _close_reasoning(self, status: str) -> list[bytes]:
         entry, self._reasoning = self._reasoning, None
         if entry is None:
             return []
         text = "".join(entry.pieces)
-        entry.item = reasoning_item(entry.item["id"], status, text, self._skeleton.summarized)
-        entry.done = True
-        where = {"item_id": entry.item["id"], "output_index": entry.output_index, "content_index": 0}
-        return [self._event("response.reasoning_text.done", **where, text=text),
-                self._event("response.content_part.done", **where, part=entry.item["content"][0]),
-                self._event("response.output_item.done", output_index=entry.output_index, item=entry.item)]
+        item = reasoning_item(entry.item["id"], status, text, self._skeleton.summarized)
+        return self._close_content(entry, item, "reasoning_text", text=text)
 
     def open_text(self, item_id: str | None = None) -> list[bytes]:
         out = self._close_reasoning("completed")  # the thinking before the answer is finished
-        self._text, added = self._add(message_item(item_id or new_id("msg"), "in_progress", []))
-        part = text_part("", [])
-        return out + [added, self._event("response.content_part.added", item_id=self._text.item["id"],
-                                         output_index=self._text.output_index, content_index=0, part=part)]
+        self._text, added = self._add(message_item(item_id or new_id("msg"), "in_progress", []), text_part("", []))
+        return out + added
 
     def text_delta(self, text: str, logprobs: list[dict[str, Any]]) -> list[bytes]:
         out = [] if self._text is not None else self.open_text()
@@ -126,29 +131,22 @@ class ResponseEvents:
         assert entry is not None
         entry.pieces.append(text)
         entry.logprobs.extend(logprobs)
-        out.append(self._event("response.output_text.delta", item_id=entry.item["id"],
-                               output_index=entry.output_index, content_index=0, delta=text, logprobs=logprobs))
-        return out
+        return out + [self._event("response.output_text.delta", **self._where(entry), delta=text, logprobs=logprobs)]
 
     def _close_text(self, status: str) -> list[bytes]:
         entry, self._text = self._text, None
         if entry is None:
             return []
         text = "".join(entry.pieces)
-        part = text_part(text, entry.logprobs)
-        entry.item = message_item(entry.item["id"], status, [part])
-        entry.done = True
-        where = {"item_id": entry.item["id"], "output_index": entry.output_index, "content_index": 0}
-        return [self._event("response.output_text.done", **where, text=text, logprobs=entry.logprobs),
-                self._event("response.content_part.done", **where, part=part),
-                self._event("response.output_item.done", output_index=entry.output_index, item=entry.item)]
+        item = message_item(entry.item["id"], status, [text_part(text, entry.logprobs)])
+        return self._close_content(entry, item, "output_text", text=text, logprobs=entry.logprobs)
 
     def open_call(self, index: int, call_id: str, name: str, namespace: str | None = None,
                   item_id: str | None = None) -> list[bytes]:
         out = self._close_reasoning("completed") + self._close_text("completed")  # what came before a call
         item = function_call_item(item_id or new_id("fc"), call_id, name, "", "in_progress", namespace)
         self._calls[index], added = self._add(item)
-        return out + [added]
+        return out + added
 
     def call_delta(self, index: int, arguments: str) -> list[bytes]:
         entry = self._calls[index]
@@ -159,14 +157,10 @@ class ResponseEvents:
     def _close_calls(self, status: str) -> list[bytes]:
         out = []
         for entry in self._calls.values():
-            arguments = "".join(entry.pieces)
-            item = entry.item
-            entry.item = function_call_item(item["id"], item["call_id"], item["name"], arguments, status,
-                                            item.get("namespace"))
-            entry.done = True
-            out += [self._event("response.function_call_arguments.done", item_id=item["id"],
-                                output_index=entry.output_index, name=item["name"], arguments=arguments),
-                    self._event("response.output_item.done", output_index=entry.output_index, item=entry.item)]
+            item, arguments = entry.item, "".join(entry.pieces)
+            out += self._finished(entry, {**item, "arguments": arguments, "status": status},
+                                  self._event("response.function_call_arguments.done", item_id=item["id"],
+                                              output_index=entry.output_index, name=item["name"], arguments=arguments))
         self._calls = {}
         return out
 
@@ -191,8 +185,6 @@ class ResponseEvents:
             return [self._event(f"response.{status}", response=response)]
         flat = {"code": error.code or error.type, "message": error.message, "param": error.param}
         return [self._event("error", **flat), self._event("response.failed", response=response)]
-
-    # -------------------------------------------------------------- EventWriter
 
     def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[bytes]:
         out = self._start()

@@ -76,12 +76,9 @@ def usage_object(usage: Usage) -> dict[str, Any]:
     }
 
 
-# A response's status when its (only) choice ended for a reason.
-_STATUSES = {Finish.STOP: "completed", Finish.LENGTH: "incomplete", Finish.TOOL_CALLS: "completed"}
-
-
 def status_of(reason: str | None) -> str:
-    return _STATUSES[Finish.named(reason)]
+    """A response's status when its (only) choice ended for `reason`: the output limit leaves it incomplete."""
+    return "incomplete" if Finish.named(reason) is Finish.LENGTH else "completed"
 
 
 def error_object(error: APIError) -> dict[str, Any]:

@@ -83,9 +83,6 @@ Metadata = Annotated[dict[str, str], PlainValidator(_metadata), WithJsonSchema({
     "additionalProperties": {"type": "string", "maxLength": METADATA_MAX_VALUE_CHARS}})]
 
 
-# ------------------------------------------------------------------ input items
-
-
 class TextPart(Sent):
     type: one_of(*TEXT_PARTS)
     text: Str
@@ -130,9 +127,6 @@ class ReasoningItem(Sent):
 InputItem = by_type({"message": MessageItem, "function_call": FunctionCallItem,
                      "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem},
                     UnsupportedItem, default="message")
-
-
-# ------------------------------------------------------------------ tools, tool choice, format
 
 
 class FunctionTool(Sent):
@@ -203,9 +197,6 @@ class TextOptions(Sent):
 class Reasoning(Sent):
     effort: ReasoningEffort | None = None
     summary: Str | None = None
-
-
-# ------------------------------------------------------------------ the request
 
 
 class ResponseRequest(SamplingFields, StoppingFields):

@@ -68,9 +68,6 @@ class ResponsesRequest:
         return error
 
 
-# ------------------------------------------------------------------ input items
-
-
 def stored_item(item: Sent) -> dict[str, Any]:
     """An input item as stored and listed: typed, with an id, message content as parts."""
     out = {"type": item.type, **item.as_sent()}
@@ -120,9 +117,6 @@ def chat_messages(items: list[Sent]) -> list[pb.ChatMessage]:
         elif isinstance(item, FunctionCallOutputItem):
             messages.append(pb.ChatMessage(role="tool", tool_call_id=item.call_id, content=_text(item.output)))
     return messages
-
-
-# ------------------------------------------------------------------ tools, tool choice, format
 
 
 def _function(tool: FunctionTool, param: str, namespace: NamespaceTool | None = None) -> pb.Tool:
@@ -178,9 +172,6 @@ def constraint(request: ResponseRequest) -> pb.Constraint | None:
     return pb.Constraint(json_schema=schema_text(fmt.schema_))
 
 
-# ------------------------------------------------------------------ the request
-
-
 def _chat(request: ResponseRequest, items: list[Sent], limits: RequestLimits) -> tuple[pb.ChatInput, Tools]:
     messages = [] if request.instructions is None else [pb.ChatMessage(role="system", content=request.instructions)]
     messages += chat_messages(items)
@@ -226,9 +217,7 @@ def _echo(request: ResponseRequest) -> dict[str, Any]:
 def build_request(request: ResponseRequest, request_id: str, limits: RequestLimits,
                   inherited: list[dict[str, Any]] | None = None) -> ResponsesRequest:
     """The engine request of a validated body. `inherited`: the context and output of `previous_response_id`."""
-    new = [] if isinstance(request.input, str) else request.input
-    if isinstance(request.input, str):
-        new = [MessageItem(role="user", content=request.input)]
+    new = [MessageItem(role="user", content=request.input)] if isinstance(request.input, str) else request.input
     context = inherited_items(inherited or []) + new
     chat, tools = _chat(request, context, limits)
     logprobs = LOGPROBS_INCLUDE in (request.include or [])

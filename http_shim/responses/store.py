@@ -1,15 +1,10 @@
 """The response store behind `store` and `previous_response_id`: SQLite from the standard library.
 
-One file (`responses.sqlite3`) under a folder the operator names (--responses-store-dir), in WAL
-mode so a reader never waits on the writer and a crash loses at most the last write; or, named
-`:memory:`, a database in this process only (lost at exit: for a read-only filesystem). A folder
-that cannot be written is a StoreError at start, whose one line says which flag to change. It is bounded
-by count and by age; each write evicts the oldest responses past either bound, so a conversation
-whose start was evicted can no longer be continued (its id answers 404, as at OpenAI after 30 days).
-
-Each row holds the whole response object and the context it was generated from (every input item,
-inherited ones included, without `instructions`), so continuing a chain reads one row, never a chain.
-Shims do not share a store: each has its own file (docs/responses.md says how to pin a conversation).
+One file (`responses.sqlite3`) per shim under --responses-store-dir, in WAL mode so a reader never waits on
+the writer and a crash loses at most the last write; or `:memory:` (this process only, for a read-only
+filesystem). Bounded by count and age: each write evicts the oldest past either bound, so a chain whose start
+was evicted answers 404 (as at OpenAI after 30 days). A row holds the response and its whole context (every
+input item, inherited ones included, not `instructions`), so continuing a chain reads one row.
 
 Under gevent every greenlet runs on one OS thread and a sqlite3 call never yields, so one connection
 serves them all; the lock only keeps a statement and its commit together.
@@ -29,8 +24,6 @@ from typing import Any
 STORE_FILE = "responses.sqlite3"
 DEFAULT_MAX_RESPONSES = 10_000
 DEFAULT_MAX_AGE_S = 30 * 24 * 3600  # OpenAI keeps stored responses for 30 days
-
-
 STORE_DIR_ENV = "CONDUIT_RESPONSES_STORE_DIR"
 IN_MEMORY = ":memory:"  # SQLite's own name for a database that lives in the process only
 
@@ -127,11 +120,3 @@ class ResponseStore:
     def delete(self, response_id: str) -> bool:
         with self._lock:
             return self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
-
-    def count(self) -> int:
-        with self._lock:
-            return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
