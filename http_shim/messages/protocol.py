@@ -16,15 +16,13 @@ from pydantic.json_schema import SkipJsonSchema
 
 from conduit.v1.contract import SAMPLING_RANGES, Range
 
-from ..protocol.base import (ApiModel, Bool, Cap, ModelId, NonEmptyStr, Object, Str, by_type, fail, got, int_in,
-                              number_in, text_or)
+from ..protocol.base import (UINT32_MAX, ApiModel, Bool, Cap, ModelId, NonEmptyStr, Object, Str, by_type, fail, got,
+                              int_in, number_in, text_or)
 from ..protocol.chat import JsonSchemaText, ToolName
 from ..protocol.openapi import REQUEST_ID_HEADER, ApiPart, Operation, ref
 from .errors import OVERLOADED_STATUS, error_type
 
 INT32_MAX = 2**31 - 1
-UINT32_MAX = 2**32 - 1
-ROLES = ("user", "assistant", "system")
 
 
 def literal(*values: str, wording: str = "'{param}' must be {words}, got {got}.") -> Any:
@@ -138,7 +136,7 @@ ContentBlock = by_type({"text": TextBlockParam, "tool_use": ToolUseBlockParam, "
 
 class MessageParam(ApiModel):
     # Anthropic's own validation message, which clients match on.
-    role: literal(*ROLES, wording="{path}: Input should be {words}, got {got}.")
+    role: literal("user", "assistant", "system", wording="{path}: Input should be {words}, got {got}.")
     content: text_or(ContentBlock, 1, "content blocks")
 
     @model_validator(mode="after")
