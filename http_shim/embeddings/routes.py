@@ -4,6 +4,9 @@ serving that model), like chat."""
 
 from __future__ import annotations
 
+import base64
+import sys
+from array import array
 from typing import Any
 
 import grpc
@@ -17,9 +20,8 @@ from ..context import ShimContext
 from ..errors import APIError, from_engine_error
 from ..protocol.base import parse
 from ..web import engine_metadata, json_response, read_body, request_id
-from .coalesce import EmbedCoalescer
+from .coalesce import EmbedAnswer, EmbedCoalescer
 from .protocol import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
-from .response import embeddings_response
 
 EMBEDDINGS_ROUTE = "/v1/embeddings"
 
@@ -49,14 +51,10 @@ def register_embeddings(app: Flask, ctx: ShimContext) -> None:
     @app.post("/tokenize")
     def tokenize() -> Response:
         body = parse(TokenizeRequest, read_body())
-        tokenize_request = pb.TokenizeRequest(model=body.model)
-        if body.prompt is not None:
-            tokenize_request.text = body.prompt
-        else:
-            tokenize_request.chat.messages.extend(m.to_pb() for m in body.messages)
         calls = engine_metadata()
         info, engine = ctx.models.route(body.model, metadata=calls)
-        tokenize_request.model = info.id
+        chat = None if body.messages is None else pb.ChatInput(messages=[m.to_pb() for m in body.messages])
+        tokenize_request = pb.TokenizeRequest(model=info.id, text=body.prompt, chat=chat)  # None: not set
         answer = engine.tokenize(request=tokenize_request, timeout=ctx.request_timeout_s, metadata=calls)
         result: dict[str, Any] = {"count": len(answer.token_ids), "max_model_len": answer.max_context_length,
                                   "tokens": list(answer.token_ids)}
@@ -88,3 +86,23 @@ def openai_param(engine_param: str, one_input: bool) -> str | None:
     if engine_param.startswith("inputs"):
         return "input" if one_input or engine_param == "inputs" else "input" + engine_param.removeprefix("inputs")
     return engine_param or None
+
+
+def encode_vector(values: Any, encoding_format: str) -> list[float] | str:
+    """A vector as floats, or as base64 of little-endian float32 (what the openai SDK decodes)."""
+    if encoding_format == "float":
+        return list(values)
+    packed = array("f", values)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode("ascii")
+
+
+def embeddings_response(answer: EmbedAnswer, encoding_format: str) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": encode_vector(e.values, encoding_format)}
+                 for i, e in enumerate(answer.embeddings)],
+        "model": answer.model,
+        "usage": {"prompt_tokens": answer.prompt_tokens, "total_tokens": answer.prompt_tokens},
+    }

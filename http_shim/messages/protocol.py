@@ -38,7 +38,7 @@ def literal(*values: str, wording: str = "'{param}' must be {words}, got {got}."
     return Annotated[str, PlainValidator(check), WithJsonSchema({"type": "string", "enum": list(values)})]
 
 
-# The blocks each role's content may hold; `_refusal` words the others as today.
+# The blocks each role's content may hold; `_refusal` words why another cannot stand there.
 _PLACES = {"user": {"text", "tool_result"}, "assistant": {"text", "tool_use", "thinking", "redacted_thinking"},
           "system": {"text"}}
 

@@ -97,7 +97,6 @@ def _fold_system_turns(messages: list[pb.ChatMessage]) -> list[pb.ChatMessage]:
 
 
 def _tools(body: CountTokensRequest) -> list[pb.Tool]:
-    # A deferred tool is not in the model's context until a tool search finds it.
     tools = [pb.Tool(name=tool.name, description=tool.description, parameters_json=tool.input_schema)
              for tool in body.tools or [] if not tool.defer_loading]
     if len({t.name for t in tools}) < len(tools):
@@ -159,8 +158,7 @@ def parse_messages(body: Any, request_id: str, limits: RequestLimits = DEFAULT_L
     return MessagesPlan(typed.model, request, bool(typed.stream), stops)
 
 
-def parse_count_tokens(body: Any, limits: RequestLimits) -> tuple[str, pb.TokenizeRequest]:
-    """The model and the TokenizeRequest that renders the prompt exactly as /v1/messages would."""
+def parse_count_tokens(body: Any, limits: RequestLimits) -> pb.TokenizeRequest:
+    """The TokenizeRequest that renders the prompt exactly as /v1/messages would."""
     typed = parse(CountTokensRequest, body, limits=limits)
-    return typed.model, pb.TokenizeRequest(model=typed.model, chat=chat_input(typed, limits),
-                                           constraint=_constraint(typed))
+    return pb.TokenizeRequest(model=typed.model, chat=chat_input(typed, limits), constraint=_constraint(typed))

@@ -68,9 +68,9 @@ def register_messages(app: Flask, ctx: ShimContext) -> None:
 
     @app.post("/v1/messages/count_tokens")
     def count_tokens() -> Response:
-        model, tokenize = parse_count_tokens(read_body(), ctx.limits)
+        tokenize = parse_count_tokens(read_body(), ctx.limits)
         calls = engine_metadata()
-        info, engine = ctx.models.route(model, metadata=calls)
+        info, engine = ctx.models.route(tokenize.model, metadata=calls)
         tokenize.model = info.id
         answer = engine.tokenize(request=tokenize, timeout=RPC_TIMEOUT_S, metadata=calls)
         return json_response({"input_tokens": len(answer.token_ids)})
