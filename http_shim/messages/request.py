@@ -9,9 +9,7 @@ the user turn it touches, as Claude Code's own fallback does: most chat template
 turn (Gemma's, Llama's), and folding it into the top system prompt would change the prompt's prefix (a
 prefix-cache miss) each time an agent adds one.
 
-`thinking` (docs/reasoning.md): `enabled` asks for reasoning effort high within `budget_tokens` (the
-engine enforces it), `disabled` for none where the template can switch it off, `adaptive` leaves the
-template's default; earlier thinking blocks are dropped, as DeepSeek-R1's and Qwen3's templates drop them.
+`thinking` maps onto the reasoning effort and budget, and earlier thinking blocks are dropped: docs/reasoning.md.
 Hints that do not change the answer are accepted and ignored: `metadata`, `output_config.effort`,
 `cache_control` (the prefix cache serves every request), `context_management`, `?beta=true`, the
 `anthropic-beta` header, unknown fields. Tools with `defer_loading: true` stay out of the prompt, as

@@ -56,9 +56,7 @@ def envelope(message_id: str, model: str, usage: dict[str, Any]) -> dict[str, An
 
 
 def thinking_signature(thinking: str) -> str:
-    """A thinking block's `signature`. Anthropic's is an encrypted attestation its API checks when the
-    block comes back; Conduit's is the SHA-256 of the thinking text (UTF-8, hex): it shows the block is
-    whole, proves nothing about who wrote it, and is not checked on return."""
+    """A thinking block's `signature`: a checksum, not Anthropic's attestation (docs/reasoning.md)."""
     return "conduit-sha256:" + hashlib.sha256(thinking.encode()).hexdigest()
 
 
