@@ -15,7 +15,7 @@ import pytest
 from common import lazy_module
 from fake_engine import MODEL_ID, REFUSED_INPUT, FakeEngineServer, start_shim, stop_process
 from http_shim.embeddings.coalesce import MAX_IN_FLIGHT
-from http_shim.embeddings.request import openai_param
+from http_shim.embeddings.routes import openai_param
 
 openai = lazy_module("openai")  # imported by the first test that uses it
 

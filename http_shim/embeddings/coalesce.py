@@ -1,16 +1,10 @@
-"""Concurrent /v1/embeddings requests to one engine share one Embed call.
+"""Concurrent /v1/embeddings requests to one engine share one Embed call (docs/embeddings.md).
 
-At 64 clients of one short query each, a gRPC call per query cost about as much CPU as the query's
-forward (the shim's client side and the engine's servicer, ~1 ms an input of ~7). So while
-MAX_IN_FLIGHT calls to an engine are out, a request waits; when one comes back, the requests that
-waited meanwhile go as one call (their inputs concatenated, up to MAX_EMBED_INPUTS) and each takes
-its own vectors back. A request alone goes at once, as before.
-
-Only requests that ask the same thing share a call (engine, model, dimensions, truncation). An
-error the engine pins on an input (INVALID_ARGUMENT: "inputs[7]" too long, say) would name the
-wrong request's input in a shared call, so each request of that call then goes alone and gets its
-own answer or 400, exactly as without coalescing. Any other error (the engine gone, draining, full,
-a deadline) is every member's alike. The engine logs a shared call under its first request's id.
+A gRPC call per short query cost about as much CPU as its forward. So while MAX_IN_FLIGHT calls to an
+engine are out, a request waits (else it goes at once); when one comes back, the requests that asked the
+same thing (engine, model, dimensions, truncation) meanwhile go as one call, each taking its own vectors
+back. An error the engine pins on an input ("inputs[7]" too long) would name the wrong request's input in
+a shared call, so each request of that call then goes alone; any other error is every member's alike.
 """
 
 from __future__ import annotations
@@ -56,8 +50,7 @@ class EmbedCoalescer:
     """Per engine (a client, or a model's RoutedEngine) and request shape: the requests waiting, and the
     calls out. Greenlets only."""
 
-    def __init__(self, max_in_flight: int = MAX_IN_FLIGHT) -> None:
-        self.max_in_flight = max_in_flight
+    def __init__(self) -> None:
         self._waiting: dict[tuple, list[_Waiter]] = {}
         self._in_flight: dict[tuple, int] = {}
 
@@ -79,7 +72,7 @@ class EmbedCoalescer:
         """One call for the requests waiting (in arrival order, up to MAX_EMBED_INPUTS inputs in all);
         then, if more came meanwhile, another call for them on a greenlet of its own."""
         waiting = self._waiting.get(key)
-        if not waiting or self._in_flight.get(key, 0) >= self.max_in_flight * getattr(engine, "width", 1):
+        if not waiting or self._in_flight.get(key, 0) >= MAX_IN_FLIGHT * getattr(engine, "width", 1):
             return  # another call took them, or the next call to end sends them
         batch, size = [], 0
         while waiting and (not batch or size + len(waiting[0].request.inputs) <= MAX_EMBED_INPUTS):

@@ -1,6 +1,5 @@
-"""The typed requests of POST /v1/embeddings (OpenAI's shape), /tokenize and /detokenize (vLLM's): their
-validation and their part of /openapi.json. `input`: a string, a list of strings, a list of token
-ids, or a list of lists of ids."""
+"""The typed requests of POST /v1/embeddings (OpenAI's shape, and the EmbedRequest it becomes), /tokenize
+and /detokenize (vLLM's): their validation and their part of /openapi.json."""
 
 from __future__ import annotations
 
@@ -12,7 +11,8 @@ from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import MAX_EMBED_INPUTS
 
 from ..openai.protocol import ChatMessage
-from ..protocol.base import UINT32_MAX, ApiModel, Bool, ModelId, Str, TokenId, Whole, fail, int_in, is_int, one_of, token_ids
+from ..protocol.base import (UINT32_MAX, ApiModel, Bool, ModelId, Str, TokenId, Whole, fail, int_in, is_int, one_of,
+                              token_ids)
 from ..protocol.openapi import ApiPart, Operation
 
 ENCODING_FORMATS = ("float", "base64")
@@ -68,7 +68,7 @@ def _truncate(value: Any) -> int:
 
 class EmbeddingRequest(ApiModel):
     model: ModelId
-    input: EmbeddingInput  # (the inputs, whether `input` was one)
+    input: EmbeddingInput  # (the inputs, whether `input` was one: errors then name "input", not "input[0]")
     encoding_format: Annotated[one_of(*ENCODING_FORMATS), WithJsonSchema(
         {"type": "string", "enum": list(ENCODING_FORMATS), "description": "base64: little-endian float32"})] = "float"
     dimensions: int_in(1, UINT32_MAX) | None = Field(
@@ -77,6 +77,12 @@ class EmbeddingRequest(ApiModel):
     truncate_prompt_tokens: Annotated[int, PlainValidator(_truncate), WithJsonSchema(  # vLLM's extension
         {"type": "integer", "minimum": -1, "maximum": UINT32_MAX,
          "description": "cut longer inputs to this many tokens (-1: the context)"})] | None = None
+
+    def to_pb(self, request_id: str) -> pb.EmbedRequest:
+        truncate = self.truncate_prompt_tokens  # -1 (the model's context) is the field's 0
+        return pb.EmbedRequest(model=self.model, inputs=self.input[0], request_id=request_id,
+                               dimensions=self.dimensions,
+                               truncate_prompt_tokens=None if truncate is None else max(truncate, 0))
 
 
 class TokenizeRequest(ApiModel):

@@ -1,10 +1,4 @@
-"""Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens) over the engine.
-
-protocol.py validates a body (typed models, also its part of /openapi.json), request.py turns it into
-a chat GenerateRequest (with the protocol builders the APIs share),
-response.py builds the message object, events.py writes the event stream, errors.py gives errors
-Anthropic's shape, routes.py registers the routes on the app.
-"""
+"""Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens) over the engine: docs/messages.md."""
 
 from .routes import is_anthropic_request, register_messages
 

@@ -1,11 +1,8 @@
-"""Errors in Anthropic's shape: `{"type": "error", "error": {"type", "message"}, "request_id"}`.
+"""The shim's `APIError` in Anthropic's shape: `{"type": "error", "error": {"type", "message"}, "request_id"}`.
 
-The shim raises one `APIError` (OpenAI's fields) everywhere; this maps its status to Anthropic's
-error type, and 503 (engine unavailable, shutting down) to Anthropic's 529 `overloaded_error`,
-the status the anthropic SDK treats as "overloaded, retry". The SDK picks its exception class from
-the status, so the status is what must be right. A prompt over the context is worded as Anthropic
-words it ("prompt is too long: N tokens > M maximum"): Claude Code matches that text to compact the
-conversation and read the two counts.
+The anthropic SDK picks its exception class from the status, so 503 becomes 529 `overloaded_error` (its
+"overloaded, retry"). A prompt over the context is worded as Anthropic words it: Claude Code matches
+"prompt is too long: N tokens > M maximum" to compact the conversation.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""The Messages event stream, as the relay's EventWriter.
+"""The Messages event stream, as the relay's EventWriter (the events: docs/messages.md).
 
-`message_start` (the message, empty, with its input usage), then per content block
-`content_block_start` / `content_block_delta` (`thinking_delta` then one `signature_delta` for a
-reasoning model's thinking, `text_delta`, or `input_json_delta` whose `partial_json` pieces
-concatenate to the tool's input) / `content_block_stop`, then
-`message_delta` (stop reason and sequence, output usage) and `message_stop`. `ping` is the
-heartbeat; a stream the engine (or a drain) cut ends with an `error` event and nothing after it.
-Every event is `event: <type>` plus `data: <json>` whose `type` is the same name.
+`event: <type>` equals the data's `type`; a reasoning model's thinking block ends with one
+`signature_delta`; a stream the engine (or a drain) cut ends with an `error` event and nothing after it.
 """
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from conduit_common.results import Usage
@@ -22,13 +16,11 @@ from ..sse import named_event as event
 from ..stream_fold import (ChoiceEnd, Event, Finish, PromptRead, ReasoningDelta, StreamFold, TextDelta,
                            ToolCallArguments, ToolCallStart)
 from .errors import error_object
-from .response import SIGNATURE_PREFIX, envelope, stop_reason, tool_use_block, usage_object
-
-PING = event({"type": "ping"})
+from .response import envelope, stop_reason, thinking_signature, tool_use_block, usage_object
 
 
 class MessagesEvents:
-    heartbeat = PING
+    heartbeat = event({"type": "ping"})
 
     def __init__(self, message_id: str, model: str, stop_sequences: list[str]) -> None:
         self._id, self._model, self._stops = message_id, model, stop_sequences
@@ -36,11 +28,9 @@ class MessagesEvents:
         self._input = Usage(0, 0)  # the prompt's, for message_start
         self._started = False
         self._block = -1  # index of the latest block
-        self._open: tuple[str, int] | None = None  # ("text", 0) or ("tool", call index)
+        self._open: str | None = None  # the open block's type: "thinking", "text" or "tool_use"
         self._end: ChoiceEnd | None = None
-        self._thought = hashlib.sha256()  # of the thinking block's text, for its signature
-
-    # ------------------------------------------------------------------ blocks
+        self._thought: list[str] = []  # the thinking text, for its signature
 
     def _start(self) -> list[bytes]:
         if self._started:
@@ -52,34 +42,31 @@ class MessagesEvents:
     def _close(self) -> list[bytes]:
         if self._open is None:
             return []
-        if self._open == ("thinking", 0):  # its signature (response.thinking_signature) ends it
-            signature = SIGNATURE_PREFIX + self._thought.hexdigest()
-            self._open = None
-            return [self._delta({"type": "signature_delta", "signature": signature}),
-                    event({"type": "content_block_stop", "index": self._block})]
+        out = []
+        if self._open == "thinking":  # its signature ends it
+            signature = thinking_signature("".join(self._thought))
+            out.append(self._delta({"type": "signature_delta", "signature": signature}))
         self._open = None
-        return [event({"type": "content_block_stop", "index": self._block})]
+        return out + [event({"type": "content_block_stop", "index": self._block})]
 
-    def _open_block(self, kind: tuple[str, int], block: dict[str, Any]) -> list[bytes]:
+    def _open_block(self, block: dict[str, Any]) -> list[bytes]:
         out = self._close()
         self._block += 1
-        self._open = kind
+        self._open = block["type"]
         return out + [event({"type": "content_block_start", "index": self._block, "content_block": block})]
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return event({"type": "content_block_delta", "index": self._block, "delta": delta})
 
     def _thinking(self, text: str) -> list[bytes]:
-        out = [] if self._open == ("thinking", 0) else self._open_block(
-            ("thinking", 0), {"type": "thinking", "thinking": "", "signature": ""})
-        self._thought.update(text.encode())
+        block = {"type": "thinking", "thinking": "", "signature": ""}
+        out = [] if self._open == "thinking" else self._open_block(block)
+        self._thought.append(text)
         return out + [self._delta({"type": "thinking_delta", "thinking": text})]
 
     def _text(self, text: str) -> list[bytes]:
-        out = [] if self._open == ("text", 0) else self._open_block(("text", 0), {"type": "text", "text": ""})
+        out = [] if self._open == "text" else self._open_block({"type": "text", "text": ""})
         return out + [self._delta({"type": "text_delta", "text": text})]
-
-    # ------------------------------------------------------------------ EventWriter
 
     def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[bytes]:
         out: list[bytes] = []
@@ -95,7 +82,7 @@ class MessagesEvents:
         elif isinstance(e, TextDelta) and e.text:
             return self._text(e.text)
         elif isinstance(e, ToolCallStart):
-            return self._open_block(("tool", e.index), tool_use_block(e.id, e.name, None))
+            return self._open_block(tool_use_block(e.id, e.name, None))
         elif isinstance(e, ToolCallArguments) and e.arguments:
             return [self._delta({"type": "input_json_delta", "partial_json": e.arguments})]
         elif isinstance(e, ChoiceEnd):

@@ -1,13 +1,10 @@
 """The Messages API's request bodies as typed models (named as Anthropic's SDK names them): the one
-definition both validation (`parse`) and the /openapi.json document (`MESSAGES_API`) come from;
-request.py turns a validated body into the engine's request.
+definition of both validation (`parse`) and the /openapi.json document (`MESSAGES_API`).
 
-What the engine cannot serve is refused here with a 400 naming it, in the words Anthropic's clients
-know: a content block of another type (image, document, ...: `OtherBlock`) or in a role's message
-that cannot hold it (`_PLACES`), a server tool (`ServerTool`), a role outside user/assistant/system
-(Anthropic's own validation message), a final assistant turn (a prefill), MCP servers. The document
-shows what is served. Unknown fields are ignored at every level (request.py's docstring names those
-that are hints).
+What the engine cannot serve is refused with a 400 naming it, in the words Anthropic's clients know: a
+block of another type (image, document, ...: `OtherBlock`) or in a role that cannot hold it (`_PLACES`),
+a server tool, a role outside user/assistant/system, a final assistant turn (a prefill), MCP servers.
+Unknown fields are ignored at every level.
 """
 
 from __future__ import annotations
@@ -19,15 +16,13 @@ from pydantic.json_schema import SkipJsonSchema
 
 from conduit.v1.contract import SAMPLING_RANGES, Range
 
-from ..protocol.base import (ApiModel, Bool, Cap, ModelId, NonEmptyStr, Object, Str, by_type, fail, got, int_in,
-                              number_in, text_or)
+from ..protocol.base import (UINT32_MAX, ApiModel, Bool, Cap, ModelId, NonEmptyStr, Object, Str, by_type, fail, got,
+                              int_in, number_in, text_or)
 from ..protocol.chat import JsonSchemaText, ToolName
 from ..protocol.openapi import REQUEST_ID_HEADER, ApiPart, Operation, ref
 from .errors import OVERLOADED_STATUS, error_type
 
 INT32_MAX = 2**31 - 1
-UINT32_MAX = 2**32 - 1
-ROLES = ("user", "assistant", "system")
 
 
 def literal(*values: str, wording: str = "'{param}' must be {words}, got {got}.") -> Any:
@@ -43,7 +38,7 @@ def literal(*values: str, wording: str = "'{param}' must be {words}, got {got}."
     return Annotated[str, PlainValidator(check), WithJsonSchema({"type": "string", "enum": list(values)})]
 
 
-# The blocks each role's content may hold; `_refusal` words the others as today.
+# The blocks each role's content may hold; `_refusal` words why another cannot stand there.
 _PLACES = {"user": {"text", "tool_result"}, "assistant": {"text", "tool_use", "thinking", "redacted_thinking"},
           "system": {"text"}}
 
@@ -60,16 +55,15 @@ def _refusal(kind: str, role: str) -> str | None:
             "tool_result blocks.")
 
 
-def _check_places(blocks: list[ApiModel], role: str, *where: str) -> None:
-    for j, block in enumerate(blocks):
+def _check_places(content: str | list[ApiModel], role: str, *where: str) -> None:
+    for j, block in enumerate([] if isinstance(content, str) else content):
         template = _refusal(block.type, role)
         if template is not None:
             raise fail(template, field=(*where, j), kind=block.type, got=got(block.type))
 
 
 def _text_blocks_only(value: str | list[ApiModel]) -> str | list[ApiModel]:
-    if not isinstance(value, str):
-        _check_places(value, "system")
+    _check_places(value, "system")
     return value
 
 
@@ -77,9 +71,6 @@ def _no_mcp_servers(value: Any) -> Any:
     if value:
         raise fail("'{param}' is not supported: this server connects to no MCP server.")
     return value
-
-
-# ------------------------------------------------------------------ content
 
 
 class CacheControlEphemeralParam(ApiModel):
@@ -145,17 +136,13 @@ ContentBlock = by_type({"text": TextBlockParam, "tool_use": ToolUseBlockParam, "
 
 class MessageParam(ApiModel):
     # Anthropic's own validation message, which clients match on.
-    role: literal(*ROLES, wording="{path}: Input should be {words}, got {got}.")
+    role: literal("user", "assistant", "system", wording="{path}: Input should be {words}, got {got}.")
     content: text_or(ContentBlock, 1, "content blocks")
 
     @model_validator(mode="after")
     def _blocks_in_place(self) -> MessageParam:
-        if not isinstance(self.content, str):
-            _check_places(self.content, self.role, "content")
+        _check_places(self.content, self.role, "content")
         return self
-
-
-# ------------------------------------------------------------------ tools, format, thinking
 
 
 class ToolParam(ApiModel):
@@ -209,9 +196,6 @@ class MetadataParam(ApiModel):
     user_id: Str | None = None
 
 
-# ------------------------------------------------------------------ requests
-
-
 class CountTokensRequest(ApiModel):
     """A Messages request's prompt and answer format, which count_tokens counts as /v1/messages renders them."""
 
@@ -250,9 +234,6 @@ class MessagesRequest(CountTokensRequest):
         if isinstance(value, dict) and value.get("max_tokens") is None:
             raise fail("'{param}' is required.", field="max_tokens")
         return value
-
-
-# ------------------------------------------------------------------ the document
 
 
 def _answers() -> dict[str, Any]:

@@ -1,28 +1,19 @@
-"""Translate a validated Messages API body (protocol.py's models) into the engine's chat request.
+"""A validated Messages body (protocol.py) -> the engine's chat request (what is served: docs/messages.md).
 
-Anthropic's turns become the chat the engine renders: `system` the first message, a user turn's
-`tool_result` blocks one `tool` message each (before the turn's text, as Anthropic orders them; with
-`is_error`, its content after "Error: "), an assistant turn's `tool_use` blocks its tool calls.
-`tools` / `tool_choice` and `output_config.format` become the same tool choice and constraint the
-chat route builds, so forced calls and formats are enforced by the engine's constrained decoding.
+`system` is the first message; a user turn's `tool_result` blocks become one `tool` message each, before
+its text (with `is_error`, the content after "Error: "); an assistant turn's `tool_use` blocks its calls.
+`tools`, `tool_choice` and `output_config.format` become the chat route's tool choice and constraint.
 
-A `system` message inside `messages` (Claude Code sends its environment, agent and skill lists that
-way) is folded into the user turn it touches: appended to the user text just before it, else put
-before the next user text, else a user turn of its own. Most chat templates refuse a system turn
-after the first (Gemma's, Llama's), and folding it into the top system prompt would change the
-prompt's prefix (a prefix-cache miss) each time an agent adds one; Claude Code's own fallback folds
-them into the user turn too.
+A `system` message inside `messages` (Claude Code sends its environment and skill lists that way) joins
+the user turn it touches, as Claude Code's own fallback does: most chat templates refuse a later system
+turn (Gemma's, Llama's), and folding it into the top system prompt would change the prompt's prefix (a
+prefix-cache miss) each time an agent adds one.
 
-`thinking` (docs/reasoning.md): on a reasoning model, `enabled` asks for thinking (reasoning effort
-high) within `budget_tokens`, which the engine enforces; `disabled` asks for none (effort none) where
-the model's template can switch it off; `adaptive` leaves it to the template's default. Earlier
-`thinking` and `redacted_thinking` blocks given back are dropped (DeepSeek-R1's and Qwen3's templates
-drop earlier turns' thinking too). Accepted and ignored, as hints that do not change the answer:
-`metadata.user_id`, `output_config.effort`, `context_management` (nothing is kept here between
-requests), `cache_control` marks (the engine's prefix cache serves every request), `service_tier`,
-`container`, the `?beta=true` query, the `anthropic-beta` header, and any other unknown field. Tools
-with `defer_loading: true` are left out of the prompt, as Anthropic keeps them out of the model's
-context until a tool search finds them. What is refused: protocol.py.
+`thinking` maps onto the reasoning effort and budget, and earlier thinking blocks are dropped: docs/reasoning.md.
+Hints that do not change the answer are accepted and ignored: `metadata`, `output_config.effort`,
+`cache_control` (the prefix cache serves every request), `context_management`, `?beta=true`, the
+`anthropic-beta` header, unknown fields. Tools with `defer_loading: true` stay out of the prompt, as
+Anthropic keeps them out until a tool search finds them.
 """
 
 from __future__ import annotations
@@ -43,7 +34,6 @@ from .protocol import (CountTokensRequest, MessageParam, MessagesRequest, TextBl
 
 _TOOL_CHOICES = {"auto": pb.ToolChoice.MODE_AUTO, "any": pb.ToolChoice.MODE_REQUIRED,
                  "tool": pb.ToolChoice.MODE_FUNCTION, "none": pb.ToolChoice.MODE_NONE}
-TOOL_ERROR_PREFIX = "Error: "
 
 
 @dataclass
@@ -56,18 +46,14 @@ class MessagesPlan:
     stop_sequences: list[str]
 
 
-# ------------------------------------------------------------------ turns
-
-
 def _texts(content: str | list[TextBlockParam]) -> str:
-    """A string, or text blocks joined by newlines."""
     return content if isinstance(content, str) else "\n".join(b.text for b in content if isinstance(b, TextBlockParam))
 
 
 def _tool_result(block: ToolResultBlockParam) -> pb.ChatMessage:
     text = "" if block.content is None else _texts(block.content)
     return pb.ChatMessage(role="tool", tool_call_id=block.tool_use_id,
-                          content=TOOL_ERROR_PREFIX + text if block.is_error else text)
+                          content="Error: " + text if block.is_error else text)
 
 
 def _turn(msg: MessageParam) -> list[pb.ChatMessage]:
@@ -85,7 +71,8 @@ def _turn(msg: MessageParam) -> list[pb.ChatMessage]:
 
 
 def _fold_system_turns(messages: list[pb.ChatMessage]) -> list[pb.ChatMessage]:
-    """System messages from `messages` merged into the user turn they touch (see the module's docstring)."""
+    """System messages appended to the user text just before them, else put before the next user text,
+    else a user turn of their own."""
     out: list[pb.ChatMessage] = []
     pending: list[str] = []  # system texts waiting for the next user text
     for msg in messages:
@@ -107,18 +94,7 @@ def _fold_system_turns(messages: list[pb.ChatMessage]) -> list[pb.ChatMessage]:
     return out
 
 
-def _chat_messages(body: CountTokensRequest) -> list[pb.ChatMessage]:
-    messages = _fold_system_turns([m for item in body.messages for m in _turn(item)])
-    if body.system is not None:
-        messages.insert(0, pb.ChatMessage(role="system", content=_texts(body.system)))
-    return messages
-
-
-# ------------------------------------------------------------------ tools, format, thinking
-
-
 def _tools(body: CountTokensRequest) -> list[pb.Tool]:
-    # A deferred tool is not in the model's context until a tool search finds it.
     tools = [pb.Tool(name=tool.name, description=tool.description, parameters_json=tool.input_schema)
              for tool in body.tools or [] if not tool.defer_loading]
     if len({t.name for t in tools}) < len(tools):
@@ -149,9 +125,11 @@ def _constraint(body: CountTokensRequest) -> pb.Constraint | None:
     return pb.Constraint(json_schema=formats[0].schema_) if formats else None
 
 
-def chat_input(body: CountTokensRequest, limits: RequestLimits = DEFAULT_LIMITS) -> pb.ChatInput:
+def chat_input(body: CountTokensRequest, limits: RequestLimits) -> pb.ChatInput:
     """The chat the engine renders for a validated Messages (or count_tokens) body."""
-    messages = _chat_messages(body)
+    messages = _fold_system_turns([m for item in body.messages for m in _turn(item)])
+    if body.system is not None:
+        messages.insert(0, pb.ChatMessage(role="system", content=_texts(body.system)))
     tools = _tools(body)
     check_prompt_chars(chat_prompt_chars(messages, tools), "messages", limits)
     thinking = body.thinking and body.thinking.type
@@ -159,9 +137,6 @@ def chat_input(body: CountTokensRequest, limits: RequestLimits = DEFAULT_LIMITS)
     chat = pb.ChatInput(messages=messages, tools=tools, reasoning_effort=effort)
     _tool_choice(body.tool_choice, tools, chat)
     return chat
-
-
-# ------------------------------------------------------------------ requests
 
 
 def parse_messages(body: Any, request_id: str, limits: RequestLimits = DEFAULT_LIMITS) -> MessagesPlan:
@@ -181,9 +156,7 @@ def parse_messages(body: Any, request_id: str, limits: RequestLimits = DEFAULT_L
     return MessagesPlan(typed.model, request, bool(typed.stream), stops)
 
 
-def parse_count_tokens(body: Any, limits: RequestLimits = DEFAULT_LIMITS) -> tuple[str, pb.TokenizeRequest]:
-    """Validate a /v1/messages/count_tokens body: the model and the TokenizeRequest that renders
-    the prompt exactly as the same /v1/messages request would."""
+def parse_count_tokens(body: Any, limits: RequestLimits) -> pb.TokenizeRequest:
+    """The TokenizeRequest that renders the prompt exactly as /v1/messages would."""
     typed = parse(CountTokensRequest, body, limits=limits)
-    return typed.model, pb.TokenizeRequest(model=typed.model, chat=chat_input(typed, limits),
-                                           constraint=_constraint(typed))
+    return pb.TokenizeRequest(model=typed.model, chat=chat_input(typed, limits), constraint=_constraint(typed))

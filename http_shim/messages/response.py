@@ -1,10 +1,4 @@
-"""The message object: ids, content blocks, stop reason and usage, from the engine's answer.
-
-Shared by the whole answer and the event stream, so both say the same thing: the stop reason and
-sequence, tool_use ids and inputs, and usage (Anthropic's `input_tokens` excludes the prompt
-tokens read from the cache, which `cache_read_input_tokens` reports; the engine caches prefixes by
-itself, so nothing is ever reported as written to the cache).
-"""
+"""The message object from the engine's answer; its parts are the event stream's too, so both say the same."""
 
 from __future__ import annotations
 
@@ -21,12 +15,6 @@ from .request import MessagesPlan
 
 def new_message_id() -> str:
     return f"msg_{uuid.uuid4().hex[:24]}"
-
-
-def tool_use_id(call_id: str) -> str:
-    """Anthropic's `toolu_` id for a call's id (`call_` + hex; the fold gives one to a call the engine
-    sent none for): the same call, the same id."""
-    return "toolu_" + call_id.removeprefix("call_")
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
@@ -52,6 +40,7 @@ def stop_reason(reason: str | None, matched_stop: str, stop_sequences: list[str]
 
 
 def usage_object(usage: Usage) -> dict[str, Any]:
+    """Anthropic's `input_tokens` excludes cache reads; the engine caches by itself, so nothing is written."""
     return {
         "input_tokens": usage.prompt_tokens - usage.cached_tokens,
         "output_tokens": usage.completion_tokens,
@@ -62,26 +51,13 @@ def usage_object(usage: Usage) -> dict[str, Any]:
 
 def envelope(message_id: str, model: str, usage: dict[str, Any]) -> dict[str, Any]:
     """The message before its content and stop reason (message_start carries this)."""
-    return {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": usage,
-    }
-
-
-SIGNATURE_PREFIX = "conduit-sha256:"
+    return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": None, "stop_sequence": None, "usage": usage}
 
 
 def thinking_signature(thinking: str) -> str:
-    """A thinking block's `signature`. Anthropic's is an encrypted attestation its API checks when the
-    block comes back; Conduit's is SIGNATURE_PREFIX and the SHA-256 of the thinking text (UTF-8, hex):
-    it shows the block is whole, proves nothing about who wrote it, and is not checked on return."""
-    return SIGNATURE_PREFIX + hashlib.sha256(thinking.encode()).hexdigest()
+    """A thinking block's `signature`: a checksum, not Anthropic's attestation (docs/reasoning.md)."""
+    return "conduit-sha256:" + hashlib.sha256(thinking.encode()).hexdigest()
 
 
 def thinking_block(thinking: str) -> dict[str, Any]:
@@ -89,8 +65,9 @@ def thinking_block(thinking: str) -> dict[str, Any]:
 
 
 def tool_use_block(call_id: str, name: str, arguments: str | None) -> dict[str, Any]:
-    """A tool_use block; `arguments` None: its start in a stream (input follows as deltas)."""
-    return {"type": "tool_use", "id": tool_use_id(call_id), "name": name,
+    """A tool_use block; `arguments` None: its start in a stream (input follows as deltas). Its id is the
+    call's (`call_` + hex; the fold gives one to a call the engine sent none for) as `toolu_` + hex."""
+    return {"type": "tool_use", "id": "toolu_" + call_id.removeprefix("call_"), "name": name,
             "input": {} if arguments is None else tool_input(arguments)}
 
 

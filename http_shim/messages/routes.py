@@ -1,11 +1,8 @@
 """The Messages API's routes, and Anthropic's conventions at the edge.
 
-POST /v1/messages (whole or streamed) and POST /v1/messages/count_tokens. Anthropic's clients
-(the anthropic SDKs, Claude Code through ANTHROPIC_BASE_URL) are recognised by the route or by the
-`anthropic-version` header every SDK sends: their errors take Anthropic's shape (`anthropic_error`,
-which the app's error handlers call), their responses carry a `request-id` header, and GET
-/v1/models answers in Anthropic's list shape (`model_list`). Their key may come in `x-api-key`
-(app.py's key check reads it).
+Anthropic's clients are known by the route or by the `anthropic-version` header every SDK sends: their
+errors take Anthropic's shape (`anthropic_error`, which the app's error handlers call), their responses
+carry a `request-id` header, and GET /v1/models answers in Anthropic's list shape (`model_list`).
 """
 
 from __future__ import annotations
@@ -38,12 +35,9 @@ def anthropic_error(error: APIError, request_id: str) -> Response:
     return json_response(error_body(error, request_id), anthropic_status(error.status), error.headers)
 
 
-def _created_at(seconds: int) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def model_object(info: pb.ModelInfo, started: int) -> dict[str, Any]:
-    return {"type": "model", "id": info.id, "display_name": info.id, "created_at": _created_at(info.created or started)}
+    created = datetime.fromtimestamp(info.created or started, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"type": "model", "id": info.id, "display_name": info.id, "created_at": created}
 
 
 def model_list(infos: Sequence[pb.ModelInfo], started: int) -> dict[str, Any]:
@@ -74,9 +68,9 @@ def register_messages(app: Flask, ctx: ShimContext) -> None:
 
     @app.post("/v1/messages/count_tokens")
     def count_tokens() -> Response:
-        model, tokenize = parse_count_tokens(read_body(), ctx.limits)
+        tokenize = parse_count_tokens(read_body(), ctx.limits)
         calls = engine_metadata()
-        info, engine = ctx.models.route(model, metadata=calls)
+        info, engine = ctx.models.route(tokenize.model, metadata=calls)
         tokenize.model = info.id
         answer = engine.tokenize(request=tokenize, timeout=RPC_TIMEOUT_S, metadata=calls)
         return json_response({"input_tokens": len(answer.token_ids)})
