@@ -1,16 +1,12 @@
-"""An exact view of the token blocks one replica's prefix cache holds, fed by the engine's KV events.
+"""An exact view of the token blocks one replica's prefix cache holds, fed by the engine's KV events
+(SubscribeKvEvents, engine_service/serving/kv_events.py). A block is keyed here as the engine keys it,
+by the whole prefix up to its end: a hash chained over each block's token ids (`token_blocks`), so the
+engine's own naming stays the engine's. A prompt, cut into the same blocks, is held as far as its
+leading blocks are (`match`): the engine reuses exactly those.
 
-The engine publishes every block that enters or leaves its prefix cache (vllm.grpc.engine's
-SubscribeKvEvents, engine_service/serving/kv_events.py): a block's token ids and a name, chained to
-its parent's name; a new stream starts with everything the engine holds. Here a block is keyed, as
-the engine keys it, by the whole prefix up to its end: a hash chained over the token ids of each
-block (`token_blocks`), computed from the events' token ids, so the engine's naming stays the
-engine's (the Shepherd gateway does the same). A request's prompt, cut into the same blocks, is held
-there as far as its leading blocks are (`match`): the engine reuses exactly those.
-
-Events arrive after the engine's step stored the blocks, so a burst of requests sharing a new prefix
-would all find nothing; the router therefore `expect`s the blocks of each request it sends here
-until the events confirm them (or EXPECT_S passes: the request failed, or its blocks were evicted).
+Events arrive after the engine's step stored the blocks, so a burst sharing a new prefix would find
+nothing: the router `expect`s the blocks of each request it sends here until the events confirm them
+(or EXPECT_S passes: the request failed, or its blocks were evicted).
 """
 
 from __future__ import annotations
@@ -22,18 +18,15 @@ from collections.abc import Sequence
 
 from smg_grpc_proto.generated import common_pb2
 
+from .prefix import chained_blocks
+
 # How long a block the router sent here counts as held before the engine's events say it is.
 EXPECT_S = 30.0
 
 
 def token_blocks(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """Chained hashes of the whole `block_size` blocks of a prompt's token ids (Python's hash of a
-    tuple of ints: the same in every process, and 64 bits are plenty to tell prefixes apart)."""
-    hashes, chained = [], 0
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        chained = hash((chained, tuple(token_ids[start:start + block_size])))
-        hashes.append(chained)
-    return hashes
+    """A prompt's blocks as KvIndex keys them (Python's hash of a tuple of ints: the same in every process)."""
+    return chained_blocks(tuple(token_ids), block_size)
 
 
 class KvIndex:

@@ -1,22 +1,11 @@
-"""Per-request routing over replicas: the router picks a replica for each engine call.
-
-`Router.engine(model)` is what the relay calls instead of one engine client: a `RoutedEngine`
-whose `generate_shared` picks a replica among the healthy ones serving the model (policies.py),
-remembers the request's prefix there, and starts the call on that replica's own
-GenerateMany stream. A call refused before any answer (UNAVAILABLE: the replica died or drains;
-RESOURCE_EXHAUSTED: its queue is full) goes to another replica serving the model: `_Routed` says
-so, and clients/call_attempts.py does it (one deadline over the attempts, none after an answer or
-a close). The router is the one owner of a routed call's retries: the replica client does not
-retry it on its own stream first (no backoff on a replica that drains). A call failing UNAVAILABLE
-(its replica's connection died: keepalive) takes that replica out at once, until its next poll.
-With no healthy replica the call is tried on the others anyway, so the client gets the engine's
-own refusal (503) rather than a guess.
-
-The prefix view (`RoutingConfig.prefix_view`): "kv_events" (the default) follows each engine's KV
-events (kv_feed.py) and matches the prompt's token blocks against what the engine holds, when every
-healthy replica of the model publishes them; otherwise, and with "text", the shim's text view of
-what it sent each replica (prefix.py). Both are kept, so a replica whose events stop falls back at once.
-benchmarks/RESULTS.md (`make bench-routing`) compares the two.
+"""Per-request routing over replicas (docs/operations.md, "Replicas"): `Router.engine(model)` is what the
+relay calls instead of one engine client, a `RoutedEngine` whose calls go to a replica serving the model
+(policies.py) on that replica's own GenerateMany stream. A call refused before any answer
+(_RETRY_ELSEWHERE) goes to another replica: `_Routed` says so and clients/call_attempts.py does it (one
+deadline over the attempts). The router is the one owner of a routed call's retries, so a replica that
+drains costs no backoff. With no healthy replica the call is tried on the others anyway, so the client
+gets the engine's own refusal (503) rather than a guess. Both prefix views are kept, so a replica whose
+KV events stop falls back to the text view at once.
 """
 
 from __future__ import annotations
@@ -24,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import grpc
@@ -33,8 +23,7 @@ from clients.engine_client import EngineClient, Metadata
 from clients.errors import ConduitError, from_status
 from conduit.v1 import engine_pb2 as pb
 
-from .kv_index import KvIndex
-from .policies import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, CacheAware, Choice, make_policy
+from .policies import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, CacheAware, Choice, View, make_policy
 from .pool import ReplicaPool
 from .replica import SERVING, Replica
 from .request_prefix import RequestPrefix
@@ -122,21 +111,18 @@ class Router:
         """Its gauges read it when scraped, from its arrival until it is retired."""
         if self._metrics is None:
             return
-        gauges = (self._metrics.router_replica_healthy, self._metrics.router_replica_load)
-        kv_blocks = self._metrics.router_replica_kv_blocks if replica.kv is not None else None
-        if replica.retired:
-            for gauge in (*gauges, kv_blocks):
-                if gauge is not None:
-                    gauge.remove(replica.address)
-        else:
-            gauges[0].labels(replica.address).set_function(lambda: replica.state == SERVING)
-            gauges[1].labels(replica.address).set_function(lambda: replica.load)
-            if kv_blocks is not None:
-                kv_blocks.labels(replica.address).set_function(lambda: len(replica.kv.index))
+        gauges = [(self._metrics.router_replica_healthy, lambda: replica.state == SERVING),
+                  (self._metrics.router_replica_load, lambda: replica.load)]
+        if replica.kv is not None:
+            gauges.append((self._metrics.router_replica_kv_blocks, lambda: len(replica.kv.index)))
+        for gauge, read in gauges:
+            if replica.retired:
+                gauge.remove(replica.address)
+            else:
+                gauge.labels(replica.address).set_function(read)
 
 
-def kv_view(replica: Replica) -> KvIndex:
-    return replica.kv.index
+kv_view: View = attrgetter("kv.index")
 
 
 class _OnReplica:
@@ -145,7 +131,7 @@ class _OnReplica:
     def __init__(self, replica: Replica, call: Attempt) -> None:
         self.replica = replica
         self._call = call
-        self._running = True  # counted by the replica (call_started) until it ends
+        self._running = True
 
     def __next__(self) -> pb.GenerateResponse:
         try:
@@ -196,9 +182,16 @@ class _Routed:
         return True
 
 
+def _on_a_replica(name: str) -> Callable[..., Any]:
+    """EngineClient.<name>, on a replica serving the model (RoutedEngine._unary)."""
+    def call(self: RoutedEngine, *args: Any, **kwargs: Any) -> Any:
+        return self._unary(lambda client: getattr(client, name)(*args, **kwargs))
+    return call
+
+
 class RoutedEngine:
-    """The engine client interface the shim uses (generate_shared, health, model_info, tokenize, embed),
-    over the replicas serving one model."""
+    """The engine client interface the shim uses (generate_shared, health, model_info, tokenize, embed,
+    detokenize), over the replicas serving one model. Embed is idempotent: retried on UNAVAILABLE."""
 
     def __init__(self, router: Router, model: str) -> None:
         self._router = router
@@ -232,22 +225,6 @@ class RoutedEngine:
                 break
         return status
 
-    def model_info(self, *args: Any, **kwargs: Any) -> pb.ModelInfo:
-        """EngineClient.model_info, on a replica serving the model."""
-        return self._unary(lambda client: client.model_info(*args, **kwargs))
-
-    def tokenize(self, *args: Any, **kwargs: Any) -> pb.TokenizeResponse:
-        """EngineClient.tokenize, on a replica serving the model."""
-        return self._unary(lambda client: client.tokenize(*args, **kwargs))
-
-    def embed(self, *args: Any, **kwargs: Any) -> pb.EmbedResponse:
-        """EngineClient.embed, on a replica serving the model (Embed is idempotent: retried on UNAVAILABLE)."""
-        return self._unary(lambda client: client.embed(*args, **kwargs))
-
-    def detokenize(self, *args: Any, **kwargs: Any) -> str:
-        """EngineClient.detokenize, on a replica serving the model."""
-        return self._unary(lambda client: client.detokenize(*args, **kwargs))
-
     def _unary(self, call: Any) -> Any:
         """`call(client)` on the replicas serving the model, the healthy ones first and the least loaded
         of them first (an Embed of many inputs is real work: spread by load, as generation is), until
@@ -266,3 +243,8 @@ class RoutedEngine:
             finally:
                 replica.call_ended()
         raise error or from_status(grpc.StatusCode.UNAVAILABLE, f"no engine replica serves {self.model!r}")
+
+    model_info = _on_a_replica("model_info")
+    tokenize = _on_a_replica("tokenize")
+    embed = _on_a_replica("embed")
+    detokenize = _on_a_replica("detokenize")
