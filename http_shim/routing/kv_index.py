@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from itertools import takewhile
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
@@ -46,17 +47,14 @@ class KvIndex:
     def apply(self, batch: common_pb2.KvEventBatch) -> None:
         with self._lock:
             for event in batch.events:
-                self._apply(event)
-
-    def _apply(self, event: common_pb2.KvCacheEvent) -> None:
-        kind = event.WhichOneof("data")
-        if kind == "stored":
-            self._stored(event.stored)
-        elif kind == "removed":
-            for name in event.removed.block_hashes:
-                self._forget(name)
-        elif kind == "cleared":
-            self._clear()
+                kind = event.WhichOneof("data")
+                if kind == "stored":
+                    self._stored(event.stored)
+                elif kind == "removed":
+                    for name in event.removed.block_hashes:
+                        self._forget(name)
+                elif kind == "cleared":
+                    self._clear()
 
     def _stored(self, stored: common_pb2.KvBlocksStored) -> None:
         parent = 0
@@ -104,9 +102,4 @@ class KvIndex:
         with self._lock:
             while self._expected and next(iter(self._expected.values())) < now:
                 self._expected.popitem(last=False)
-            matched = 0
-            for block in blocks:
-                if block not in self._held and block not in self._expected:
-                    break
-                matched += 1
-        return matched
+            return len(list(takewhile(lambda block: block in self._held or block in self._expected, blocks)))

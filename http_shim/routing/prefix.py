@@ -10,8 +10,10 @@ where an engine publishes no KV events (kv_index.py is the exact view).
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import OrderedDict
+from itertools import takewhile
 
 from conduit.v1 import engine_pb2 as pb
 
@@ -79,13 +81,7 @@ class PrefixIndex:
     def match(self, blocks: list[int]) -> int:
         """How many of `blocks`, from the first, this replica was sent (recently enough)."""
         oldest = time.monotonic() - self.max_age_s
-        matched = 0
-        for block in blocks:
-            seen = self._seen.get(block)
-            if seen is None or seen < oldest:
-                break
-            matched += 1
-        return matched
+        return len(list(takewhile(lambda block: self._seen.get(block, -math.inf) >= oldest, blocks)))
 
     def add(self, blocks: list[int]) -> None:
         now = time.monotonic()

@@ -57,12 +57,15 @@ class Router:
         self._policy = make_policy(config.policy, config.balance_abs, config.balance_rel)
         self._metrics = metrics
         self._lock = threading.Lock()
+        self._engines: dict[str, RoutedEngine] = {}  # by model: a listed one
         # Only cache_aware reads prefixes: the others follow no events.
         self._kv_events = config.prefix_view == "kv_events" and isinstance(self._policy, CacheAware)
         self.pool = ReplicaPool(targets, connect, self._replica_changed, self._kv_events)
 
     def engine(self, model: str) -> RoutedEngine:
-        return RoutedEngine(self, model)
+        """The model's one RoutedEngine (the embeddings coalescer keys its calls on it)."""
+        with self._lock:
+            return self._engines.setdefault(model, RoutedEngine(self, model))
 
     def serving(self, model: str) -> list[Replica]:
         """The replicas listing `model`, healthy ones first."""
@@ -196,13 +199,6 @@ class RoutedEngine:
     def __init__(self, router: Router, model: str) -> None:
         self._router = router
         self.model = model
-
-    # One per request, but equal for one model: the embeddings coalescer keys its calls on it.
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, RoutedEngine) and (other._router, other.model) == (self._router, self.model)
-
-    def __hash__(self) -> int:
-        return hash((id(self._router), self.model))
 
     @property
     def width(self) -> int:
