@@ -1,12 +1,10 @@
-"""An exact view of the token blocks one replica's prefix cache holds, fed by the engine's KV events
-(SubscribeKvEvents, engine_service/serving/kv_events.py). A block is keyed here as the engine keys it,
-by the whole prefix up to its end: a hash chained over each block's token ids (`token_blocks`), so the
-engine's own naming stays the engine's. A prompt, cut into the same blocks, is held as far as its
-leading blocks are (`match`): the engine reuses exactly those.
+"""An exact view of the token blocks one replica's prefix cache holds, from the engine's KV events
+(engine_service/serving/kv_events.py), keyed as the engine keys them: by a hash chained over each block's
+token ids, so a prompt cut into the same blocks is held as far as its leading blocks are (`match`).
 
-Events arrive after the engine's step stored the blocks, so a burst sharing a new prefix would find
-nothing: the router `expect`s the blocks of each request it sends here until the events confirm them
-(or EXPECT_S passes: the request failed, or its blocks were evicted).
+Events arrive after the engine's step stored the blocks, so the router `expect`s the blocks of each
+request it sends here until the events confirm them (or EXPECT_S passes): a burst sharing a new prefix
+then does not scatter.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""How the router picks one replica for a request among the healthy ones serving its model
-(docs/operations.md, "Policies"). cache_aware is SGLang's cache-aware policy (cache threshold, the
-roomiest cache on a miss, absolute and relative balance thresholds) on replica.py's load. Every policy
-says why it chose (`Choice.reason`): the shim's metrics count the reasons.
+"""How the router picks one replica for a request among the healthy ones serving its model (`--routing`,
+docs/operations.md#replicas-and-several-models). cache_aware is SGLang's cache-aware policy (cache
+threshold, the roomiest cache on a miss, absolute and relative balance thresholds) on replica.py's load.
+Every policy says why it chose (`Choice.reason`): the shim's metrics count the reasons.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The replicas behind the shim: one per engine address, and one per address a dns:/// name resolves to
-(docs/operations.md, "Replicas"). A dns:///NAME:PORT target (a Kubernetes headless Service) is resolved
-at start, then every DNS_REFRESH_S (DNS_RETRY_S while it resolves to nothing): a new address becomes a
-replica at once, one the name no longer returns is retired (no new work; its channel closes when its
-calls end).
+(docs/operations.md#replicas-and-several-models). A dns:///NAME:PORT target (a Kubernetes headless
+Service) is resolved at start, then every DNS_REFRESH_S (DNS_RETRY_S while it resolves to nothing): a new
+address becomes a replica at once, one the name no longer returns is retired (no new work; its channel
+closes when its calls end).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""An approximate view of which prompt prefixes each replica's KV cache holds, on the prompt's text.
-
-The shim holds no tokenizer or chat template (nothing model-specific lives here), so it hashes the
-request's input in chained BLOCK_CHARS blocks, as the engine hashes token blocks. Each replica remembers
-what it was sent, least recently used out, bounded by its cache's size and aged out after MAX_AGE_S. It
-costs nothing per request and is right whenever this shim filled the cache; the router falls back to it
-where an engine publishes no KV events (kv_index.py is the exact view).
+"""An approximate view of which prompt prefixes each replica's KV cache holds, on the prompt's text: the
+shim holds no tokenizer (nothing model-specific lives here), so it hashes the input in chained BLOCK_CHARS
+blocks. Each replica remembers what it was sent, least recently used out, bounded by its cache's size and
+aged out after MAX_AGE_S. It costs nothing per request and is right whenever this shim filled the cache;
+the router uses it where an engine publishes no KV events (kv_index.py is the exact view).
 """
 
 from __future__ import annotations

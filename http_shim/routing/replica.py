@@ -1,12 +1,10 @@
-"""One engine replica as the router sees it (docs/operations.md, "Replicas"): its own channel (so its own
-GenerateMany stream), health, load, the models it serves, the prompt prefixes it was sent and, where the
-router follows KV events, the token blocks its prefix cache holds (kv_feed.py).
+"""One engine replica as the router sees it: its own channel (so its own GenerateMany stream), health,
+load, the models it serves, the prompt prefixes it was sent and, with KV events, its cache's blocks.
 
-A watcher thread (a greenlet in the shim) polls GetLoad. A refused connection makes it UNREACHABLE at
-once (down, or still loading: the engine listens only once its model is loaded), a slow answer only after
-SLOW_POLLS in a row; an engine without GetLoad is judged by grpc.health.v1. It is SERVING only once its
-models are listed. Its load is the engine's count (so shims sharing engines see each other's work) plus
-this shim's calls since that report (so a burst between two polls does not all land on one replica).
+A watcher thread (a greenlet in the shim) polls GetLoad: a refused connection makes it UNREACHABLE at
+once (down, or still loading), a slow answer only after SLOW_POLLS in a row; it is SERVING only once its
+models are listed. Its load adds this shim's calls since the last report to the engine's own count, so a
+burst between two polls does not all land on one replica.
 """
 
 from __future__ import annotations

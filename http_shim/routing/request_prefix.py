@@ -1,11 +1,8 @@
 """A request's prompt as the router's two prefix views name it: text blocks (prefix.py) and token blocks
-(kv_index.py).
-
-The exact token ids come from an engine's Tokenize, which renders a chat (tools, tool choice, answer
-format) through Generate's own code: one unary call, asked only when the router has a choice to make and
-at most once per request. A tokenizer and chat template in the shim would not be exact (the engine adds
-its own tool prompt for templates that know none: model-specific code, which stays in the engine;
-docs/operations.md). A request the call fails for is routed by text.
+(kv_index.py). The token ids come from an engine's Tokenize, which renders a chat through Generate's own
+code: exact, where a tokenizer and template in the shim would not be (the engine's own tool prompt is
+model-specific code). One call per request at most, only when the router has a choice to make; a request
+it fails for is routed by text.
 """
 
 from __future__ import annotations

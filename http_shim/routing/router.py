@@ -1,11 +1,10 @@
-"""Per-request routing over replicas (docs/operations.md, "Replicas"): `Router.engine(model)` is what the
-relay calls instead of one engine client, a `RoutedEngine` whose calls go to a replica serving the model
-(policies.py) on that replica's own GenerateMany stream. A call refused before any answer
-(_RETRY_ELSEWHERE) goes to another replica: `_Routed` says so and clients/call_attempts.py does it (one
-deadline over the attempts). The router is the one owner of a routed call's retries, so a replica that
-drains costs no backoff. With no healthy replica the call is tried on the others anyway, so the client
-gets the engine's own refusal (503) rather than a guess. Both prefix views are kept, so a replica whose
-KV events stop falls back to the text view at once.
+"""Per-request routing over replicas (docs/operations.md#replicas-and-several-models).
+
+`Router.engine(model)` is what the relay calls instead of one engine client: a `RoutedEngine`, whose
+calls go to a replica serving the model (policies.py). A call refused before any answer (_RETRY_ELSEWHERE)
+is sent to another replica: `_Routed` says where, clients/call_attempts.py does it under one deadline.
+With no healthy replica the call is tried on the others anyway, so the client gets the engine's own
+refusal (503) rather than a guess.
 """
 
 from __future__ import annotations
@@ -72,12 +71,10 @@ class Router:
         replicas = [replica for replica in self.pool.replicas() if replica.serves(model)]
         return sorted(replicas, key=lambda replica: replica.state != SERVING)
 
-    def choose(self, model: str, request: pb.GenerateRequest, exclude: Iterable[Replica] = (),
-               prefix: RequestPrefix | None = None) -> Choice | None:
-        """A replica for `request` (not one of `exclude`), its prefix remembered there; None when
-        every replica serving `model` was excluded. `prefix`: the request's, kept over its attempts."""
-        prefix = prefix or RequestPrefix(model, request)
-        candidates = [replica for replica in self.serving(model) if replica not in exclude]
+    def choose(self, prefix: RequestPrefix, exclude: Iterable[Replica] = ()) -> Choice | None:
+        """A replica for `prefix.request` (not one of `exclude`), its prefix remembered there; None when
+        every replica serving the model was excluded."""
+        candidates = [replica for replica in self.serving(prefix.model) if replica not in exclude]
         if not candidates:
             return None
         healthy = [replica for replica in candidates if replica.state == SERVING]
@@ -156,27 +153,23 @@ class _Routed:
     """Where one call's attempts go: a replica the router picks, and after a refusal before any
     answer (_RETRY_ELSEWHERE) another one serving the model, until none is left."""
 
-    def __init__(self, router: Router, model: str, request: pb.GenerateRequest, metadata: Metadata) -> None:
+    def __init__(self, router: Router, call: RequestPrefix) -> None:
         self._router = router
-        self._model = model
-        self._request = request
-        self._metadata = metadata
+        self._call = call  # the request, its model and metadata, and its prefix kept over the attempts
         self._tried: list[Replica] = []
-        self._prefix = RequestPrefix(model, request, metadata)
 
     def start(self, timeout_s: float | None) -> _OnReplica | None:
-        choice = self._router.choose(self._model, self._request, self._tried, self._prefix)
+        choice = self._router.choose(self._call, self._tried)
         if choice is None:
             if not self._tried:
-                raise from_status(grpc.StatusCode.UNAVAILABLE, f"no engine replica serves {self._model!r}")
+                raise from_status(grpc.StatusCode.UNAVAILABLE, f"no engine replica serves {self._call.model!r}")
             return None
         replica = choice.replica
         self._tried.append(replica)
         replica.call_started()
-        # The replica client's shared call, on its GenerateMany stream, not retried there: the
-        # router owns a routed call's retries, and sends a refused one elsewhere without a backoff.
-        return _OnReplica(replica, replica.client.generate_shared(self._request, timeout=timeout_s,
-                                                                  metadata=self._metadata, retries=False))
+        # On the replica's GenerateMany stream, not retried there: the router owns a routed call's retries.
+        return _OnReplica(replica, replica.client.generate_shared(self._call.request, timeout=timeout_s,
+                                                                  metadata=self._call.metadata, retries=False))
 
     def retry(self, failed: _OnReplica, error: ConduitError) -> bool:
         if error.code not in _RETRY_ELSEWHERE:
@@ -207,7 +200,7 @@ class RoutedEngine:
 
     def generate_shared(self, request: pb.GenerateRequest, /, *, timeout: float | None = None,
                         metadata: Metadata | None = None) -> AttemptedCall:
-        return AttemptedCall(_Routed(self._router, self.model, request, tuple(metadata or ())), timeout)
+        return AttemptedCall(_Routed(self._router, RequestPrefix(self.model, request, tuple(metadata or ()))), timeout)
 
     def health(self, *, timeout: float | None = None, metadata: Metadata | None = None) -> str:
         """SERVING when one of its replicas says so now (asked, not remembered: a readiness probe)."""
