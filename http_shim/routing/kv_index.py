@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import threading
 import time
-from itertools import takewhile
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
+from itertools import takewhile
 
 from smg_grpc_proto.generated import common_pb2
 
@@ -39,7 +39,7 @@ class KvIndex:
         self._lock = threading.Lock()  # the feed writes, requests read
 
     def __len__(self) -> int:
-        """Blocks held: how full the engine's cache is, for placing a new prefix."""
+        """Blocks held (the router_replica_kv_blocks gauge, the log)."""
         return len(self._held)
 
     def apply(self, batch: common_pb2.KvEventBatch) -> None:

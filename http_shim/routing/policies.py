@@ -82,11 +82,10 @@ class CacheAware:
         return Choice(holder, "cache_hit")
 
     def _roomiest(self, replicas: Sequence[Replica], least: Replica) -> Replica:
-        """Where a new prefix goes: the replica this shim sent the fewest recent prefixes (the most room
-        left, so the set's prefixes spread evenly over the caches: one over-full cache would evict them
-        all in turn), unless it is loaded beyond the balance thresholds; among equals the least loaded.
-        Counted in the text view whatever view matched: an engine's cache is full once warm (released
-        blocks stay cached until evicted), so the blocks its KV events say it holds tell nothing of room."""
+        """Where a new prefix goes: the replica this shim sent the fewest recent prefixes (so the set's
+        prefixes spread evenly: one over-full cache would evict them all in turn), unless it is overloaded;
+        among equals the least loaded. Counted in the text view whatever view matched: a warm engine's
+        cache is always full (released blocks stay until evicted), so its KV events tell nothing of room."""
         roomiest = min(replicas, key=lambda replica: (len(replica.prefixes), replica is not least, replica.load))
         if self._overloaded(roomiest, least):
             return least

@@ -16,9 +16,8 @@ from itertools import takewhile
 from conduit.v1 import engine_pb2 as pb
 
 BLOCK_CHARS = 256
-# Characters per token, to size a replica's view from its cache's tokens: generous (English text runs
-# 4-6 per token), since a view that forgets before the engine does moves prefixes for nothing,
-# while one that remembers longer only costs a miss where the prefix was anyway.
+# Characters per token, to size a view from its cache's tokens: generous (English runs 4-6), since a view
+# that forgets before the engine does moves prefixes for nothing; one remembering longer costs only a miss.
 CHARS_PER_TOKEN = 8
 # Before the engine reported its cache: room for this many blocks (about 130k tokens).
 DEFAULT_CAPACITY_BLOCKS = 4096

@@ -88,8 +88,7 @@ class Replica:
             self._set(UNREACHABLE)
 
     def retire(self) -> None:
-        """It left the set (its name no longer resolves to it): no more polls, and its channel
-        closes once the calls running there have ended."""
+        """It left the set: no more polls, and its channel closes once the calls running there have ended."""
         self.retired = True
         self._stop.set()
         if self.kv is not None:

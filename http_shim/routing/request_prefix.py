@@ -19,9 +19,8 @@ from .prefix import BLOCK_CHARS, chained_blocks, prompt_text
 log = logging.getLogger("http_shim.routing")
 
 TOKENIZE_TIMEOUT_S = 2.0
-# Shorter prompts are placed by load alone, as the text view places inputs under one text block: their
-# prefill is cheap, and their blocks are mostly the chat template's boilerplate (a default system
-# prompt), which would otherwise draw every short request of a burst to the first replica holding it.
+# Shorter prompts are placed by load alone (as the text view does under one block): their prefill is cheap,
+# and their blocks, mostly the template's own, would draw a burst of them to the first replica holding it.
 MIN_PROMPT_TOKENS = 256
 
 
