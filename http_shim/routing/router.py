@@ -10,6 +10,7 @@ refusal (503) rather than a guess.
 from __future__ import annotations
 
 import threading
+from contextlib import suppress
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -24,7 +25,7 @@ from conduit.v1 import engine_pb2 as pb
 
 from .policies import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, CacheAware, Choice, View, make_policy
 from .pool import ReplicaPool
-from .replica import SERVING, Replica
+from .replica import SERVING, UNREACHABLE, Replica
 from .request_prefix import RequestPrefix
 
 # Refusals before any answer that another replica may not give.
@@ -204,14 +205,12 @@ class RoutedEngine:
 
     def health(self, *, timeout: float | None = None, metadata: Metadata | None = None) -> str:
         """SERVING when one of its replicas says so now (asked, not remembered: a readiness probe)."""
-        status = "UNREACHABLE"
+        status = UNREACHABLE
         for replica in self._router.serving(self.model):
-            try:
+            with suppress(ConduitError):
                 status = replica.client.health(timeout=timeout, metadata=metadata)
-            except ConduitError:
-                continue
-            if status == SERVING:
-                break
+                if status == SERVING:
+                    break
         return status
 
     def _unary(self, call: Any) -> Any:
