@@ -10,8 +10,8 @@ refusal (503) rather than a guess.
 from __future__ import annotations
 
 import threading
-from contextlib import suppress
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
