@@ -1,11 +1,8 @@
-"""One replica's KV-event subscription: keeps its KvIndex (kv_index.py) in step with the engine's cache.
+"""One replica's KV-event subscription, keeping its KvIndex (kv_index.py) in step with the engine's cache.
 
-A thread (a greenlet in the shim) holds the engine's SubscribeKvEvents stream open. Each stream
-starts with a snapshot of everything the engine holds (after a `cleared`), so a reconnect after an
-engine restart or a broken connection simply starts over; the index is `live` (usable by the router)
-only while a stream runs, and emptied when it ends. An engine without the stream (UNIMPLEMENTED:
-older, or an embedding engine) is asked again only every NOT_OFFERED_RETRY_S; meanwhile the router
-uses its text-prefix view for that replica's model.
+Each stream starts with a snapshot of all the engine holds, so a reconnect simply starts over; the index
+is `live` (usable by the router) only while a stream runs. An engine without the stream (older, or an
+embedding engine) is asked again every NOT_OFFERED_RETRY_S; meanwhile its model is routed by text.
 """
 
 from __future__ import annotations
@@ -36,9 +33,8 @@ class KvFeed:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name=f"kv-events-{address}", daemon=True)
 
-    def start(self) -> KvFeed:
+    def start(self) -> None:
         self._thread.start()
-        return self
 
     def stop(self) -> None:
         self._stop.set()

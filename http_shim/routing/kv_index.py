@@ -1,16 +1,10 @@
-"""An exact view of the token blocks one replica's prefix cache holds, fed by the engine's KV events.
+"""An exact view of the token blocks one replica's prefix cache holds, from the engine's KV events
+(engine_service/serving/kv_events.py), keyed as the engine keys them: by a hash chained over each block's
+token ids, so a prompt cut into the same blocks is held as far as its leading blocks are (`match`).
 
-The engine publishes every block that enters or leaves its prefix cache (vllm.grpc.engine's
-SubscribeKvEvents, engine_service/serving/kv_events.py): a block's token ids and a name, chained to
-its parent's name; a new stream starts with everything the engine holds. Here a block is keyed, as
-the engine keys it, by the whole prefix up to its end: a hash chained over the token ids of each
-block (`token_blocks`), computed from the events' token ids, so the engine's naming stays the
-engine's (the Shepherd gateway does the same). A request's prompt, cut into the same blocks, is held
-there as far as its leading blocks are (`match`): the engine reuses exactly those.
-
-Events arrive after the engine's step stored the blocks, so a burst of requests sharing a new prefix
-would all find nothing; the router therefore `expect`s the blocks of each request it sends here
-until the events confirm them (or EXPECT_S passes: the request failed, or its blocks were evicted).
+Events arrive after the engine's step stored the blocks, so the router `expect`s the blocks of each
+request it sends here until the events confirm them (or EXPECT_S passes): a burst sharing a new prefix
+then does not scatter.
 """
 
 from __future__ import annotations
@@ -19,21 +13,19 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
+from itertools import takewhile
 
 from smg_grpc_proto.generated import common_pb2
+
+from .prefix import chained_blocks
 
 # How long a block the router sent here counts as held before the engine's events say it is.
 EXPECT_S = 30.0
 
 
 def token_blocks(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """Chained hashes of the whole `block_size` blocks of a prompt's token ids (Python's hash of a
-    tuple of ints: the same in every process, and 64 bits are plenty to tell prefixes apart)."""
-    hashes, chained = [], 0
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        chained = hash((chained, tuple(token_ids[start:start + block_size])))
-        hashes.append(chained)
-    return hashes
+    """A prompt's blocks as KvIndex keys them (Python's hash of a tuple of ints: the same in every process)."""
+    return chained_blocks(tuple(token_ids), block_size)
 
 
 class KvIndex:
@@ -47,23 +39,20 @@ class KvIndex:
         self._lock = threading.Lock()  # the feed writes, requests read
 
     def __len__(self) -> int:
-        """Blocks held: how full the engine's cache is, for placing a new prefix."""
+        """Blocks held (the router_replica_kv_blocks gauge, the log)."""
         return len(self._held)
 
     def apply(self, batch: common_pb2.KvEventBatch) -> None:
         with self._lock:
             for event in batch.events:
-                self._apply(event)
-
-    def _apply(self, event: common_pb2.KvCacheEvent) -> None:
-        kind = event.WhichOneof("data")
-        if kind == "stored":
-            self._stored(event.stored)
-        elif kind == "removed":
-            for name in event.removed.block_hashes:
-                self._forget(name)
-        elif kind == "cleared":
-            self._clear()
+                kind = event.WhichOneof("data")
+                if kind == "stored":
+                    self._stored(event.stored)
+                elif kind == "removed":
+                    for name in event.removed.block_hashes:
+                        self._forget(name)
+                elif kind == "cleared":
+                    self._clear()
 
     def _stored(self, stored: common_pb2.KvBlocksStored) -> None:
         parent = 0
@@ -111,9 +100,4 @@ class KvIndex:
         with self._lock:
             while self._expected and next(iter(self._expected.values())) < now:
                 self._expected.popitem(last=False)
-            matched = 0
-            for block in blocks:
-                if block not in self._held and block not in self._expected:
-                    break
-                matched += 1
-        return matched
+            return len(list(takewhile(lambda block: block in self._held or block in self._expected, blocks)))

@@ -1,17 +1,6 @@
-"""How the router picks one replica for a request among the healthy ones serving its model.
-
-- round_robin: each in turn (what gRPC's round_robin did), blind to cache and load.
-- least_load: the replica with the fewest running and waiting requests (replica.py's `load`);
-  ties in turn.
-- cache_aware (the default): the replica holding the longest prefix of this request, when
-  that prefix is at least MIN_MATCH of the input (its prefill is mostly skipped there), unless
-  that replica is loaded well beyond the least loaded one: more than `balance_abs` requests more
-  AND more than `balance_rel` times as many; then the least loaded wins. A prefix no replica holds
-  enough of goes where this shim sent the fewest recent prefixes (the most cache room), within the same
-  balance, so a set's prefixes spread evenly over the caches. This is SGLang's cache-aware policy
-  (cache threshold, smallest tree on a miss, absolute and relative balance thresholds) on
-  replica.py's load. The prefix view is the engine's own, from its KV events, where every replica
-  publishes them (kv_index.py), else the shim's text view of what it sent (prefix.py).
+"""How the router picks one replica for a request among the healthy ones serving its model (`--routing`,
+docs/operations.md#replicas-and-several-models). cache_aware is SGLang's cache-aware policy (cache
+threshold, the roomiest cache on a miss, absolute and relative balance thresholds) on replica.py's load.
 Every policy says why it chose (`Choice.reason`): the shim's metrics count the reasons.
 """
 
@@ -20,7 +9,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from operator import attrgetter
+from typing import Any
 
 from .replica import Replica
 
@@ -31,6 +21,11 @@ MIN_MATCH = 0.5
 DEFAULT_BALANCE_ABS = 8
 DEFAULT_BALANCE_REL = 1.5
 
+# What a replica holds of prompts (`len` and `match(blocks)`): the shim's text view (prefix.PrefixIndex)
+# by default, or its engine's KV events (kv_index.KvIndex).
+View = Callable[[Replica], Any]
+text_view: View = attrgetter("prefixes")
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -40,58 +35,30 @@ class Choice:
     reason: str
 
 
-class PrefixView(Protocol):
-    """What a replica holds of prompts: prefix.PrefixIndex (text) or kv_index.KvIndex (tokens)."""
-
-    def __len__(self) -> int: ...
-
-    def match(self, blocks: list[int]) -> int: ...
-
-
-def text_view(replica: Replica) -> PrefixView:
-    return replica.prefixes
-
-
-class Policy(Protocol):
-    def choose(self, replicas: Sequence[Replica], blocks: list[int],
-               view: Callable[[Replica], PrefixView] = text_view) -> Choice:
-        """`replicas` (not empty) in a stable order; `blocks` the request's prefix hashes in the view
-        `view(replica)` gives of each replica."""
-        ...
-
-
-class Turns:
-    """Whose turn it is in each set of replicas (a model's replicas are dealt in turn, whatever
-    other models' requests come between)."""
+class RoundRobin:
+    """Each set of replicas in turn (a model's replicas are dealt in turn, whatever other models'
+    requests come between)."""
 
     def __init__(self) -> None:
         self._counters: dict[tuple[str, ...], itertools.count] = {}
 
-    def next(self, replicas: Sequence[Replica]) -> Replica:
+    def choose(self, replicas: Sequence[Replica], blocks: Sequence[int] = (), view: View = text_view) -> Choice:
+        """`replicas` (not empty) in a stable order; `blocks` the request's prefix hashes in `view(replica)`."""
         key = tuple(replica.address for replica in replicas)
-        return replicas[next(self._counters.setdefault(key, itertools.count())) % len(replicas)]
-
-
-class RoundRobin:
-    def __init__(self) -> None:
-        self._turns = Turns()
-
-    def choose(self, replicas: Sequence[Replica], blocks: list[int],
-               view: Callable[[Replica], PrefixView] = text_view) -> Choice:
-        return Choice(self._turns.next(replicas), "round_robin")
+        turn = next(self._counters.setdefault(key, itertools.count()))
+        return Choice(replicas[turn % len(replicas)], "round_robin")
 
 
 class LeastLoad:
     def __init__(self) -> None:
-        self._turns = Turns()
+        self._turns = RoundRobin()
 
     def least_loaded(self, replicas: Sequence[Replica]) -> Replica:
         """The least loaded replica; among equals, each in turn (so an idle set is dealt round robin)."""
         lowest = min(replica.load for replica in replicas)
-        return self._turns.next([replica for replica in replicas if replica.load == lowest])
+        return self._turns.choose([replica for replica in replicas if replica.load == lowest]).replica
 
-    def choose(self, replicas: Sequence[Replica], blocks: list[int],
-               view: Callable[[Replica], PrefixView] = text_view) -> Choice:
+    def choose(self, replicas: Sequence[Replica], blocks: Sequence[int] = (), view: View = text_view) -> Choice:
         return Choice(self.least_loaded(replicas), "least_load")
 
 
@@ -101,8 +68,7 @@ class CacheAware:
         self.balance_rel = balance_rel
         self._least = LeastLoad()
 
-    def choose(self, replicas: Sequence[Replica], blocks: list[int],
-               view: Callable[[Replica], PrefixView] = text_view) -> Choice:
+    def choose(self, replicas: Sequence[Replica], blocks: list[int], view: View = text_view) -> Choice:
         least = self._least.least_loaded(replicas)
         if not blocks:
             return Choice(least, "cache_miss")
@@ -116,11 +82,10 @@ class CacheAware:
         return Choice(holder, "cache_hit")
 
     def _roomiest(self, replicas: Sequence[Replica], least: Replica) -> Replica:
-        """Where a new prefix goes: the replica this shim sent the fewest recent prefixes (the most room
-        left, so the set's prefixes spread evenly over the caches: one over-full cache would evict them
-        all in turn), unless it is loaded beyond the balance thresholds; among equals the least loaded.
-        Counted in the text view whatever view matched: an engine's cache is full once warm (released
-        blocks stay cached until evicted), so the blocks its KV events say it holds tell nothing of room."""
+        """Where a new prefix goes: the replica this shim sent the fewest recent prefixes (so the set's
+        prefixes spread evenly: one over-full cache would evict them all in turn), unless it is overloaded;
+        among equals the least loaded. Counted in the text view whatever view matched: a warm engine's
+        cache is always full (released blocks stay until evicted), so its KV events tell nothing of room."""
         roomiest = min(replicas, key=lambda replica: (len(replica.prefixes), replica is not least, replica.load))
         if self._overloaded(roomiest, least):
             return least
@@ -131,7 +96,7 @@ class CacheAware:
 
 
 def make_policy(name: str, balance_abs: int = DEFAULT_BALANCE_ABS,
-                balance_rel: float = DEFAULT_BALANCE_REL) -> Policy:
+                balance_rel: float = DEFAULT_BALANCE_REL) -> RoundRobin | LeastLoad | CacheAware:
     if name == "round_robin":
         return RoundRobin()
     if name == "least_load":

@@ -1,12 +1,8 @@
-"""The replicas behind the shim: one per engine address, and one per address a dns:/// name resolves to.
-
-Addresses given as HOST:PORT (or in an ipv4:/ipv6: list) are replicas for the shim's lifetime. A
-dns:///NAME:PORT target (a Kubernetes headless Service) is resolved at start and then every
-DNS_REFRESH_S (every second while it resolves to nothing): a new address becomes a replica at
-once, and one the name no longer returns is retired (no new work; its channel closes when its
-calls end). The pool waits briefly at start for its replicas' first polls, so the first requests
-find the ready ones ready. Each replica has its own channel, so its own GenerateMany stream (the
-cheap relay) whatever the topology.
+"""The replicas behind the shim: one per engine address, and one per address a dns:/// name resolves to
+(docs/operations.md#replicas-and-several-models). A dns:///NAME:PORT target (a Kubernetes headless
+Service) is resolved at start, then every DNS_REFRESH_S (DNS_RETRY_S while it resolves to nothing): a new
+address becomes a replica at once, one the name no longer returns is retired (no new work; its channel
+closes when its calls end).
 """
 
 from __future__ import annotations
@@ -59,9 +55,8 @@ def resolve(host: str, port: str) -> list[str]:
 class ReplicaPool:
     def __init__(self, targets: Sequence[str], connect: Callable[..., EngineClient],
                  on_change: Callable[[Replica], None] = lambda replica: None, kv_events: bool = False) -> None:
-        """`connect(address)` makes a replica's client; for an address a name resolved to,
-        `connect(address, name)`: the name its TLS certificate carries. `kv_events`: each replica
-        follows its engine's KV events."""
+        """`connect(address)` makes a replica's client; for an address a name resolved to, `connect(address,
+        name)`: the name its TLS certificate carries. `kv_events`: each replica follows its engine's."""
         self._connect = connect
         self._kv_events = kv_events
         self._on_change = on_change
@@ -75,8 +70,8 @@ class ReplicaPool:
                 for address in address_list(target):
                     self._add(address, "")
             else:
-                self._resolve(target, *name)  # the first time here, so the replicas are there from the start
-                threading.Thread(target=self._follow, args=(target, *name), name=f"dns-{target}",
+                found = self._resolve(target, *name)  # the first time here, so the replicas are there from the start
+                threading.Thread(target=self._follow, args=(target, *name, found), name=f"dns-{target}",
                                  daemon=True).start()
         # Their first polls, so the first requests find the ready ones ready (a bounded wait).
         deadline = time.monotonic() + FIRST_POLL_WAIT_S
@@ -104,10 +99,8 @@ class ReplicaPool:
         self._on_change(replica)
         replica.start()
 
-    def _follow(self, target: str, host: str, port: str) -> None:
+    def _follow(self, target: str, host: str, port: str, found: bool) -> None:
         """Keeps the replicas behind a dns target in step with what the name resolves to."""
-        with self._lock:
-            found = bool(self._owned(target))
         while not self._stop.wait(DNS_REFRESH_S if found else DNS_RETRY_S):
             found = self._resolve(target, host, port)
 
@@ -122,7 +115,8 @@ class ReplicaPool:
         for address in addresses:
             self._add(address, target, host)
         with self._lock:
-            gone = [address for address in self._owned(target) if address not in addresses]
+            gone = [address for address, owner in self._owners.items()
+                    if owner == target and address not in addresses]
             retired = [self._replicas.pop(address) for address in gone]
             for address in gone:
                 del self._owners[address]
@@ -131,7 +125,3 @@ class ReplicaPool:
             replica.retire()
             self._on_change(replica)
         return bool(addresses)
-
-    def _owned(self, target: str) -> list[str]:
-        """The addresses that came from `target` (under the lock)."""
-        return [address for address, owner in self._owners.items() if owner == target]

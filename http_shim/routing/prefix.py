@@ -1,30 +1,23 @@
-"""An approximate view of which prompt prefixes each replica's KV cache holds, for cache-aware routing.
-
-Approximate, on the prompt's text: the shim holds no tokenizer and no chat template (nothing
-model-specific lives in the shim), so it cannot name the engine's token blocks. It cuts the
-request's input (tools, then each message's role and content; or the prompt text; or the token
-ids) into blocks of BLOCK_CHARS characters and chains their hashes, so a block's hash stands for
-the whole prefix up to it, as the engine's block hashes do for tokens. Each replica remembers the
-hashes of what it was sent, least recently used first out, bounded by what its cache can hold
-(the engine reports its blocks and block size) and aged out after MAX_AGE_S. The exact view, from
-the engines' KV events (kv_index.py), needs each prompt tokenized by an engine; this one costs
-nothing per request and is right whenever this shim is what filled the cache: the router falls back
-to it where an engine publishes no events (router.py). With several shims sharing engines each
-one's view misses the others' prompts, which only makes it fall back to load balancing more often.
+"""An approximate view of which prompt prefixes each replica's KV cache holds, on the prompt's text: the
+shim holds no tokenizer (nothing model-specific lives here), so it hashes the input in chained BLOCK_CHARS
+blocks. Each replica remembers what it was sent, least recently used out, bounded by its cache's size and
+aged out after MAX_AGE_S. It costs nothing per request and is right whenever this shim filled the cache;
+the router uses it where an engine publishes no KV events (kv_index.py is the exact view).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import OrderedDict
+from itertools import takewhile
 
 from conduit.v1 import engine_pb2 as pb
 
 BLOCK_CHARS = 256
-# Characters per token, to size a replica's view from its cache's tokens: generous (English text runs
-# 4-6 per token), since a view that forgets before the engine does moves prefixes for nothing,
-# while one that remembers longer only costs a miss where the prefix was anyway.
+# Characters per token, to size a view from its cache's tokens: generous (English runs 4-6), since a view
+# that forgets before the engine does moves prefixes for nothing; one remembering longer costs only a miss.
 CHARS_PER_TOKEN = 8
 # Before the engine reported its cache: room for this many blocks (about 130k tokens).
 DEFAULT_CAPACITY_BLOCKS = 4096
@@ -51,13 +44,15 @@ def prompt_text(request: pb.GenerateRequest) -> str:
 
 def prefix_blocks(request: pb.GenerateRequest) -> list[int]:
     """Chained hashes of the input's whole BLOCK_CHARS blocks (a short input has none)."""
-    return text_blocks(prompt_text(request))
+    return chained_blocks(prompt_text(request), BLOCK_CHARS)
 
 
-def text_blocks(text: str) -> list[int]:
+def chained_blocks(items: str | tuple[int, ...], size: int) -> list[int]:
+    """Hashes of the whole `size`-long blocks of `items`, each chained to the one before: a block's hash
+    stands for the whole prefix up to its end."""
     hashes, chained = [], 0
-    for start in range(0, len(text) - BLOCK_CHARS + 1, BLOCK_CHARS):
-        chained = hash((chained, text[start:start + BLOCK_CHARS]))
+    for start in range(0, len(items) - size + 1, size):
+        chained = hash((chained, items[start:start + size]))
         hashes.append(chained)
     return hashes
 
@@ -83,13 +78,7 @@ class PrefixIndex:
     def match(self, blocks: list[int]) -> int:
         """How many of `blocks`, from the first, this replica was sent (recently enough)."""
         oldest = time.monotonic() - self.max_age_s
-        matched = 0
-        for block in blocks:
-            seen = self._seen.get(block)
-            if seen is None or seen < oldest:
-                break
-            matched += 1
-        return matched
+        return len(list(takewhile(lambda block: self._seen.get(block, -math.inf) >= oldest, blocks)))
 
     def add(self, blocks: list[int]) -> None:
         now = time.monotonic()

@@ -1,20 +1,10 @@
-"""One engine replica as the router sees it: its own channel (and so its own GenerateMany stream),
-its health, its load, the models it serves, the prompt prefixes it was sent and, where the router
-follows the engines' KV events, the token blocks its prefix cache holds (kv_feed.py).
+"""One engine replica as the router sees it: its own channel (so its own GenerateMany stream), health,
+load, the models it serves, the prompt prefixes it was sent and, with KV events, its cache's blocks.
 
-A watcher thread (a greenlet in the shim) asks the engine for its load (GetLoad) every
-POLL_INTERVAL_S: the answer also says whether it drains. An engine that refuses the connection is
-UNREACHABLE at once (down, or still loading: the engine listens only once its model is loaded),
-one that is merely slow to answer only after SLOW_POLLS polls in a row time out; one too
-old for GetLoad is judged by its grpc.health.v1 status; it is SERVING only once its models are
-listed too. So a replica that becomes ready is listed and gets work within a poll and a reconnect
-backoff (ENGINE_CHANNEL_OPTIONS: at most 2 s), and a dead or draining one gets none from its next
-poll on. A call that finds it gone before that marks it
-unreachable at once (`suspect`), and the router sends the call elsewhere.
-
-The load it is weighed by is the engine's own count of running and waiting requests, so shims
-sharing engines see each other's work, plus this shim's calls started (minus those ended) since
-that report, so a burst between two polls does not all land on one replica.
+A watcher thread (a greenlet in the shim) polls GetLoad: a refused connection makes it UNREACHABLE at
+once (down, or still loading), a slow answer only after SLOW_POLLS in a row; it is SERVING only once its
+models are listed. Its load adds this shim's calls since the last report to the engine's own count, so a
+burst between two polls does not all land on one replica.
 """
 
 from __future__ import annotations
@@ -65,11 +55,10 @@ class Replica:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._watch, name=f"replica-{address}", daemon=True)
 
-    def start(self) -> Replica:
+    def start(self) -> None:
         self._thread.start()
         if self.kv is not None:
             self.kv.start()
-        return self
 
     @property
     def load(self) -> int:
@@ -99,8 +88,7 @@ class Replica:
             self._set(UNREACHABLE)
 
     def retire(self) -> None:
-        """It left the set (its name no longer resolves to it): no more polls, and its channel
-        closes once the calls running there have ended."""
+        """It left the set: no more polls, and its channel closes once the calls running there have ended."""
         self.retired = True
         self._stop.set()
         if self.kv is not None:
@@ -145,10 +133,8 @@ class Replica:
             self._stop.wait(POLL_INTERVAL_S)
 
     def refresh_models(self, wait: bool = False) -> ConduitError | None:
-        """Asks it what it serves now (it became ready, a request named a model nobody listed, or
-        an engine said "not served here"); the error when it did not answer. `wait`: up to
-        LIST_TIMEOUT_S for it to be reachable (it may have just come back, its channel still
-        waiting to reconnect)."""
+        """Asks it what it serves now; the error when it did not answer. `wait`: up to LIST_TIMEOUT_S for
+        it to be reachable (it may have just come back, its channel still waiting to reconnect)."""
         try:
             self.models = self.client.list_models(timeout=LIST_TIMEOUT_S, wait_for_ready=wait)
         except ConduitError as error:

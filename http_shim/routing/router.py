@@ -1,29 +1,19 @@
-"""Per-request routing over replicas: the router picks a replica for each engine call.
+"""Per-request routing over replicas (docs/operations.md#replicas-and-several-models).
 
-`Router.engine(model)` is what the relay calls instead of one engine client: a `RoutedEngine`
-whose `generate_shared` picks a replica among the healthy ones serving the model (policies.py),
-remembers the request's prefix there, and starts the call on that replica's own
-GenerateMany stream. A call refused before any answer (UNAVAILABLE: the replica died or drains;
-RESOURCE_EXHAUSTED: its queue is full) goes to another replica serving the model: `_Routed` says
-so, and clients/call_attempts.py does it (one deadline over the attempts, none after an answer or
-a close). The router is the one owner of a routed call's retries: the replica client does not
-retry it on its own stream first (no backoff on a replica that drains). A call failing UNAVAILABLE
-(its replica's connection died: keepalive) takes that replica out at once, until its next poll.
-With no healthy replica the call is tried on the others anyway, so the client gets the engine's
-own refusal (503) rather than a guess.
-
-The prefix view (`RoutingConfig.prefix_view`): "kv_events" (the default) follows each engine's KV
-events (kv_feed.py) and matches the prompt's token blocks against what the engine holds, when every
-healthy replica of the model publishes them; otherwise, and with "text", the shim's text view of
-what it sent each replica (prefix.py). Both are kept, so a replica whose events stop falls back at once.
-benchmarks/RESULTS.md (`make bench-routing`) compares the two.
+`Router.engine(model)` is what the relay calls instead of one engine client: a `RoutedEngine`, whose
+calls go to a replica serving the model (policies.py). A call refused before any answer (_RETRY_ELSEWHERE)
+is sent to another replica: `_Routed` says where, clients/call_attempts.py does it under one deadline.
+With no healthy replica the call is tried on the others anyway, so the client gets the engine's own
+refusal (503) rather than a guess.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import grpc
@@ -33,10 +23,9 @@ from clients.engine_client import EngineClient, Metadata
 from clients.errors import ConduitError, from_status
 from conduit.v1 import engine_pb2 as pb
 
-from .kv_index import KvIndex
-from .policies import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, CacheAware, Choice, make_policy
+from .policies import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, CacheAware, Choice, View, make_policy
 from .pool import ReplicaPool
-from .replica import SERVING, Replica
+from .replica import SERVING, UNREACHABLE, Replica
 from .request_prefix import RequestPrefix
 
 # Refusals before any answer that another replica may not give.
@@ -68,24 +57,25 @@ class Router:
         self._policy = make_policy(config.policy, config.balance_abs, config.balance_rel)
         self._metrics = metrics
         self._lock = threading.Lock()
+        self._engines: dict[str, RoutedEngine] = {}  # by model: a listed one
         # Only cache_aware reads prefixes: the others follow no events.
         self._kv_events = config.prefix_view == "kv_events" and isinstance(self._policy, CacheAware)
         self.pool = ReplicaPool(targets, connect, self._replica_changed, self._kv_events)
 
     def engine(self, model: str) -> RoutedEngine:
-        return RoutedEngine(self, model)
+        """The model's one RoutedEngine (the embeddings coalescer keys its calls on it)."""
+        with self._lock:
+            return self._engines.setdefault(model, RoutedEngine(self, model))
 
     def serving(self, model: str) -> list[Replica]:
         """The replicas listing `model`, healthy ones first."""
         replicas = [replica for replica in self.pool.replicas() if replica.serves(model)]
         return sorted(replicas, key=lambda replica: replica.state != SERVING)
 
-    def choose(self, model: str, request: pb.GenerateRequest, exclude: Iterable[Replica] = (),
-               prefix: RequestPrefix | None = None) -> Choice | None:
-        """A replica for `request` (not one of `exclude`), its prefix remembered there; None when
-        every replica serving `model` was excluded. `prefix`: the request's, kept over its attempts."""
-        prefix = prefix or RequestPrefix(model, request)
-        candidates = [replica for replica in self.serving(model) if replica not in exclude]
+    def choose(self, prefix: RequestPrefix, exclude: Iterable[Replica] = ()) -> Choice | None:
+        """A replica for `prefix.request` (not one of `exclude`), its prefix remembered there; None when
+        every replica serving the model was excluded."""
+        candidates = [replica for replica in self.serving(prefix.model) if replica not in exclude]
         if not candidates:
             return None
         healthy = [replica for replica in candidates if replica.state == SERVING]
@@ -122,21 +112,18 @@ class Router:
         """Its gauges read it when scraped, from its arrival until it is retired."""
         if self._metrics is None:
             return
-        gauges = (self._metrics.router_replica_healthy, self._metrics.router_replica_load)
-        kv_blocks = self._metrics.router_replica_kv_blocks if replica.kv is not None else None
-        if replica.retired:
-            for gauge in (*gauges, kv_blocks):
-                if gauge is not None:
-                    gauge.remove(replica.address)
-        else:
-            gauges[0].labels(replica.address).set_function(lambda: replica.state == SERVING)
-            gauges[1].labels(replica.address).set_function(lambda: replica.load)
-            if kv_blocks is not None:
-                kv_blocks.labels(replica.address).set_function(lambda: len(replica.kv.index))
+        gauges = [(self._metrics.router_replica_healthy, lambda: replica.state == SERVING),
+                  (self._metrics.router_replica_load, lambda: replica.load)]
+        if replica.kv is not None:
+            gauges.append((self._metrics.router_replica_kv_blocks, lambda: len(replica.kv.index)))
+        for gauge, read in gauges:
+            if replica.retired:
+                gauge.remove(replica.address)
+            else:
+                gauge.labels(replica.address).set_function(read)
 
 
-def kv_view(replica: Replica) -> KvIndex:
-    return replica.kv.index
+kv_view: View = attrgetter("kv.index")
 
 
 class _OnReplica:
@@ -145,7 +132,7 @@ class _OnReplica:
     def __init__(self, replica: Replica, call: Attempt) -> None:
         self.replica = replica
         self._call = call
-        self._running = True  # counted by the replica (call_started) until it ends
+        self._running = True
 
     def __next__(self) -> pb.GenerateResponse:
         try:
@@ -167,27 +154,23 @@ class _Routed:
     """Where one call's attempts go: a replica the router picks, and after a refusal before any
     answer (_RETRY_ELSEWHERE) another one serving the model, until none is left."""
 
-    def __init__(self, router: Router, model: str, request: pb.GenerateRequest, metadata: Metadata) -> None:
+    def __init__(self, router: Router, call: RequestPrefix) -> None:
         self._router = router
-        self._model = model
-        self._request = request
-        self._metadata = metadata
+        self._call = call  # the request, its model and metadata, and its prefix kept over the attempts
         self._tried: list[Replica] = []
-        self._prefix = RequestPrefix(model, request, metadata)
 
     def start(self, timeout_s: float | None) -> _OnReplica | None:
-        choice = self._router.choose(self._model, self._request, self._tried, self._prefix)
+        choice = self._router.choose(self._call, self._tried)
         if choice is None:
             if not self._tried:
-                raise from_status(grpc.StatusCode.UNAVAILABLE, f"no engine replica serves {self._model!r}")
+                raise from_status(grpc.StatusCode.UNAVAILABLE, f"no engine replica serves {self._call.model!r}")
             return None
         replica = choice.replica
         self._tried.append(replica)
         replica.call_started()
-        # The replica client's shared call, on its GenerateMany stream, not retried there: the
-        # router owns a routed call's retries, and sends a refused one elsewhere without a backoff.
-        return _OnReplica(replica, replica.client.generate_shared(self._request, timeout=timeout_s,
-                                                                  metadata=self._metadata, retries=False))
+        # On the replica's GenerateMany stream, not retried there: the router owns a routed call's retries.
+        return _OnReplica(replica, replica.client.generate_shared(self._call.request, timeout=timeout_s,
+                                                                  metadata=self._call.metadata, retries=False))
 
     def retry(self, failed: _OnReplica, error: ConduitError) -> bool:
         if error.code not in _RETRY_ELSEWHERE:
@@ -196,20 +179,20 @@ class _Routed:
         return True
 
 
+def _on_a_replica(name: str) -> Callable[..., Any]:
+    """EngineClient.<name>, on a replica serving the model (RoutedEngine._unary)."""
+    def call(self: RoutedEngine, *args: Any, **kwargs: Any) -> Any:
+        return self._unary(lambda client: getattr(client, name)(*args, **kwargs))
+    return call
+
+
 class RoutedEngine:
-    """The engine client interface the shim uses (generate_shared, health, model_info, tokenize, embed),
-    over the replicas serving one model."""
+    """The engine client interface the shim uses (generate_shared, health, model_info, tokenize, embed,
+    detokenize), over the replicas serving one model. Embed is idempotent: retried on UNAVAILABLE."""
 
     def __init__(self, router: Router, model: str) -> None:
         self._router = router
         self.model = model
-
-    # One per request, but equal for one model: the embeddings coalescer keys its calls on it.
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, RoutedEngine) and (other._router, other.model) == (self._router, self.model)
-
-    def __hash__(self) -> int:
-        return hash((id(self._router), self.model))
 
     @property
     def width(self) -> int:
@@ -218,35 +201,17 @@ class RoutedEngine:
 
     def generate_shared(self, request: pb.GenerateRequest, /, *, timeout: float | None = None,
                         metadata: Metadata | None = None) -> AttemptedCall:
-        return AttemptedCall(_Routed(self._router, self.model, request, tuple(metadata or ())), timeout)
+        return AttemptedCall(_Routed(self._router, RequestPrefix(self.model, request, tuple(metadata or ()))), timeout)
 
     def health(self, *, timeout: float | None = None, metadata: Metadata | None = None) -> str:
         """SERVING when one of its replicas says so now (asked, not remembered: a readiness probe)."""
-        status = "UNREACHABLE"
+        status = UNREACHABLE
         for replica in self._router.serving(self.model):
-            try:
+            with suppress(ConduitError):
                 status = replica.client.health(timeout=timeout, metadata=metadata)
-            except ConduitError:
-                continue
-            if status == SERVING:
-                break
+                if status == SERVING:
+                    break
         return status
-
-    def model_info(self, *args: Any, **kwargs: Any) -> pb.ModelInfo:
-        """EngineClient.model_info, on a replica serving the model."""
-        return self._unary(lambda client: client.model_info(*args, **kwargs))
-
-    def tokenize(self, *args: Any, **kwargs: Any) -> pb.TokenizeResponse:
-        """EngineClient.tokenize, on a replica serving the model."""
-        return self._unary(lambda client: client.tokenize(*args, **kwargs))
-
-    def embed(self, *args: Any, **kwargs: Any) -> pb.EmbedResponse:
-        """EngineClient.embed, on a replica serving the model (Embed is idempotent: retried on UNAVAILABLE)."""
-        return self._unary(lambda client: client.embed(*args, **kwargs))
-
-    def detokenize(self, *args: Any, **kwargs: Any) -> str:
-        """EngineClient.detokenize, on a replica serving the model."""
-        return self._unary(lambda client: client.detokenize(*args, **kwargs))
 
     def _unary(self, call: Any) -> Any:
         """`call(client)` on the replicas serving the model, the healthy ones first and the least loaded
@@ -266,3 +231,8 @@ class RoutedEngine:
             finally:
                 replica.call_ended()
         raise error or from_status(grpc.StatusCode.UNAVAILABLE, f"no engine replica serves {self.model!r}")
+
+    model_info = _on_a_replica("model_info")
+    tokenize = _on_a_replica("tokenize")
+    embed = _on_a_replica("embed")
+    detokenize = _on_a_replica("detokenize")
