@@ -1,11 +1,9 @@
 """CORS: which web pages on other origins may call the API from a browser (none unless allowed).
 
-With `--cors-allow-origin` set, a preflight (OPTIONS with Access-Control-Request-Method) from an
-allowed origin is answered here, before API keys are checked (a browser sends no credentials in a
-preflight), and every answer to that origin carries Access-Control-Allow-Origin and the headers a
-page may read. `*` allows every origin but never with credentials (the Fetch standard forbids it);
-a listed origin is echoed back, with `Vary: Origin` so caches keep origins apart. Origins are
-compared as browsers send them: lower-case scheme and host, no default port.
+With `--cors-allow-origin` set, a preflight from an allowed origin is answered before API keys are
+checked (browsers send no credentials in one), and every answer to it carries the CORS headers. `*`
+allows every origin but never with credentials (the Fetch standard forbids it); a listed origin is
+echoed back. Origins are compared as browsers send them: lower-case scheme and host, no default port.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """The models the engines serve, as the shim sees them, and where each request for one goes.
 
 One engine address: its one channel answers for every model it lists (nothing to route). Several
-addresses and/or dns:/// targets (`--engine A,B,C`, `--engine dns:///engines:50051`): each address
-(and each one a name resolves to) is a replica of its own (routing/): it says what it serves when
-it becomes ready and whenever the list is refreshed, and each request goes to one of the healthy
-replicas serving its model, picked by the routing policy (cache and load aware by default). A
-replica that does not answer keeps its last known models, so a restarted one gets work again
-without restarting the shim; one never seen yet is listed as soon as it is ready. Every request
-names a model, so the list is cached; replicas becoming ready update it at once.
+addresses and/or dns:/// targets: each address (and each one a name resolves to) is a replica
+(routing/) that says what it serves when it becomes ready and at each refresh; a request goes to a
+healthy replica serving its model, picked by the routing policy. A replica that does not answer
+keeps its last known models, so a restarted one gets work again. The list is cached (every request
+names a model); replicas becoming ready update it at once.
 """
 
 from __future__ import annotations
@@ -114,9 +112,6 @@ class ServedModels:
                 # reconnect: the ones away get a moment to answer.
                 self._refresh_replicas([r for r in self._router.pool.replicas() if r.state != SERVING], wait=True)
         raise model_not_found(name, [model.id for model in self.list(metadata=metadata)])
-
-    def resolve(self, name: str, metadata: Metadata = ()) -> pb.ModelInfo:
-        return self.route(name, metadata)[0]
 
     def info(self, name: str, metadata: Metadata = ()) -> pb.ModelInfo:
         """GetModelInfo from an engine that serves `name`, uncached."""

@@ -40,9 +40,6 @@ class Finish(StrEnum):
         return cls.named(finish_reason_name(value))
 
 
-# ------------------------------------------------------------------ events
-
-
 class Event:
     """What happened in the answer, in no API's words."""
 
@@ -98,9 +95,6 @@ class StreamEnd(Event):  # the whole answer is complete; usage counts every prom
 class StreamFailed(Event):  # cut short by the engine, a drain or a bug; usage counts what was generated
     error: APIError
     usage: Usage
-
-
-# ------------------------------------------------------------------ the fold
 
 
 class UsageTally:
@@ -174,9 +168,6 @@ class StreamFold:
             started.add(index)
             out.append(ToolCallStart(p, choice, index, call_id or new_tool_call_id(), name))
         return out + [ToolCallArguments(p, choice, index, arguments)]
-
-
-# ------------------------------------------------------------------ whole answers
 
 
 class Collector:
