@@ -30,11 +30,7 @@ PREFLIGHT_MAX_AGE_S = 600
 
 @dataclass(frozen=True)
 class CorsPolicy:
-    origins: tuple[str, ...] = ()  # as browsers write them (see normal_origin), or "*"
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.origins)
+    origins: tuple[str, ...] = ()  # as browsers write them (see normal_origin), or "*"; none: CORS off
 
     def allow_origin(self, origin: str | None) -> str | None:
         """The Access-Control-Allow-Origin value for a request from `origin`, or None when refused."""
@@ -73,7 +69,7 @@ def normal_origin(origin: str) -> str:
 def install_cors(app: Flask, policy: CorsPolicy) -> None:
     """Registers the preflight answer (first among the app's before_request hooks: call this before
     the others are registered) and the headers on every answer."""
-    if not policy.enabled:
+    if not policy.origins:
         return
 
     @app.before_request
