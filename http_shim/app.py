@@ -22,7 +22,7 @@ from .context import ShimContext
 from .cors import CorsPolicy, install_cors
 from .drain import Drain
 from .embeddings import register_embeddings
-from .errors import APIError, from_engine_error, internal_error_message
+from .errors import APIError, from_engine_error, internal_error
 from .limits import DEFAULT_LIMITS, RequestLimits
 from .messages import is_anthropic_request, register_messages
 from .messages.routes import GENERATION_ROUTES as MESSAGES_ROUTES
@@ -145,13 +145,10 @@ def _install_error_mapping(app: Flask, ctx: ShimContext, max_body_bytes: int) ->
     @app.errorhandler(Exception)
     def on_bug(error: Exception) -> Response:
         log.exception("internal error")
-        message = internal_error_message("The server had an internal error.", request_id())
-        return _error(APIError(500, message, "server_error", None, "internal_error"))
+        return _error(internal_error(request_id()))
 
 
 def _install_hooks(app: Flask, ctx: ShimContext, keys: KeyChecker) -> None:
-    """Before each request: its route for the metrics, the key check, the drain's admission."""
-
     @app.before_request
     def note_route() -> None:
         # For metrics: the rule, not the path, so label values stay few.

@@ -24,7 +24,6 @@ from conduit.v1 import engine_pb2 as pb
 from .errors import APIError, from_engine_error
 
 _END = object()
-_INTERRUPTED = object()
 Item = tuple[int, pb.GenerateResponse]
 
 
@@ -66,8 +65,6 @@ class EngineStream:
                 return IDLE
             if item is _END:
                 self._open -= 1
-            elif item is _INTERRUPTED:
-                continue
             elif isinstance(item, Exception):
                 self.cancel()
                 if self._interrupted is not None:  # the cancellation we caused, not an engine failure
@@ -82,7 +79,7 @@ class EngineStream:
     def interrupt(self, error: APIError) -> None:
         """Makes the waiting (or next) `next` raise `error`, and cancels the engine calls."""
         self._interrupted = error
-        self._queue.put((-1, _INTERRUPTED))  # wakes a `next` waiting on the queue
+        self._queue.put((-1, error))  # wakes a `next` waiting on the queue
         self.cancel()
 
     def cancel(self) -> None:

@@ -51,5 +51,4 @@ class ShimMetrics:
             ["replica"])
 
     def exposition(self) -> tuple[bytes, str]:
-        """The text exposition format and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

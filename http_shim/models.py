@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,17 +73,10 @@ class ServedModels:
     def _refresh_replicas(self, replicas: list[Replica], wait: bool = False) -> list[ConduitError | None]:
         """Asks the replicas at once (threads: greenlets in the shim), so a dead one delays the rest
         little; `wait`: giving each a moment to become reachable (replica.py)."""
-        errors: list[ConduitError | None] = [None] * len(replicas)
-
-        def ask(index: int, replica: Replica) -> None:
-            errors[index] = replica.refresh_models(wait)
-
-        askers = [threading.Thread(target=ask, args=item, daemon=True) for item in enumerate(replicas)]
-        for asker in askers:
-            asker.start()
-        for asker in askers:
-            asker.join()
-        return errors
+        if not replicas:
+            return []
+        with ThreadPoolExecutor(len(replicas)) as pool:
+            return list(pool.map(lambda replica: replica.refresh_models(wait), replicas))
 
     def _listed(self) -> list[pb.ModelInfo]:
         """Every model a replica lists (or last listed), in the order the replicas were given."""

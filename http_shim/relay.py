@@ -22,7 +22,7 @@ from . import sse
 from .connection import client_gone
 from .drain import Drain
 from .engine_stream import IDLE, EngineStream
-from .errors import APIError, internal_error_message
+from .errors import APIError, internal_error
 from .metrics import ShimMetrics
 from .models import ServedModels
 from .observe import REQUEST_ID_KEY, ROUTE_KEY
@@ -130,9 +130,8 @@ class Relay:
             yield from writer.fail(error)
         except Exception:
             log.exception("internal error while streaming")
-            message = internal_error_message("The server had an internal error.", environ.get(REQUEST_ID_KEY))
             ended = True
-            yield from writer.fail(APIError(500, message, "server_error", None, "internal_error"))
+            yield from writer.fail(internal_error(environ.get(REQUEST_ID_KEY)))
         finally:
             self._metrics.streams_in_flight.dec()
             if not ended:
