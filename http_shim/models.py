@@ -94,9 +94,8 @@ class ServedModels:
                 self._models_at = float("-inf")
 
     def route(self, name: str, metadata: Metadata = ()) -> tuple[pb.ModelInfo, EngineClient | RoutedEngine]:
-        """The served model called `name` and the engine client for its calls (over several replicas:
-        one that routes each call); a miss refreshes the cache once (an engine may have restarted
-        or joined)."""
+        """The served model called `name` and the engine client (over replicas: one routing each call) for
+        its calls; a miss refreshes the cache once (an engine may have restarted or joined)."""
         for max_age_s in (MODELS_TTL_S, 1.0):
             for model in self.list(max_age_s, metadata):
                 if model.id == name:

@@ -22,8 +22,7 @@ from .errors import APIError
 
 
 class Finish(StrEnum):
-    """Why a choice ended; each API names it in a table of its own. A choice the engine gave no
-    reason for stopped (every API says so today)."""
+    """Why a choice ended (each API names it in a table of its own); a choice given no reason stopped."""
 
     STOP = "stop"
     LENGTH = "length"
