@@ -40,9 +40,7 @@ from .server import serve  # noqa: E402
 
 
 def _engine_connector(args: argparse.Namespace) -> Callable[[str | Sequence[str]], EngineClient]:
-    """Makes the shim's engine clients (one per engine address), all with the engine flags' security
-    and keepalive."""
-
+    """The shim's engine clients (one per engine address), with the engine flags' security and keepalive."""
     tls = bool(args.engine_tls_ca or args.engine_tls_cert or args.engine_tls_key)
     options = (*ENGINE_CHANNEL_OPTIONS, *args.keepalive)
 

@@ -1,13 +1,6 @@
-"""The Flask app: OpenAI routes over the engine's gRPC API.
-
-Routes: POST /v1/chat/completions, POST /v1/completions, the Responses API (/v1/responses...:
-responses/), Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens: messages/),
-POST /v1/embeddings, POST /tokenize and POST /detokenize (embeddings/),
-GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics, GET /openapi.json, and the browser
-playground at / (playground.py). Errors come back as OpenAI error JSON (see errors.py), or in
-Anthropic's shape to Anthropic's clients (messages/routes.py). `create_app` returns the WSGI app to
-serve: the Flask app inside the middleware that stamps request ids and records metrics
-(observe.py); its `state` holds the drain and the metrics.
+"""The Flask app: every API's routes (openai/, responses/, messages/, embeddings/, service.py,
+playground.py) over the engines' gRPC API, and the hooks and error handlers they share. `create_app`
+returns it inside the middleware that stamps request ids and records metrics (observe.py).
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ from .context import ShimContext
 from .cors import CorsPolicy, install_cors
 from .drain import Drain
 from .embeddings import register_embeddings
-from .errors import APIError, from_engine_error, internal_error_message
+from .errors import APIError, from_engine_error, internal_error
 from .limits import DEFAULT_LIMITS, RequestLimits
 from .messages import is_anthropic_request, register_messages
 from .messages.routes import GENERATION_ROUTES as MESSAGES_ROUTES
@@ -45,7 +38,7 @@ from .relay import Relay
 from .responses import RESPONSES_ROUTE, ResponseStore, StoreLimits, default_store_dir, register_responses
 from .routing import RoutingConfig
 from .service import register_service
-from .web import engine_metadata, json_response, request_id
+from .web import json_response, request_id
 
 log = logging.getLogger("http_shim")
 
@@ -82,17 +75,8 @@ class ShimConfig:
     routing: RoutingConfig = RoutingConfig()
 
 
-@dataclass
-class ShimState:
-    """What the server around the app needs: the drain (signals) and the metrics."""
-
-    drain: Drain
-    metrics: ShimMetrics
-
-
 def connect_engine(target: str | Sequence[str], server_name: str | None = None) -> EngineClient:
-    """An engine client (and channel) to one target or a set of replicas, plaintext (so
-    `server_name`, a TLS certificate's name, plays no part)."""
+    """A plaintext engine client (so `server_name`, a TLS certificate's name, plays no part)."""
     return EngineClient(target, options=ENGINE_CHANNEL_OPTIONS)
 
 
@@ -112,7 +96,7 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
     metrics = ShimMetrics()
     models = ServedModels(config.engine, connect, config.routing, metrics)
     drain = Drain(metrics)
-    relay = Relay(models, drain, metrics, config.heartbeat_s, config.request_timeout_s, engine_metadata)
+    relay = Relay(models, drain, metrics, config.heartbeat_s, config.request_timeout_s)
     ctx = ShimContext(relay, models, drain, metrics, config.limits, config.request_timeout_s, int(time.time()))
     keys = KeyChecker(config.api_keys)
     _install_error_mapping(app, ctx, config.max_body_bytes)
@@ -124,7 +108,7 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
     register_responses(app, ctx, store)
     register_messages(app, ctx)
     register_embeddings(app, ctx)
-    return ObservedApp(app, metrics, ShimState(drain, metrics))
+    return ObservedApp(app, metrics, ctx)  # the server reaches the drain as `state.drain`
 
 
 def _install_error_mapping(app: Flask, ctx: ShimContext, max_body_bytes: int) -> None:
@@ -161,13 +145,10 @@ def _install_error_mapping(app: Flask, ctx: ShimContext, max_body_bytes: int) ->
     @app.errorhandler(Exception)
     def on_bug(error: Exception) -> Response:
         log.exception("internal error")
-        message = internal_error_message("The server had an internal error.", request_id())
-        return _error(APIError(500, message, "server_error", None, "internal_error"))
+        return _error(internal_error(request_id()))
 
 
 def _install_hooks(app: Flask, ctx: ShimContext, keys: KeyChecker) -> None:
-    """Before each request: its route for the metrics, the key check, the drain's admission."""
-
     @app.before_request
     def note_route() -> None:
         # For metrics: the rule, not the path, so label values stay few.

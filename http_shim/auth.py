@@ -1,14 +1,10 @@
 """API keys: where they come from and how a request's key is checked.
 
-Keys come from `--api-key` (repeatable), `--api-key-file` (one key per line; blank lines and
-lines starting with # are ignored) and the environment (`CONDUIT_API_KEYS`, comma-separated;
-`CONDUIT_API_KEY`, one key). With any key configured, every /v1 route needs
-`Authorization: Bearer <key>` (or `x-api-key: <key>`, as Anthropic's clients send it); /health, /metrics and /openapi.json stay open (probes, scrapers
-and the schema carry no secrets).
-
-Keys are read, checked and compared by the rules the engine's tokens follow (conduit_common.bearer):
-no empty key, no whitespace in one, a key file without keys stops the shim at start, and the check
-takes the same time whichever key matched.
+Keys come from `--api-key`, `--api-key-file` and the environment (`CONDUIT_API_KEYS`, comma-separated;
+`CONDUIT_API_KEY`, one key). With any key set, every /v1 route needs `Authorization: Bearer <key>` (or
+`x-api-key: <key>`, as Anthropic's clients send it); /health, /metrics, /openapi.json and the playground
+stay open (they carry no secrets). Keys follow the rules of the engine's tokens (conduit_common.bearer),
+and the check takes the same time whichever key matched.
 """
 
 from __future__ import annotations
@@ -46,6 +42,5 @@ class KeyChecker:
         """Whether an Authorization header value is "Bearer <one of the keys>"."""
         return self._keys.authorizes(authorization)
 
-    def check_key(self, key: str | None) -> bool:
-        """Whether a bare key (Anthropic's `x-api-key` header) is one of the keys."""
+    def check_key(self, key: str | None) -> bool:  # a bare key: Anthropic's `x-api-key` header
         return self._keys.matches(key)

@@ -1,20 +1,16 @@
 """The shim's connection handler: detecting a client that left, not reading refused bodies, and
 bounding how long reading a request may take.
 
-WSGI only reports a disconnect when a write fails. A non-streaming response writes nothing until
-the engine is done, so the shim peeks at the client socket instead: readable with no bytes means
-the peer closed its side.
+WSGI only reports a disconnect when a write fails, and a non-streaming response writes nothing until
+the engine is done: `client_gone` peeks at the socket instead (readable with no bytes: the peer left).
 
-After a response gevent reads and discards whatever body the app left unread, to keep the
-connection usable. For a body refused as too large (413) that would mean reading it anyway, up
-to a Content-Length of any size or an endless chunked stream, so the app marks such a request
-and the connection is closed instead.
+gevent reads and discards the body an app left unread, to reuse the connection; for a body refused
+as too large (413) that could be endless, so the app marks the request and the connection closes.
 
-Reading a request (waiting for its line, then its headers and body; discarding a body left unread)
-must end within the server's `read_timeout_s` in all (None: no bound), so a client sending slowly
-(slow loris: a byte now and then) cannot hold a connection: headers not in by then get 408 and the
-connection closes, as does a body (the app answers that one: app.py), and an idle keep-alive
-connection is closed. Writing the response has no timeout: an SSE stream stays open as it runs.
+Reading a request (its line, headers and body; discarding a body left unread) must end within the
+server's `read_timeout_s` (None: no bound), so a slow sender (slow loris) cannot hold a connection:
+late headers get 408 here, a late body 408 from the app (web.py), and an idle keep-alive connection
+closes. Writing the response has no timeout: an SSE stream stays open as it runs.
 """
 
 from __future__ import annotations
@@ -43,7 +39,7 @@ def request_timeout_error() -> APIError:
 
 
 def _request_timeout_response() -> bytes:
-    """The 408 as a whole HTTP/1.1 response (OpenAI's error JSON), for the handler to write itself."""
+    """The 408 as a whole HTTP/1.1 response, for the handler to write itself."""
     body = json.dumps(request_timeout_error().body()).encode()
     head = (f"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")

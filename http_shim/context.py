@@ -1,6 +1,4 @@
-"""What the route modules of every API share, built once by the app factory (app.py) and passed to
-each `register_*` function: the relay to the engines, the served models, the drain, the metrics, the
-operator's limits."""
+"""What the route modules of every API share, built once by app.py and passed to each `register_*`."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """CORS: which web pages on other origins may call the API from a browser (none unless allowed).
 
-With `--cors-allow-origin` set, a preflight (OPTIONS with Access-Control-Request-Method) from an
-allowed origin is answered here, before API keys are checked (a browser sends no credentials in a
-preflight), and every answer to that origin carries Access-Control-Allow-Origin and the headers a
-page may read. `*` allows every origin but never with credentials (the Fetch standard forbids it);
-a listed origin is echoed back, with `Vary: Origin` so caches keep origins apart. Origins are
-compared as browsers send them: lower-case scheme and host, no default port.
+With `--cors-allow-origin` set, a preflight from an allowed origin is answered before API keys are
+checked (browsers send no credentials in one), and every answer to it carries the CORS headers. `*`
+allows every origin but never with credentials (the Fetch standard forbids it); a listed origin is
+echoed back. Origins are compared as browsers send them: lower-case scheme and host, no default port.
 """
 
 from __future__ import annotations
@@ -32,11 +30,7 @@ PREFLIGHT_MAX_AGE_S = 600
 
 @dataclass(frozen=True)
 class CorsPolicy:
-    origins: tuple[str, ...] = ()  # as browsers write them (see normal_origin), or "*"
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.origins)
+    origins: tuple[str, ...] = ()  # as browsers write them (see normal_origin), or "*"; none: CORS off
 
     def allow_origin(self, origin: str | None) -> str | None:
         """The Access-Control-Allow-Origin value for a request from `origin`, or None when refused."""
@@ -75,7 +69,7 @@ def normal_origin(origin: str) -> str:
 def install_cors(app: Flask, policy: CorsPolicy) -> None:
     """Registers the preflight answer (first among the app's before_request hooks: call this before
     the others are registered) and the headers on every answer."""
-    if not policy.enabled:
+    if not policy.origins:
         return
 
     @app.before_request

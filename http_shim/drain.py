@@ -9,6 +9,8 @@ event is that error, never [DONE], so a cut answer never looks complete).
 
 from __future__ import annotations
 
+from typing import Any
+
 from gevent.event import Event
 
 from .errors import APIError
@@ -18,33 +20,18 @@ from .metrics import ShimMetrics
 DRAIN_RETRY_AFTER_S = 1
 
 
+def _shutting_down(message: str) -> APIError:
+    headers = {"Retry-After": str(DRAIN_RETRY_AFTER_S), "Connection": "close"}
+    return APIError(503, message, "server_error", None, "server_shutting_down", headers)
+
+
 def draining_error() -> APIError:
-    return APIError(
-        503,
-        "The server is shutting down and accepts no new requests; retry (another replica will answer).",
-        "server_error",
-        None,
-        "server_shutting_down",
-        {"Retry-After": str(DRAIN_RETRY_AFTER_S), "Connection": "close"},
-    )
+    return _shutting_down(
+        "The server is shutting down and accepts no new requests; retry (another replica will answer).")
 
 
 def cut_error() -> APIError:
-    return APIError(
-        503,
-        "The server shut down before this answer was complete; retry the request.",
-        "server_error",
-        None,
-        "server_shutting_down",
-        {"Retry-After": str(DRAIN_RETRY_AFTER_S), "Connection": "close"},
-    )
-
-
-class Interruptible:
-    """What a running generation exposes so a drain past its deadline can end it."""
-
-    def interrupt(self, error: APIError) -> None:  # pragma: no cover - the protocol
-        raise NotImplementedError
+    return _shutting_down("The server shut down before this answer was complete; retry the request.")
 
 
 class _Admitted:
@@ -57,9 +44,9 @@ class _Admitted:
 class Drain:
     """Shared by the request handlers (admit, track) and the signal handler (start, wait, cut)."""
 
-    def __init__(self, metrics: ShimMetrics | None = None) -> None:
+    def __init__(self, metrics: ShimMetrics) -> None:
         self.draining = False
-        self._running: set[Interruptible] = set()
+        self._running: set[Any] = set()  # what runs: each has `interrupt(error)`, for a cut
         self._idle = Event()
         self._idle.set()
         self._metrics = metrics
@@ -68,7 +55,7 @@ class Drain:
     def running(self) -> int:
         return len(self._running)
 
-    def admit(self) -> Interruptible:
+    def admit(self) -> _Admitted:
         """Raises the 503 a new generation gets while draining; otherwise a token to `discard`
         once the request has registered its engine calls (no drain may finish in between)."""
         if self.draining:
@@ -77,11 +64,11 @@ class Drain:
         self.add(token)
         return token
 
-    def add(self, job: Interruptible) -> None:
+    def add(self, job: Any) -> None:
         self._running.add(job)
         self._idle.clear()
 
-    def discard(self, job: Interruptible) -> None:
+    def discard(self, job: Any) -> None:
         """Idempotent: a job may end through several paths (stream end, response close)."""
         self._running.discard(job)
         if not self._running:
@@ -89,8 +76,7 @@ class Drain:
 
     def start(self) -> None:
         self.draining = True
-        if self._metrics is not None:
-            self._metrics.draining.set(1)
+        self._metrics.draining.set(1)
 
     def wait_idle(self, timeout_s: float) -> bool:
         """True once nothing runs; False when `timeout_s` passed first."""

@@ -6,14 +6,9 @@ departed client) and cancel every call at once. A drain past its deadline interr
 the next `next` raises the error it was given.
 
 The calls are the engine client's shared ones (`generate_shared`): all of the shim's calls to one
-engine travel on one GenerateMany stream, so the shim receives one gRPC message per engine step
-instead of one per call and step (about 40% less shim CPU at 32 streams, benchmarks/RESULTS.md).
-
-Three other ways to relay were measured and dropped (benchmarks/RESULTS.md, issue 11): native reader
-threads deadlock (grpc's Python-level locks are gevent locks after monkey-patching, and gevent
-locks shared across threads hang); channels single-threaded per call (each stream waiting on its
-own queue in gevent's thread pool) cost more shim CPU per token than the shared channel-spin reader;
-writing responses that arrive together in one SSE write gained nothing measurable.
+engine travel on one GenerateMany stream, one gRPC message per engine step instead of one per call
+and step. The ways to relay that this beat (reader threads, a channel per call, batched SSE writes)
+are measured in benchmarks/RESULTS.md (issue 11).
 """
 
 from __future__ import annotations
@@ -29,26 +24,15 @@ from conduit.v1 import engine_pb2 as pb
 from .errors import APIError, from_engine_error
 
 _END = object()
-_INTERRUPTED = object()
 Item = tuple[int, pb.GenerateResponse]
 
 
-class Idle:
-    """Returned by `next` when nothing arrived within the timeout."""
-
-
-IDLE = Idle()
+IDLE = object()  # what `next` returns when nothing arrived within the timeout
 
 
 class EngineStream:
-    def __init__(
-        self,
-        client: EngineClient,
-        requests: list[pb.GenerateRequest],
-        timeout_s: float | None,
-        metadata: Metadata = (),
-        request_id: str | None = None,
-    ) -> None:
+    def __init__(self, client: EngineClient, requests: list[pb.GenerateRequest], timeout_s: float | None,
+                 metadata: Metadata = (), request_id: str | None = None) -> None:
         """`timeout_s` is each call's deadline; None waits as long as the engine works.
         `request_id` (the HTTP request's) goes into the messages of engine failures."""
         self._queue: Queue = Queue()
@@ -67,7 +51,7 @@ class EngineStream:
         except Exception as error:  # noqa: BLE001 - `next` raises it in the handler (500, logged)
             self._queue.put((prompt_index, error))
 
-    def next(self, timeout_s: float) -> Item | Idle | None:
+    def next(self, timeout_s: float) -> Item | object | None:
         """The next (prompt_index, response); IDLE after timeout_s of silence; None once all calls ended.
 
         Raises APIError when any call fails (the others are cancelled) or the stream was interrupted.
@@ -81,8 +65,6 @@ class EngineStream:
                 return IDLE
             if item is _END:
                 self._open -= 1
-            elif item is _INTERRUPTED:
-                continue
             elif isinstance(item, Exception):
                 self.cancel()
                 if self._interrupted is not None:  # the cancellation we caused, not an engine failure
@@ -97,14 +79,11 @@ class EngineStream:
     def interrupt(self, error: APIError) -> None:
         """Makes the waiting (or next) `next` raise `error`, and cancels the engine calls."""
         self._interrupted = error
-        self._queue.put((-1, _INTERRUPTED))  # wakes a `next` waiting on the queue
+        self._queue.put((-1, error))  # wakes a `next` waiting on the queue
         self.cancel()
 
     def cancel(self) -> None:
-        """Cancels calls still running; the engine stops generating for them within one step.
-
-        The draining greenlets then end by themselves (their iterators raise Cancelled); killing
-        them instead would interrupt grpc's own bookkeeping.
-        """
+        """Cancels calls still running; the engine stops generating for them within one step. The draining
+        greenlets then end by themselves (killing them would interrupt grpc's own bookkeeping)."""
         for stream in self._streams:
             stream.close()

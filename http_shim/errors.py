@@ -39,7 +39,6 @@ class APIError(Exception):
 
 
 def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    """A 400 for bad input, naming the offending parameter the way OpenAI does."""
     return APIError(400, message, "invalid_request_error", param, code)
 
 
@@ -48,6 +47,11 @@ def internal_error_message(message: str, request_id: str | None) -> str:
     if request_id and request_id not in message:
         return f"{message} (request id: {request_id})"
     return message
+
+
+def internal_error(request_id: str | None) -> APIError:
+    message = internal_error_message("The server had an internal error.", request_id)
+    return APIError(500, message, "server_error", None, "internal_error")
 
 
 def model_not_found(model: str, available: Sequence[str] = ()) -> APIError:

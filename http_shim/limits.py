@@ -17,8 +17,7 @@ MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for the legacy completions `logpro
 
 @dataclass(frozen=True)
 class RequestLimits:
-    """The operator's caps on one request (flags --max-tokens-limit, --max-n, ...); each refused as a
-    400 naming the parameter. n and stop cannot exceed the engine's own limits."""
+    """Each cap is refused as a 400 naming the parameter; n and stop cannot exceed the engine's limits."""
 
     # max_tokens / max_completion_tokens, and the default when a request sets neither;
     # None: what the context leaves.

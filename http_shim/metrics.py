@@ -19,67 +19,36 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 class ShimMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self._add_http_metrics()
-        self._add_router_metrics()
-
-    def _add_http_metrics(self) -> None:
         counter, gauge = partial(Counter, registry=self.registry), partial(Gauge, registry=self.registry)
-        self.requests = counter(
-            "conduit:http_requests",
-            "HTTP requests answered, by route, method and status code (streams when they end).",
-            ["route", "method", "status"],
-        )
-        self.duration = Histogram(
-            "conduit:http_request_duration_seconds",
-            "Seconds from a request's arrival to the end of its response (a stream's last byte).",
-            ["route"],
-            buckets=DURATION_BUCKETS,
-            registry=self.registry,
-        )
+        self.requests = counter("conduit:http_requests", "HTTP requests answered, by route, method and status code "
+                                "(streams when they end).", ["route", "method", "status"])
+        self.duration = Histogram("conduit:http_request_duration_seconds", "Seconds from a request's arrival to the "
+                                  "end of its response (a stream's last byte).", ["route"], buckets=DURATION_BUCKETS,
+                                  registry=self.registry)
         self.requests_in_flight = gauge("conduit:http_requests_in_flight", "Requests being answered, streams included.")
         self.streams_in_flight = gauge("conduit:http_streams_in_flight", "Server-sent event streams open.")
-        self.client_disconnects = counter(
-            "conduit:http_client_disconnects",
-            "Clients that left before their answer was complete (their engine calls were cancelled).",
-            ["route"],
-        )
-        self.draining = gauge(
-            "conduit:http_draining", "1 once the shim was asked to stop and refuses new generations, else 0."
-        )
-
-    def _add_router_metrics(self) -> None:
-        """Routing over engine replicas (routing/): only with several engines or a dns:/// target."""
-        counter, gauge = partial(Counter, registry=self.registry), partial(Gauge, registry=self.registry)
+        self.client_disconnects = counter("conduit:http_client_disconnects", "Clients that left before their answer "
+                                          "was complete (their engine calls were cancelled).", ["route"])
+        self.draining = gauge("conduit:http_draining",
+                              "1 once the shim was asked to stop and refuses new generations, else 0.")
+        # Routing over engine replicas (routing/): only with several engines or a dns:/// target.
         self.router_requests = counter(
             "conduit:router_requests",
             "Engine calls routed to each replica, by the policy's reason: cache_hit (followed its prefix), "
             "cache_miss, load_override (its prefix holder was too loaded), least_load, round_robin, unhealthy.",
-            ["replica", "decision"],
-        )
-        self.router_retries = counter(
-            "conduit:router_retries",
-            "Engine calls a replica refused before answering (unavailable, queue full), sent to another.",
-            ["replica"],
-        )
-        self.router_replica_healthy = gauge(
-            "conduit:router_replica_healthy",
-            "1 while the replica is SERVING (ready, not draining, reachable), else 0.",
-            ["replica"],
-        )
-        self.router_replica_load = gauge(
-            "conduit:router_replica_load",
-            "The replica's running and waiting requests as the router weighs them (its last report, "
-            "plus this shim's calls since).",
-            ["replica"],
-        )
-        self.router_replica_kv_blocks = Gauge(
+            ["replica", "decision"])
+        self.router_retries = counter("conduit:router_retries", "Engine calls a replica refused before answering "
+                                      "(unavailable, queue full), sent to another.", ["replica"])
+        self.router_replica_healthy = gauge("conduit:router_replica_healthy", "1 while the replica is SERVING "
+                                            "(ready, not draining, reachable), else 0.", ["replica"])
+        self.router_replica_load = gauge("conduit:router_replica_load", "The replica's running and waiting requests "
+                                         "as the router weighs them (its last report, plus this shim's calls since).",
+                                         ["replica"])
+        self.router_replica_kv_blocks = gauge(
             "conduit:router_replica_kv_blocks",
             "Blocks the replica's prefix cache holds as its KV events say (--routing-prefix-view kv_events; "
             "0 while it publishes none).",
-            ["replica"],
-            registry=self.registry,
-        )
+            ["replica"])
 
     def exposition(self) -> tuple[bytes, str]:
-        """The text exposition format and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

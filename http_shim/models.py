@@ -1,19 +1,18 @@
 """The models the engines serve, as the shim sees them, and where each request for one goes.
 
 One engine address: its one channel answers for every model it lists (nothing to route). Several
-addresses and/or dns:/// targets (`--engine A,B,C`, `--engine dns:///engines:50051`): each address
-(and each one a name resolves to) is a replica of its own (routing/): it says what it serves when
-it becomes ready and whenever the list is refreshed, and each request goes to one of the healthy
-replicas serving its model, picked by the routing policy (cache and load aware by default). A
-replica that does not answer keeps its last known models, so a restarted one gets work again
-without restarting the shim; one never seen yet is listed as soon as it is ready. Every request
-names a model, so the list is cached; replicas becoming ready update it at once.
+addresses and/or dns:/// targets: each address (and each one a name resolves to) is a replica
+(routing/) that says what it serves when it becomes ready and at each refresh; a request goes to a
+healthy replica serving its model, picked by the routing policy. A replica that does not answer
+keeps its last known models, so a restarted one gets work again. The list is cached (every request
+names a model); replicas becoming ready update it at once.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -74,17 +73,10 @@ class ServedModels:
     def _refresh_replicas(self, replicas: list[Replica], wait: bool = False) -> list[ConduitError | None]:
         """Asks the replicas at once (threads: greenlets in the shim), so a dead one delays the rest
         little; `wait`: giving each a moment to become reachable (replica.py)."""
-        errors: list[ConduitError | None] = [None] * len(replicas)
-
-        def ask(index: int, replica: Replica) -> None:
-            errors[index] = replica.refresh_models(wait)
-
-        askers = [threading.Thread(target=ask, args=item, daemon=True) for item in enumerate(replicas)]
-        for asker in askers:
-            asker.start()
-        for asker in askers:
-            asker.join()
-        return errors
+        if not replicas:
+            return []
+        with ThreadPoolExecutor(len(replicas)) as pool:
+            return list(pool.map(lambda replica: replica.refresh_models(wait), replicas))
 
     def _listed(self) -> list[pb.ModelInfo]:
         """Every model a replica lists (or last listed), in the order the replicas were given."""
@@ -102,9 +94,8 @@ class ServedModels:
                 self._models_at = float("-inf")
 
     def route(self, name: str, metadata: Metadata = ()) -> tuple[pb.ModelInfo, EngineClient | RoutedEngine]:
-        """The served model called `name` and the engine client for its calls (over several replicas:
-        one that routes each call); a miss refreshes the cache once (an engine may have restarted
-        or joined)."""
+        """The served model called `name` and the engine client (over replicas: one routing each call) for
+        its calls; a miss refreshes the cache once (an engine may have restarted or joined)."""
         for max_age_s in (MODELS_TTL_S, 1.0):
             for model in self.list(max_age_s, metadata):
                 if model.id == name:
@@ -114,9 +105,6 @@ class ServedModels:
                 # reconnect: the ones away get a moment to answer.
                 self._refresh_replicas([r for r in self._router.pool.replicas() if r.state != SERVING], wait=True)
         raise model_not_found(name, [model.id for model in self.list(metadata=metadata)])
-
-    def resolve(self, name: str, metadata: Metadata = ()) -> pb.ModelInfo:
-        return self.route(name, metadata)[0]
 
     def info(self, name: str, metadata: Metadata = ()) -> pb.ModelInfo:
         """GetModelInfo from an engine that serves `name`, uncached."""

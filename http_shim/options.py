@@ -40,8 +40,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.engine = split_addresses(args.engine or [DEFAULT_ENGINE])
     args.keepalive = keepalive_config(parser, args)
-    args.hardening = {**hardening_config(parser, args), **responses_store_config(parser, args),
-                      **routing_config(parser, args)}
+    args.hardening = {**hardening_config(parser, args), **routing_config(parser, args)}
     return args
 
 
@@ -108,23 +107,14 @@ def add_responses_store_args(parser: EnvArgumentParser) -> None:
                        help="seconds a stored response is kept (default 30 days)")
 
 
-def responses_store_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
-    """ShimConfig fields of the response store; bad bounds end the program with a usage error."""
-    try:
-        limits = StoreLimits(args.responses_store_max, args.responses_store_max_age)
-    except ValueError as error:
-        parser.error(str(error))
-    return {"responses_store_dir": args.responses_store_dir, "responses_store_limits": limits}
-
-
 def add_hardening_args(parser: EnvArgumentParser) -> None:
     """Keys, limits, drain, log format."""
     parser.add_argument("--api-key", action="append", default=[], metavar="KEY",
                         env=(KEYS_ENV, KEY_ENV), env_adds=True,
                         help="require 'Authorization: Bearer KEY' on /v1 routes; repeatable")
     parser.add_argument("--api-key-file", action="append", default=[], metavar="PATH", env_adds=True,
-                        help="file of accepted keys, one per line (blank lines and # comments ignored); repeatable; a file "
-                             "without keys stops the shim at start")
+                        help="file of accepted keys, one per line (blank lines and # comments ignored); repeatable; "
+                             "a file without keys stops the shim at start")
     parser.add_argument("--max-body-bytes", type=int, metavar="N", default=DEFAULT_MAX_BODY_BYTES,
                         help="larger request bodies get 413, chunked ones too")
     limit = DEFAULT_LIMITS
@@ -205,5 +195,10 @@ def hardening_config(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     for origin in args.cors_allow_origin:
         if origin != "*" and not _ORIGIN.fullmatch(origin):
             parser.error(f"--cors-allow-origin {origin!r}: an origin is scheme://host[:port] with no path, or *")
+    try:
+        store_limits = StoreLimits(args.responses_store_max, args.responses_store_max_age)
+    except ValueError as error:
+        parser.error(str(error))
     return {"api_keys": keys, "max_body_bytes": args.max_body_bytes, "limits": limits,
-            "cors": CorsPolicy(tuple(normal_origin(origin) for origin in args.cors_allow_origin))}
+            "cors": CorsPolicy(tuple(normal_origin(origin) for origin in args.cors_allow_origin)),
+            "responses_store_dir": args.responses_store_dir, "responses_store_limits": store_limits}

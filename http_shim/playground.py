@@ -1,13 +1,9 @@
 """The browser playground: a chat page and its assets, served by the shim itself.
 
-GET /playground is the page, GET /playground/<file> its assets (hand-written HTML, CSS and
-JavaScript in the package's playground/ folder: no CDN, no build step), and GET / redirects to
-the page. They stay open when API keys are set (auth.py guards /v1 only): they hold no secret,
-and the page asks for a key when /v1/models answers 401.
-
-Model output reaches the page's DOM only as text (playground/markdown.js builds elements, never
-HTML strings); the Content-Security-Policy is the second line of defence: scripts from this
-origin only, no inline script or style, no requests to other origins.
+GET /playground is the page, GET /playground/<file> its assets (hand-written, in the playground/
+folder: no CDN, no build step), and GET / redirects to the page. They need no API key (the page asks
+for one when /v1/models answers 401). Model output reaches the DOM only as text (markdown.js builds
+elements, never HTML); the Content-Security-Policy is the second line of defence.
 """
 
 from __future__ import annotations

@@ -1,19 +1,17 @@
 """Relays one HTTP request's engine calls to the client: as Server-Sent Events, or collected whole.
 
-Every generation route (OpenAI's chat and legacy completions today; any other API the shim speaks)
-parses its body into engine requests, then hands them here. The relay owns what every route must do
-alike: route the model to its engines, track the stream for the drain, wait briefly for the first
-answer so early failures still get a real HTTP status, write heartbeats while the engine is quiet,
-notice a client that left (and cancel its engine calls), and end a failed stream with an error event.
-What differs by API is how responses become events: an `EventWriter` (which formats the neutral
-events of stream_fold.py).
+Every generation route parses its body into engine requests and hands them here. The relay does what
+every route must do alike: route the model to its engines, track the stream for the drain, wait for
+the first answer so early failures still get a real HTTP status, write heartbeats while the engine is
+quiet, notice a client that left (and cancel its engine calls), and end a failed stream with an error
+event. Each API formats the events (stream_fold.py) with an `EventWriter` of its own.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from flask import Response, request
@@ -24,11 +22,12 @@ from . import sse
 from .connection import client_gone
 from .drain import Drain
 from .engine_stream import IDLE, EngineStream
-from .errors import APIError, internal_error_message
+from .errors import APIError, internal_error
 from .metrics import ShimMetrics
 from .models import ServedModels
 from .observe import REQUEST_ID_KEY, ROUTE_KEY
 from .stream_fold import Collector
+from .web import engine_metadata, request_id
 
 log = logging.getLogger("http_shim")
 
@@ -41,40 +40,26 @@ class EventWriter(Protocol):
 
     def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[bytes]: ...
 
-    def finish(self) -> list[bytes]:
-        """The events that end a complete answer."""
-        ...
+    def finish(self) -> list[bytes]: ...  # the events that end a complete answer
 
-    def fail(self, error: APIError) -> list[bytes]:
-        """The events that end a stream the engine (or a drain, or a bug) cut short."""
-        ...
+    def fail(self, error: APIError) -> list[bytes]: ...  # ... and a stream the engine, a drain or a bug cut short
 
 
 class Relay:
-    def __init__(
-        self,
-        models: ServedModels,
-        drain: Drain,
-        metrics: ShimMetrics,
-        heartbeat_s: float,
-        request_timeout_s: float | None,
-        metadata: Callable[[], Sequence[tuple[str, str]]],
-    ) -> None:
-        """`metadata()` gives the gRPC metadata of the current HTTP request's engine calls."""
+    def __init__(self, models: ServedModels, drain: Drain, metrics: ShimMetrics, heartbeat_s: float,
+                 request_timeout_s: float | None) -> None:
         self._models = models
         self._drain = drain
         self._metrics = metrics
         self._heartbeat_s = heartbeat_s
         self._timeout_s = request_timeout_s
-        self._metadata = metadata
 
     def open(self, model: str, requests: list[pb.GenerateRequest]) -> tuple[str, EngineStream]:
         """Starts the engine calls on the engines serving `model`; returns the model's id and the
         stream, which the drain tracks until `close` (which `sse` and `collect` call)."""
-        metadata = list(self._metadata())
+        metadata = engine_metadata()
         info, engine = self._models.route(model, metadata=metadata)
-        request_id = request.environ.get(REQUEST_ID_KEY, "")
-        stream = EngineStream(engine, requests, self._timeout_s, metadata, request_id)
+        stream = EngineStream(engine, requests, self._timeout_s, metadata, request_id())
         self._drain.add(stream)  # until its last byte: a drain waits for it, or cuts it at the deadline
         return info.id, stream
 
@@ -118,7 +103,8 @@ class Relay:
             self.close(stream)
         return collected
 
-    def _events(self, stream: EngineStream, first: Any, writer: EventWriter, environ: dict[str, Any]) -> Iterator[bytes]:
+    def _events(self, stream: EngineStream, first: Any, writer: EventWriter,
+                environ: dict[str, Any]) -> Iterator[bytes]:
         """The SSE body. The finally clause runs when the client leaves (the failed write closes
         this generator), and cancels the engine calls so generation stops."""
         last_write = time.monotonic()
@@ -144,9 +130,8 @@ class Relay:
             yield from writer.fail(error)
         except Exception:
             log.exception("internal error while streaming")
-            message = internal_error_message("The server had an internal error.", environ.get(REQUEST_ID_KEY))
             ended = True
-            yield from writer.fail(APIError(500, message, "server_error", None, "internal_error"))
+            yield from writer.fail(internal_error(environ.get(REQUEST_ID_KEY)))
         finally:
             self._metrics.streams_in_flight.dec()
             if not ended:

@@ -1,11 +1,8 @@
 """Serving the app on gevent's WSGIServer, and stopping it gracefully.
 
-SIGTERM or SIGINT starts a drain (drain.py): /health and new generations answer 503 at once,
-running generations finish, then the server stops and the process exits 0. Past `drain_s` the
-generations still running are cut (each ends with an OpenAI error, a stream without [DONE]); a
-second signal cuts them at once (Ctrl-C twice, or a launcher escalating SIGINT to SIGTERM).
-Reading a request is bounded in time and the connections served at once in number, so slow
-senders cannot hold the server (connection.py).
+SIGTERM or SIGINT starts a drain (drain.py); once running generations finished the server stops and
+the process exits 0. Past `drain_s` those still running are cut; a second signal cuts them at once
+(Ctrl-C twice, or a launcher escalating SIGINT to SIGTERM).
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ from .observe import ObservedApp
 log = logging.getLogger("http_shim.server")
 
 DEFAULT_DRAIN_S = 30.0
-# Reading one request (line, headers, body) may take this long (connection.py): a slow sender
-# cannot hold a connection. Writing the response has no bound.
+# Reading one request (line, headers, body) may take this long (connection.py).
 DEFAULT_READ_TIMEOUT_S = 30.0
 # Connections served at once (each SSE stream holds one); more wait in the listen backlog until
 # one closes. Under the usual limit of 1024 open files, with room for the engine channels.

@@ -22,8 +22,7 @@ from .errors import APIError
 
 
 class Finish(StrEnum):
-    """Why a choice ended; each API names it in a table of its own. A choice the engine gave no
-    reason for stopped (every API says so today)."""
+    """Why a choice ended (each API names it in a table of its own); a choice given no reason stopped."""
 
     STOP = "stop"
     LENGTH = "length"
@@ -38,9 +37,6 @@ class Finish(StrEnum):
     def of(cls, value: int) -> Finish:
         """From the proto's FinishReason."""
         return cls.named(finish_reason_name(value))
-
-
-# ------------------------------------------------------------------ events
 
 
 class Event:
@@ -98,9 +94,6 @@ class StreamEnd(Event):  # the whole answer is complete; usage counts every prom
 class StreamFailed(Event):  # cut short by the engine, a drain or a bug; usage counts what was generated
     error: APIError
     usage: Usage
-
-
-# ------------------------------------------------------------------ the fold
 
 
 class UsageTally:
@@ -174,9 +167,6 @@ class StreamFold:
             started.add(index)
             out.append(ToolCallStart(p, choice, index, call_id or new_tool_call_id(), name))
         return out + [ToolCallArguments(p, choice, index, arguments)]
-
-
-# ------------------------------------------------------------------ whole answers
 
 
 class Collector:

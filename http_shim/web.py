@@ -12,7 +12,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from conduit.v1.contract import REQUEST_ID_METADATA_KEY
 
 from .connection import ABANDON_BODY_KEY, READ_DONE_KEY, request_timeout_error
-from .errors import APIError
+from .errors import invalid
 from .observe import REQUEST_ID_KEY
 
 
@@ -54,28 +54,18 @@ def read_body() -> dict:
     try:
         body = json.loads(_read_bytes(current_app.config["MAX_CONTENT_LENGTH"]))
     except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, absurd nesting
-        raise APIError(
-            400, "We could not parse the JSON body of your request.", "invalid_request_error", None, "invalid_json"
-        ) from None
+        raise invalid("We could not parse the JSON body of your request.", code="invalid_json") from None
     g.body = check_body(body)
     return g.body
 
 
 def check_body(body: Any) -> dict:
-    """The request body must be a JSON object whose strings are valid Unicode.
-
-    JSON escapes can spell lone surrogates ("\\ud800"), which protobuf strings cannot hold.
-    """
+    """The request body must be a JSON object whose strings are valid Unicode: JSON escapes can spell
+    lone surrogates ("\\ud800"), which protobuf strings cannot hold."""
     if not isinstance(body, dict):
-        raise APIError(400, "The request body must be a JSON object.", "invalid_request_error", None, "invalid_json")
+        raise invalid("The request body must be a JSON object.", code="invalid_json")
     try:
         json.dumps(body, ensure_ascii=False).encode()
     except UnicodeEncodeError:
-        raise APIError(
-            400,
-            "The request body contains invalid Unicode (a lone surrogate).",
-            "invalid_request_error",
-            None,
-            "invalid_json",
-        ) from None
+        raise invalid("The request body contains invalid Unicode (a lone surrogate).", code="invalid_json") from None
     return body
