@@ -213,7 +213,7 @@ def run_context(
     args: argparse.Namespace, host: dict[str, object], argv: list[str] | None, engine_info: str
 ) -> dict[str, object]:
     """What a reader needs to reproduce the figures."""
-    packages = ("torch", "transformers", "grpcio", "openai")
+    packages = ("torch", "transformers", "grpcio", "aiohttp")
     versions = ", ".join(f"{name} {_version(name)}" for name in packages)
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

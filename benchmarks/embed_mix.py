@@ -65,7 +65,7 @@ async def run(stack: Stack, args: argparse.Namespace) -> list[dict]:
     await target.open()
     deadline = time.monotonic() + 60  # on a loaded machine the shim may not have heard from both engines yet
     while True:
-        ids = [m.id for m in (await target.client.models.list()).data]  # type: ignore[union-attr]
+        ids = await target.model_ids()
         chat_models = [i for i in ids if i != EMBEDDING_MODEL]
         if chat_models and EMBEDDING_MODEL in ids:
             break

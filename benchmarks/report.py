@@ -260,15 +260,15 @@ def results_document(stats: list[LevelStats], prefix: list[PrefixStats], context
         "each figure's median over them, and each ratio is taken within a repeat and shown as the "
         "median, range and every repeat's value (reqs and failed: totals over the repeats). A target "
         "counts as met when the median meets it.",
-        "- `shim`: openai SDK -> http_shim -> engine. `grpc`: grpc.aio -> engine `Generate` "
-        "(no shim). `peer`: openai SDK -> llama-server. All servers are up for the whole run, "
+        "- `shim`: aiohttp reading SSE -> http_shim -> engine. `grpc`: grpc.aio -> engine `Generate` "
+        "(no shim). `peer`: the same aiohttp client -> llama-server. All servers are up for the whole run, "
         "idle but for the one being measured; the targets take turns within each level, in reverse order every other repeat.",
         "- tok/s: completion tokens (from the usage chunk / Final) over the level's wall time. "
         "TTFT: send to first text chunk. ITL: gaps between text chunks. CPU columns: CPU time "
         "over wall time (100 = one core) of the load generator, of the server under test "
         "(shim + engine for `shim`; of which the shim's own process), and of everything else on the "
         "machine (high = skewed). On a machine the engine fills, the shim's cost is about the shim's "
-        "CPU plus the openai client's extra over the gRPC client's, taken from the engine.",
+        "CPU plus the HTTP client's extra over the gRPC client's, taken from the engine.",
         f"- Prefix cache: {context['prefix_samples']} pairs per target, one request at a time: a cold "
         "request with a fresh random 1,000-token system prompt (`long_system_prompt`, never seen "
         "before), then a warm one with the same system prompt and another question; max_tokens "

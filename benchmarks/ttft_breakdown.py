@@ -160,7 +160,7 @@ def breakdown(f: dict[str, float]) -> list[tuple[str, float]]:
     """The shim TTFT cut into stages (medians of each, so the sum is close to, not exactly, the
     median TTFT)."""
     return [
-        ("shim (HTTP, JSON, SSE, openai SDK)", f["shim TTFT outside the engine"] - f["gRPC TTFT outside the engine"]),
+        ("shim (HTTP, JSON, SSE, the HTTP client)", f["shim TTFT outside the engine"] - f["gRPC TTFT outside the engine"]),
         ("gRPC round trip", f["round trip (ListModels)"]),
         ("chat template + tokenization", f["Tokenize call"] - f["round trip (ListModels)"]),
         ("engine servicer (submit, grammar hop, encode, hand-off)",
