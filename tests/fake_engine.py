@@ -320,7 +320,7 @@ class FakeEngineServer(BackgroundServer):
         super().stop(grace)
 
 
-def _first_line(process: subprocess.Popen, timeout_s: float) -> str:
+def first_line(process: subprocess.Popen, timeout_s: float) -> str:
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: lines.put(process.stdout.readline()), daemon=True).start()
     try:
@@ -334,7 +334,7 @@ def start_fake_engine_process(port: int = 0, timeout_s: float = 30.0) -> tuple[f
     """This fake as a process of its own (so a test can SIGKILL or SIGSTOP it), forked from one that has
     imported it (forked.py); returns it and its address."""
     process = forked.start("fake_engine", ["--port", str(port)], dict(os.environ), REPO_ROOT)
-    line = _first_line(process, timeout_s)
+    line = first_line(process, timeout_s)
     match = re.search(r"listening on (127\.0\.0\.1:\d+)", line)
     if not match:
         process.kill()
@@ -354,7 +354,7 @@ def start_shim(
     captures its logs (read them after it exits); `env` adds variables."""
     argv = ["--engine", engine_address, "--host", "127.0.0.1", "--port", "0", *extra_args]
     process = forked.start("http_shim", argv, {**os.environ, **(env or {})}, REPO_ROOT, stderr)
-    line = _first_line(process, timeout_s)
+    line = first_line(process, timeout_s)
     match = re.search(r"http://[\d.]+:(\d+)", line)
     if not match:
         process.kill()

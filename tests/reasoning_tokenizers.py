@@ -33,7 +33,7 @@ V31_TEMPLATE = (
 )
 
 
-def _package_file(dist: str, suffix: str) -> Path:
+def package_file(dist: str, suffix: str) -> Path:
     for f in importlib.metadata.distribution(dist).files or []:
         if str(f).endswith(suffix):
             return Path(f.locate())
@@ -77,7 +77,7 @@ def r1_distill_tokenizer():
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    header = {key: val for key, _, val in _gguf_header(_package_file(R1_PART, "model_part_0000"))}
+    header = {key: val for key, _, val in _gguf_header(package_file(R1_PART, "model_part_0000"))}
     tokens, types = header["tokenizer.ggml.tokens"][1], header["tokenizer.ggml.token_type"][1]
     merges = [tuple(m.split(" ", 1)) for m in header["tokenizer.ggml.merges"][1]]
     backend = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
@@ -98,7 +98,7 @@ def v4_tokenizer():
     """DeepSeek-V4's tokenizer, with V31_TEMPLATE as its chat template."""
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(_package_file(V4_PACKAGE, "tokenizer.json")),
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(package_file(V4_PACKAGE, "tokenizer.json")),
                                         bos_token="<｜begin▁of▁sentence｜>", eos_token="<｜end▁of▁sentence｜>")
     tokenizer.chat_template = V31_TEMPLATE
     return tokenizer

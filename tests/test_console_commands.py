@@ -25,7 +25,7 @@ import pytest
 
 from launcher import stack as launch
 from engine_service import __main__ as engine_main
-from fake_engine import MODEL_ID, _first_line, stop_process
+from fake_engine import MODEL_ID, first_line, stop_process
 from http_shim import options as shim_options
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -197,7 +197,7 @@ def test_installed_shim_serves_configured_by_its_environment(installed, tmp_path
     process = subprocess.Popen([str(installed / "conduit-shim")], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                text=True)
     try:
-        line = _first_line(process, 60)
+        line = first_line(process, 60)
         match = re.search(r"listening on (http://127\.0\.0\.1:\d+) \(engine (\S+)\)", line)
         assert match and match.group(2) == fake.address, line
         models = f"{match.group(1)}/v1/models"

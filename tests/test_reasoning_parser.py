@@ -177,10 +177,10 @@ def test_tool_calls_are_read_from_the_answer_only():
 def test_markers_that_are_special_tokens_are_found_by_their_ids():
     """Magistral's [THINK]/[/THINK] are control tokens, which the detokenizer skips: the split must
     still see them. Here V4's tokenizer with its think tokens made special stands in for one."""
-    from reasoning_tokenizers import V4_PACKAGE, _package_file
+    from reasoning_tokenizers import V4_PACKAGE, package_file
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(_package_file(V4_PACKAGE, "tokenizer.json")),
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(package_file(V4_PACKAGE, "tokenizer.json")),
                                         eos_token="<｜end▁of▁sentence｜>")
     tokenizer.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
     tokenizer.chat_template = "<think></think>"
