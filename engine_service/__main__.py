@@ -156,6 +156,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_model_path(args.model)
         tokens = collect_tokens(args.auth_token, args.auth_token_file)  # --auth-token holds the variable's too
         args.security = ServerSecurity(tokens, args.tls_cert, args.tls_key, args.tls_client_ca)
         args.security.credentials()  # read the files now: a bad path fails here, not at serve time
@@ -170,6 +171,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     return args
+
+
+def check_model_path(spec: str | None) -> None:
+    """A --model written as a path (or a .gguf file) must exist. A missing one would be taken for a hub
+    id and fail only after torch and transformers load, in a hub library's traceback."""
+    if spec and (spec.startswith(("/", "./", "../", "~")) or spec.endswith(".gguf")):
+        if not Path(spec).expanduser().exists():
+            raise FileNotFoundError(f"--model {spec}: no such file or folder")
 
 
 def main() -> None:

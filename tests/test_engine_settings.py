@@ -53,6 +53,9 @@ def test_the_config_checks_the_same_bounds() -> None:
     (["--block-size", "0"], {}, "argument --block-size: must be from 1 to"),
     ([], {"CONDUIT_MAX_BATCH_SIZE": "0"}, "CONDUIT_MAX_BATCH_SIZE: must be from 1 to"),
     (["--max-batch-size", "64", "--max-step-tokens", "32"], {}, "must be at least max_batch_size"),
+    # A missing model path is not taken for a hub id (a hub traceback once torch and transformers loaded).
+    (["--model", "/no/such/model"], {}, "--model /no/such/model: no such file or folder"),
+    (["--model", "missing.gguf"], {}, "--model missing.gguf: no such file or folder"),
 ])
 def test_the_engine_refuses_to_start_with_a_setting_out_of_bounds(argv, env, message) -> None:
     done = subprocess.run([sys.executable, "-m", "engine_service", "--port", "0", *argv], cwd=REPO_ROOT,
