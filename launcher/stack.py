@@ -516,7 +516,7 @@ def _ready_banner(stack: Stack, model_id: str, metrics_port: int = 0) -> str:
             f"Try:\n"
             f"  curl {stack.base_url}/chat/completions -H 'Content-Type: application/json' \\\n"
             f"    -d '{body}'\n"
-            f"Ctrl-C stops {'both' if len(stack.engine_ports) == 1 else 'them all'}.")
+            f"Ctrl-C stops {'both' if len(stack.engine_ports) == 1 and not stack.embedding_model else 'them all'}.")
 
 
 if __name__ == "__main__":
