@@ -33,6 +33,7 @@ class KvIndex:
 
     def __init__(self) -> None:
         self.block_size = 0  # learned from the first stored block
+        self.live = False  # while a stream of the engine's events keeps it in step (kv_feed.py)
         self._keys: dict[int, int] = {}  # the engine's block name -> the prefix key here
         self._held: Counter[int] = Counter()  # prefix key -> engine blocks holding it
         self._expected: OrderedDict[int, float] = OrderedDict()  # prefix key -> until when, oldest first

@@ -92,7 +92,7 @@ class ReplicaPool:
             if address in self._replicas:
                 return
             client = self._connect(address, server_name) if server_name else self._connect(address)
-            replica = Replica(address, client, self._on_change, self._kv_events)
+            replica = Replica(address, client, self._kv_events)
             self._replicas[address] = replica
             self._owners[address] = owner
         log.info("engine replica %s added%s", address, f" ({owner})" if owner else "")

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-
 import grpc
 
 from clients.engine_client import EngineClient
 from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
 
-from .kv_feed import KvFeed
+from . import kv_feed
+from .kv_index import KvIndex
 from .prefix import PrefixIndex
 
 log = logging.getLogger("http_shim.routing")
@@ -35,30 +34,27 @@ LIST_TIMEOUT_S = 2.0
 
 
 class Replica:
-    def __init__(self, address: str, client: EngineClient,
-                 on_change: Callable[[Replica], None] = lambda replica: None, kv_events: bool = False) -> None:
-        """`on_change(replica)` is called (on the watcher's thread) when its state or models change;
-        `kv_events`: follow the engine's KV events (`kv`), where it publishes them."""
+    def __init__(self, address: str, client: EngineClient, kv_events: bool = False) -> None:
+        """`kv_events`: follow the engine's KV events (`kv`, kv_feed.py), where it publishes them."""
         self.address = address
         self.client = client
         self.state = UNREACHABLE
         self.report: pb.LoadReport | None = None
         self.models: list[pb.ModelInfo] = []  # as last listed; kept while it is away
         self.prefixes = PrefixIndex()
-        self.kv = KvFeed(address, client) if kv_events else None
+        self.kv = KvIndex() if kv_events else None
         self.inflight = 0  # this shim's calls running there
         self._delta = 0  # this shim's calls started minus ended since the last report
-        self._on_change = on_change
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # it retired: its watcher and KV feed end
         self.polled = threading.Event()  # set once its first poll (and listing) is done
         self.retired = False
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._watch, name=f"replica-{address}", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        threading.Thread(target=self._watch, name=f"replica-{self.address}", daemon=True).start()
         if self.kv is not None:
-            self.kv.start()
+            threading.Thread(target=kv_feed.follow, args=(self.address, self.client, self.kv, self._stop),
+                             name=f"kv-events-{self.address}", daemon=True).start()
 
     @property
     def load(self) -> int:
@@ -91,8 +87,6 @@ class Replica:
         """It left the set: no more polls, and its channel closes once the calls running there have ended."""
         self.retired = True
         self._stop.set()
-        if self.kv is not None:
-            self.kv.stop()
         self.state = UNREACHABLE
         with self._lock:
             idle = not self.inflight
@@ -146,4 +140,3 @@ class Replica:
         if state == UNREACHABLE:
             self.prefixes.clear()  # a restarted engine starts with an empty cache
         self.state = state
-        self._on_change(self)

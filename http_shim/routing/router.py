@@ -23,6 +23,7 @@ from clients.engine_client import EngineClient, Metadata
 from clients.errors import ConduitError, from_status
 from conduit.v1 import engine_pb2 as pb
 
+from ..metrics import ShimMetrics
 from .policies import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, CacheAware, Choice, View, make_policy
 from .pool import ReplicaPool
 from .replica import SERVING, UNREACHABLE, Replica
@@ -52,10 +53,10 @@ class RoutingConfig:
 
 class Router:
     def __init__(self, targets: Sequence[str], connect: Callable[..., EngineClient], config: RoutingConfig,
-                 metrics: Any = None) -> None:
-        """`metrics`: the shim's (metrics.py), whose router_* metrics this keeps; None: none kept."""
+                 metrics: ShimMetrics | None = None) -> None:
+        """`metrics`: the shim's, whose router_* metrics this keeps; None: kept in a registry nobody reads."""
         self._policy = make_policy(config.policy, config.balance_abs, config.balance_rel)
-        self._metrics = metrics
+        self.metrics = metrics or ShimMetrics()
         self._lock = threading.Lock()
         self._engines: dict[str, RoutedEngine] = {}  # by model: a listed one
         # Only cache_aware reads prefixes: the others follow no events.
@@ -89,8 +90,7 @@ class Router:
             else:
                 choice = self._policy.choose(healthy, prefix.text)
             choice.replica.prefixes.add(prefix.text)
-        if self._metrics is not None:
-            self._metrics.router_requests.labels(choice.replica.address, choice.reason).inc()
+        self.metrics.router_requests.labels(choice.replica.address, choice.reason).inc()
         return choice
 
     def _token_blocks(self, healthy: list[Replica], prefix: RequestPrefix) -> list[int] | None:
@@ -98,24 +98,18 @@ class Router:
         replica following its engine's events with one block size; else None (the text view)."""
         if not self._kv_events or len(healthy) < 2 or not all(r.kv is not None and r.kv.live for r in healthy):
             return None
-        sizes = {replica.kv.index.block_size or (replica.report.block_size if replica.report else 0)
+        sizes = {replica.kv.block_size or (replica.report.block_size if replica.report else 0)
                  for replica in healthy}
         if len(sizes) != 1 or 0 in sizes:
             return None
         return prefix.token_blocks(min(healthy, key=lambda replica: replica.load).client, sizes.pop())
 
-    def retried(self, replica: Replica) -> None:
-        if self._metrics is not None:
-            self._metrics.router_retries.labels(replica.address).inc()
-
     def _replica_changed(self, replica: Replica) -> None:
         """Its gauges read it when scraped, from its arrival until it is retired."""
-        if self._metrics is None:
-            return
-        gauges = [(self._metrics.router_replica_healthy, lambda: replica.state == SERVING),
-                  (self._metrics.router_replica_load, lambda: replica.load)]
+        gauges = [(self.metrics.router_replica_healthy, lambda: replica.state == SERVING),
+                  (self.metrics.router_replica_load, lambda: replica.load)]
         if replica.kv is not None:
-            gauges.append((self._metrics.router_replica_kv_blocks, lambda: len(replica.kv.index)))
+            gauges.append((self.metrics.router_replica_kv_blocks, lambda: len(replica.kv)))
         for gauge, read in gauges:
             if replica.retired:
                 gauge.remove(replica.address)
@@ -123,59 +117,55 @@ class Router:
                 gauge.labels(replica.address).set_function(read)
 
 
-kv_view: View = attrgetter("kv.index")
-
-
-class _OnReplica:
-    """One attempt of a routed call: the replica counts it as running until it ends."""
-
-    def __init__(self, replica: Replica, call: Attempt) -> None:
-        self.replica = replica
-        self._call = call
-        self._running = True
-
-    def __next__(self) -> pb.GenerateResponse:
-        try:
-            return next(self._call)
-        except (StopIteration, ConduitError) as end:
-            if self._running:
-                self._running = False
-                self.replica.call_ended()
-            if isinstance(end, ConduitError) and end.code == grpc.StatusCode.UNAVAILABLE:
-                # Its connection died (keepalive) or it refused: no new work there until a poll says otherwise.
-                self.replica.suspect()
-            raise
-
-    def close(self) -> None:
-        self._call.close()
+kv_view: View = attrgetter("kv")
 
 
 class _Routed:
-    """Where one call's attempts go: a replica the router picks, and after a refusal before any
-    answer (_RETRY_ELSEWHERE) another one serving the model, until none is left."""
+    """One routed call: where its attempts go (a replica the router picks, and after a refusal before any
+    answer, _RETRY_ELSEWHERE, another one serving the model, until none is left), and the attempt running,
+    which its replica counts as running until it ends."""
 
     def __init__(self, router: Router, call: RequestPrefix) -> None:
         self._router = router
         self._call = call  # the request, its model and metadata, and its prefix kept over the attempts
-        self._tried: list[Replica] = []
+        self._tried: list[Replica] = []  # the last one runs the attempt
+        self._attempt: Attempt | None = None
+        self._running = False
 
-    def start(self, timeout_s: float | None) -> _OnReplica | None:
+    def start(self, timeout_s: float | None) -> _Routed | None:
         choice = self._router.choose(self._call, self._tried)
         if choice is None:
             if not self._tried:
                 raise from_status(grpc.StatusCode.UNAVAILABLE, f"no engine replica serves {self._call.model!r}")
             return None
-        replica = choice.replica
-        self._tried.append(replica)
-        replica.call_started()
+        self._tried.append(choice.replica)
+        choice.replica.call_started()
+        self._running = True
         # On the replica's GenerateMany stream, not retried there: the router owns a routed call's retries.
-        return _OnReplica(replica, replica.client.generate_shared(self._call.request, timeout=timeout_s,
-                                                                  metadata=self._call.metadata, retries=False))
+        self._attempt = choice.replica.client.generate_shared(self._call.request, timeout=timeout_s,
+                                                              metadata=self._call.metadata, retries=False)
+        return self
 
-    def retry(self, failed: _OnReplica, error: ConduitError) -> bool:
+    def __next__(self) -> pb.GenerateResponse:
+        try:
+            return next(self._attempt)
+        except (StopIteration, ConduitError) as end:
+            replica = self._tried[-1]
+            if self._running:
+                self._running = False
+                replica.call_ended()
+            if isinstance(end, ConduitError) and end.code == grpc.StatusCode.UNAVAILABLE:
+                # Its connection died (keepalive) or it refused: no new work there until a poll says otherwise.
+                replica.suspect()
+            raise
+
+    def close(self) -> None:
+        self._attempt.close()
+
+    def retry(self, failed: Attempt, error: ConduitError) -> bool:
         if error.code not in _RETRY_ELSEWHERE:
             return False
-        self._router.retried(failed.replica)
+        self._router.metrics.router_retries.labels(self._tried[-1].address).inc()
         return True
 
 
