@@ -56,7 +56,8 @@ class ReplicaPool:
     def __init__(self, targets: Sequence[str], connect: Callable[..., EngineClient],
                  on_change: Callable[[Replica], None] = lambda replica: None, kv_events: bool = False) -> None:
         """`connect(address)` makes a replica's client; for an address a name resolved to, `connect(address,
-        name)`: the name its TLS certificate carries. `kv_events`: each replica follows its engine's."""
+        name)`: the name its TLS certificate carries. `on_change(replica)`: one joined or retired. `kv_events`:
+        each replica follows its engine's."""
         self._connect = connect
         self._kv_events = kv_events
         self._on_change = on_change

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+
 import grpc
 
 from clients.engine_client import EngineClient
