@@ -93,7 +93,7 @@ class CacheAware(LeastLoad):
 
 
 def make_policy(name: str, balance_abs: int = DEFAULT_BALANCE_ABS,
-                balance_rel: float = DEFAULT_BALANCE_REL) -> RoundRobin | LeastLoad | CacheAware:
+                balance_rel: float = DEFAULT_BALANCE_REL) -> RoundRobin:
     if name == "round_robin":
         return RoundRobin()
     if name == "least_load":
