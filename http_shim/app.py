@@ -21,6 +21,7 @@ from .context import ShimContext
 from .cors import CorsPolicy, install_cors
 from .drain import Drain
 from .embeddings import register_embeddings
+from .embeddings.routes import EMBEDDINGS_ROUTE
 from .errors import APIError, from_engine_error, internal_error
 from .limits import DEFAULT_LIMITS, RequestLimits
 from .messages import is_anthropic_request, register_messages
@@ -43,6 +44,8 @@ log = logging.getLogger("http_shim")
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 _GENERATION_ROUTES = (*OPENAI_ROUTES, RESPONSES_ROUTE, *MESSAGES_ROUTES)
+# What a draining shim refuses (503) and waits for.
+_ADMITTED_ROUTES = (*_GENERATION_ROUTES, EMBEDDINGS_ROUTE)
 
 
 @dataclass
@@ -160,7 +163,7 @@ def _install_hooks(app: Flask, ctx: ShimContext, keys: BearerSecrets) -> None:
 
     @app.before_request
     def refuse_while_draining() -> None:
-        if request.path in _GENERATION_ROUTES:
+        if request.path in _ADMITTED_ROUTES:
             g.admitted = ctx.drain.admit()
 
     @app.teardown_request
