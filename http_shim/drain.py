@@ -25,7 +25,7 @@ REFUSED = "The server is shutting down and accepts no new requests; retry (anoth
 CUT = "The server shut down before this answer was complete; retry the request."
 
 
-def shutting_down(message: str) -> APIError:
+def _shutting_down(message: str) -> APIError:
     headers = {"Retry-After": str(DRAIN_RETRY_AFTER_S), "Connection": "close"}
     return APIError(503, message, "server_error", None, "server_shutting_down", headers)
 
@@ -55,7 +55,7 @@ class Drain:
         """Raises the 503 a new generation gets while draining; otherwise a token to `discard`
         once the request has registered its engine calls (no drain may finish in between)."""
         if self.draining:
-            raise shutting_down(REFUSED)
+            raise _shutting_down(REFUSED)
         token = _Admitted()
         self.add(token)
         return token
@@ -82,5 +82,5 @@ class Drain:
         """Ends every running generation with the CUT error; returns how many there were."""
         jobs = list(self._running)
         for job in jobs:
-            job.interrupt(shutting_down(CUT))
+            job.interrupt(_shutting_down(CUT))
         return len(jobs)
