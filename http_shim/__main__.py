@@ -31,12 +31,20 @@ from collections.abc import Callable, Sequence  # noqa: E402
 
 from clients.engine_client import EngineClient  # noqa: E402
 
-from .app import ENGINE_CHANNEL_OPTIONS, ShimConfig, create_app  # noqa: E402
+from .app import create_app  # noqa: E402
 from conduit_common.cli import prog_name  # noqa: E402
 from conduit_common.logs import configure_logging  # noqa: E402
 from .options import parse_args  # noqa: E402
 from .responses import StoreError  # noqa: E402
 from .server import serve  # noqa: E402
+
+# The shim's channel retries a lost engine at least this often (gRPC's default backoff grows to
+# two minutes), so it serves again within seconds of the engine's return.
+ENGINE_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
 
 
 def _engine_connector(args: argparse.Namespace) -> Callable[[str | Sequence[str]], EngineClient]:
@@ -55,20 +63,14 @@ def _engine_connector(args: argparse.Namespace) -> Callable[[str | Sequence[str]
 
 
 def main() -> None:
-    args = parse_args()  # every flag and its environment variable (options.py)
+    args = parse_args()  # every flag and its environment variable, and the ShimConfig they give (options.py)
     configure_logging(args.log_level, args.log_format)
-    config = ShimConfig(
-        engine=args.engine[0] if len(args.engine) == 1 else args.engine,
-        heartbeat_s=args.heartbeat_interval,
-        request_timeout_s=args.request_timeout or None,
-        **args.hardening,
-    )
 
     def listening(port: int) -> None:
         print(f"http_shim listening on http://{args.host}:{port} (engine {','.join(args.engine)})", flush=True)
 
     try:
-        app = create_app(config, _engine_connector(args))
+        app = create_app(args.config, _engine_connector(args))
     except StoreError as error:  # one line, as a usage error: the fix is a flag, not in a traceback
         print(f"{prog_name('conduit-shim', 'http_shim')}: error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
-from clients.engine_client import EngineClient
 from clients.errors import ConduitError
+from conduit_common.bearer import BearerSecrets
 
-from .auth import KeyChecker
 from .connection import ABANDON_BODY_KEY
 from .context import ShimContext
 from .cors import CorsPolicy, install_cors
 from .drain import Drain
 from .embeddings import register_embeddings
+from .embeddings.routes import EMBEDDINGS_ROUTE
 from .errors import APIError, from_engine_error, internal_error
 from .limits import DEFAULT_LIMITS, RequestLimits
 from .messages import is_anthropic_request, register_messages
@@ -43,14 +43,9 @@ from .web import json_response, request_id
 log = logging.getLogger("http_shim")
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-# The shim's channel retries a lost engine at least this often (gRPC's default backoff grows to
-# two minutes), so it serves again within seconds of the engine's return.
-ENGINE_CHANNEL_OPTIONS = (
-    ("grpc.initial_reconnect_backoff_ms", 250),
-    ("grpc.min_reconnect_backoff_ms", 250),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-)
 _GENERATION_ROUTES = (*OPENAI_ROUTES, RESPONSES_ROUTE, *MESSAGES_ROUTES)
+# What a draining shim refuses (503) and waits for.
+_ADMITTED_ROUTES = (*_GENERATION_ROUTES, EMBEDDINGS_ROUTE)
 
 
 @dataclass
@@ -75,11 +70,6 @@ class ShimConfig:
     routing: RoutingConfig = RoutingConfig()
 
 
-def connect_engine(target: str | Sequence[str], server_name: str | None = None) -> EngineClient:
-    """A plaintext engine client (so `server_name`, a TLS certificate's name, plays no part)."""
-    return EngineClient(target, options=ENGINE_CHANNEL_OPTIONS)
-
-
 def _error(error: APIError) -> Response:
     """In the shape the client's API uses: OpenAI's, or Anthropic's (its routes, its SDKs)."""
     if is_anthropic_request():
@@ -87,7 +77,7 @@ def _error(error: APIError) -> Response:
     return json_response(error.body(), error.status, error.headers)
 
 
-def create_app(config: ShimConfig, connect: Connect = connect_engine) -> ObservedApp:
+def create_app(config: ShimConfig, connect: Connect) -> ObservedApp:
     """`connect` makes the engine clients (one per engine address: see models.py), e.g. with credentials."""
     app = Flask("http_shim")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
@@ -98,12 +88,12 @@ def create_app(config: ShimConfig, connect: Connect = connect_engine) -> Observe
     drain = Drain(metrics)
     relay = Relay(models, drain, metrics, config.heartbeat_s, config.request_timeout_s)
     ctx = ShimContext(relay, models, drain, metrics, config.limits, config.request_timeout_s, int(time.time()))
-    keys = KeyChecker(config.api_keys)
+    keys = BearerSecrets(config.api_keys)  # the API keys (auth.py)
     _install_error_mapping(app, ctx, config.max_body_bytes)
     _install_hooks(app, ctx, keys)
     store_dir = default_store_dir() if config.responses_store_dir is None else config.responses_store_dir
     store = ResponseStore(store_dir, config.responses_store_limits) if store_dir else None
-    register_service(app, ctx, openapi_document(config.limits, keys.enabled))
+    register_service(app, ctx, openapi_document(config.limits, bool(keys)))
     register_openai(app, ctx)
     register_responses(app, ctx, store)
     register_messages(app, ctx)
@@ -148,7 +138,7 @@ def _install_error_mapping(app: Flask, ctx: ShimContext, max_body_bytes: int) ->
         return _error(internal_error(request_id()))
 
 
-def _install_hooks(app: Flask, ctx: ShimContext, keys: KeyChecker) -> None:
+def _install_hooks(app: Flask, ctx: ShimContext, keys: BearerSecrets) -> None:
     @app.before_request
     def note_route() -> None:
         # For metrics: the rule, not the path, so label values stay few.
@@ -156,12 +146,12 @@ def _install_hooks(app: Flask, ctx: ShimContext, keys: KeyChecker) -> None:
 
     @app.before_request
     def check_api_key() -> Response | None:
-        if not keys.enabled or not request.path.startswith("/v1"):
+        if not keys or not request.path.startswith("/v1"):
             return None
-        authorization = request.headers.get("Authorization")
-        if keys.check(authorization) or keys.check_key(request.headers.get("x-api-key")):  # x-api-key: Anthropic's
+        authorization, api_key = request.headers.get("Authorization"), request.headers.get("x-api-key")
+        if keys.authorizes(authorization) or keys.matches(api_key):  # x-api-key: Anthropic's, a bare key
             return None
-        if not authorization and not request.headers.get("x-api-key"):
+        if not authorization and not api_key:
             message = (
                 "You didn't provide an API key. You need to provide your API key in an Authorization header "
                 "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or in an x-api-key header."
@@ -173,7 +163,7 @@ def _install_hooks(app: Flask, ctx: ShimContext, keys: KeyChecker) -> None:
 
     @app.before_request
     def refuse_while_draining() -> None:
-        if request.path in _GENERATION_ROUTES:
+        if request.path in _ADMITTED_ROUTES:
             g.admitted = ctx.drain.admit()
 
     @app.teardown_request

@@ -1,10 +1,10 @@
-"""API keys: where they come from and how a request's key is checked.
+"""API keys: where they come from (app.py checks each request's key against them).
 
 Keys come from `--api-key`, `--api-key-file` and the environment (`CONDUIT_API_KEYS`, comma-separated;
 `CONDUIT_API_KEY`, one key). With any key set, every /v1 route needs `Authorization: Bearer <key>` (or
 `x-api-key: <key>`, as Anthropic's clients send it); /health, /metrics, /openapi.json and the playground
-stay open (they carry no secrets). Keys follow the rules of the engine's tokens (conduit_common.bearer),
-and the check takes the same time whichever key matched.
+stay open (they carry no secrets). Keys follow the rules of the engine's tokens and are compared as they
+are (conduit_common.bearer): in the same time whichever key matched.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from conduit_common.bearer import BearerSecrets, collect_secrets
+from conduit_common.bearer import collect_secrets
 
 KEYS_ENV = "CONDUIT_API_KEYS"
 KEY_ENV = "CONDUIT_API_KEY"  # one key; kept from before several keys were allowed
@@ -29,18 +29,3 @@ def collect_keys(
     keys = collect_secrets(flags, files, "API key")
     return tuple(dict.fromkeys(keys + collect_secrets(from_env, (), "API key")))
 
-
-class KeyChecker:
-    def __init__(self, keys: Iterable[str]) -> None:
-        self._keys = BearerSecrets(keys)
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._keys)
-
-    def check(self, authorization: str | None) -> bool:
-        """Whether an Authorization header value is "Bearer <one of the keys>"."""
-        return self._keys.authorizes(authorization)
-
-    def check_key(self, key: str | None) -> bool:  # a bare key: Anthropic's `x-api-key` header
-        return self._keys.matches(key)

@@ -20,18 +20,14 @@ from .metrics import ShimMetrics
 DRAIN_RETRY_AFTER_S = 1
 
 
+# What a generation is told once the server stops: refused at its admission, or cut at the deadline.
+REFUSED = "The server is shutting down and accepts no new requests; retry (another replica will answer)."
+CUT = "The server shut down before this answer was complete; retry the request."
+
+
 def _shutting_down(message: str) -> APIError:
     headers = {"Retry-After": str(DRAIN_RETRY_AFTER_S), "Connection": "close"}
     return APIError(503, message, "server_error", None, "server_shutting_down", headers)
-
-
-def draining_error() -> APIError:
-    return _shutting_down(
-        "The server is shutting down and accepts no new requests; retry (another replica will answer).")
-
-
-def cut_error() -> APIError:
-    return _shutting_down("The server shut down before this answer was complete; retry the request.")
 
 
 class _Admitted:
@@ -59,7 +55,7 @@ class Drain:
         """Raises the 503 a new generation gets while draining; otherwise a token to `discard`
         once the request has registered its engine calls (no drain may finish in between)."""
         if self.draining:
-            raise draining_error()
+            raise _shutting_down(REFUSED)
         token = _Admitted()
         self.add(token)
         return token
@@ -83,8 +79,8 @@ class Drain:
         return self._idle.wait(timeout_s)
 
     def cut(self) -> int:
-        """Ends every running generation with `cut_error()`; returns how many there were."""
+        """Ends every running generation with the CUT error; returns how many there were."""
         jobs = list(self._running)
         for job in jobs:
-            job.interrupt(cut_error())
+            job.interrupt(_shutting_down(CUT))
         return len(jobs)

@@ -114,12 +114,12 @@ class ServedModels:
         except NotFound:
             raise model_not_found(name, [model.id for model in self.list(metadata=metadata)]) from None
 
-    def clients(self, metadata: Metadata = ()) -> dict[str, tuple[EngineClient | RoutedEngine, ...]]:
+    def clients(self, metadata: Metadata = ()) -> dict[str, EngineClient | RoutedEngine]:
         """Model id -> what answers for its health; with one address, also when it cannot be listed."""
         if self._single is not None:
-            return {"": (self._single,)}
+            return {"": self._single}
         try:
             models = self.list(metadata=metadata)
         except ConduitError:
             models = self._listed()
-        return {model.id: (self._router.engine(model.id),) for model in models}
+        return {model.id: self._router.engine(model.id) for model in models}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from clients.replicas import split_addresses
 
@@ -19,7 +18,7 @@ from conduit_common.logs import LOG_FORMATS
 from conduit.v1.contract import (ENGINE_TOKEN_ENV, KEEPALIVE_TIME_S, KEEPALIVE_TIMEOUT_S, MAX_N, MAX_STOP_STRINGS,
                                  MIN_PING_INTERVAL_S, keepalive_options)
 
-from .app import DEFAULT_MAX_BODY_BYTES
+from .app import DEFAULT_MAX_BODY_BYTES, ShimConfig
 from .auth import KEY_ENV, KEYS_ENV, collect_keys
 from .cors import CorsPolicy, normal_origin
 from .limits import DEFAULT_LIMITS, RequestLimits
@@ -35,13 +34,45 @@ _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+", re.IGNORECASE)
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The flags and variables, checked: a bad value ends the program with a usage error (exit 2).
-    `engine` becomes the list of addresses; `hardening` the ShimConfig fields the other flags give."""
+    `engine` becomes the list of addresses, `keepalive` the engine channels' options, `config` the ShimConfig."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.engine = split_addresses(args.engine or [DEFAULT_ENGINE])
-    args.keepalive = keepalive_config(parser, args)
-    args.hardening = {**hardening_config(parser, args), **routing_config(parser, args)}
+    try:
+        args.keepalive = keepalive_options(args.engine_keepalive, args.engine_keepalive_timeout)
+    except ValueError as error:
+        parser.error(f"--engine-keepalive, --engine-keepalive-timeout: {error}")
+    args.config = shim_config(parser, args)
     return args
+
+
+def shim_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ShimConfig:
+    """The ShimConfig the flags give; bad values end the program with a usage error."""
+    if args.max_body_bytes < 1:
+        parser.error("--max-body-bytes must be positive")
+    if args.read_timeout < 0 or args.max_connections < 1:
+        parser.error("--read-timeout must be >= 0 and --max-connections positive")
+    for origin in args.cors_allow_origin:
+        if origin != "*" and not _ORIGIN.fullmatch(origin):
+            parser.error(f"--cors-allow-origin {origin!r}: an origin is scheme://host[:port] with no path, or *")
+    try:  # each part checks its own values (ValueError, SecretError included)
+        return ShimConfig(
+            engine=args.engine[0] if len(args.engine) == 1 else args.engine,
+            heartbeat_s=args.heartbeat_interval,
+            request_timeout_s=args.request_timeout or None,
+            # environ={}: the parser has already read the key variables into --api-key.
+            api_keys=collect_keys(args.api_key, args.api_key_file, environ={}),
+            max_body_bytes=args.max_body_bytes,
+            limits=RequestLimits(max_tokens=args.max_tokens_limit or None, max_n=args.max_n, max_stop=args.max_stop,
+                                 max_messages=args.max_messages, max_prompt_chars=args.max_prompt_chars),
+            cors=CorsPolicy(tuple(normal_origin(origin) for origin in args.cors_allow_origin)),
+            responses_store_dir=args.responses_store_dir,
+            responses_store_limits=StoreLimits(args.responses_store_max, args.responses_store_max_age),
+            routing=RoutingConfig(args.routing, args.routing_balance_abs, args.routing_balance_rel,
+                                  args.routing_prefix_view),
+        )
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def build_parser() -> EnvArgumentParser:
@@ -83,15 +114,6 @@ def add_routing_args(parser: EnvArgumentParser) -> None:
                        help="what cache_aware knows of each replica's cache: kv_events, the engines' own KV events "
                             "(exact; each prompt tokenized by an engine) where every replica publishes them, else "
                             "text; text, the prompt text this shim sent each replica (approximate, no call)")
-
-
-def routing_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
-    """The ShimConfig field of routing; bad thresholds end the program with a usage error."""
-    try:
-        return {"routing": RoutingConfig(args.routing, args.routing_balance_abs, args.routing_balance_rel,
-                                         args.routing_prefix_view)}
-    except ValueError as error:
-        parser.error(str(error))
 
 
 def add_responses_store_args(parser: EnvArgumentParser) -> None:
@@ -164,41 +186,3 @@ def add_engine_keepalive_args(parser: EnvArgumentParser) -> None:
     group.add_argument("--engine-keepalive-timeout", type=float, metavar="S", default=KEEPALIVE_TIMEOUT_S,
                        help="seconds a ping may go unanswered before the engine's connection is dropped and its "
                             "calls fail (those that answered nothing yet are tried on another replica)")
-
-
-def keepalive_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[tuple[str, int], ...]:
-    """The engine channels' keepalive options; bad values end the program with a usage error."""
-    try:
-        return keepalive_options(args.engine_keepalive, args.engine_keepalive_timeout)
-    except ValueError as error:
-        parser.error(f"--engine-keepalive, --engine-keepalive-timeout: {error}")
-
-
-def hardening_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
-    """ShimConfig fields from the flags; bad values end the program with a usage error."""
-    try:
-        # environ={}: the parser has already read the key variables into --api-key.
-        keys = collect_keys(args.api_key, args.api_key_file, environ={})
-        limits = RequestLimits(
-            max_tokens=args.max_tokens_limit or None,
-            max_n=args.max_n,
-            max_stop=args.max_stop,
-            max_messages=args.max_messages,
-            max_prompt_chars=args.max_prompt_chars,
-        )
-    except ValueError as error:  # SecretError included
-        parser.error(str(error))
-    if args.max_body_bytes < 1:
-        parser.error("--max-body-bytes must be positive")
-    if args.read_timeout < 0 or args.max_connections < 1:
-        parser.error("--read-timeout must be >= 0 and --max-connections positive")
-    for origin in args.cors_allow_origin:
-        if origin != "*" and not _ORIGIN.fullmatch(origin):
-            parser.error(f"--cors-allow-origin {origin!r}: an origin is scheme://host[:port] with no path, or *")
-    try:
-        store_limits = StoreLimits(args.responses_store_max, args.responses_store_max_age)
-    except ValueError as error:
-        parser.error(str(error))
-    return {"api_keys": keys, "max_body_bytes": args.max_body_bytes, "limits": limits,
-            "cors": CorsPolicy(tuple(normal_origin(origin) for origin in args.cors_allow_origin)),
-            "responses_store_dir": args.responses_store_dir, "responses_store_limits": store_limits}

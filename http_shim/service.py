@@ -7,6 +7,7 @@ from typing import Any
 
 from flask import Flask, Response
 
+from clients.engine_client import EngineClient
 from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
 
@@ -14,6 +15,7 @@ from .context import ShimContext
 from .messages import is_anthropic_request
 from .messages.routes import model_list, model_object
 from .protocol.openapi import ApiPart, error_responses, ref
+from .routing import RoutedEngine
 from .web import engine_metadata, json_response
 
 # /health must answer a probe quickly, also when the engine does not.
@@ -30,18 +32,12 @@ def _model_object(info: pb.ModelInfo, started: int) -> dict[str, Any]:
     }
 
 
-def _health_statuses(ctx: ShimContext) -> dict[str, str]:
-    """Each model's status through its channels: SERVING when one of its replicas is."""
-    statuses = {}
-    for model_id, engines in ctx.models.clients(engine_metadata()).items():
-        for engine in engines:
-            try:
-                statuses[model_id] = engine.health(timeout=HEALTH_TIMEOUT_S, metadata=engine_metadata())
-            except ConduitError:
-                statuses[model_id] = "UNREACHABLE"
-            if statuses[model_id] == "SERVING":
-                break
-    return statuses
+def _health(engine: EngineClient | RoutedEngine) -> str:
+    """A model's status through its engine client (over replicas: SERVING when one of them is)."""
+    try:
+        return engine.health(timeout=HEALTH_TIMEOUT_S, metadata=engine_metadata())
+    except ConduitError:
+        return "UNREACHABLE"
 
 
 def register_service(app: Flask, ctx: ShimContext, document: dict[str, Any]) -> None:
@@ -51,7 +47,7 @@ def register_service(app: Flask, ctx: ShimContext, document: dict[str, Any]) -> 
     def health() -> Response:
         if ctx.drain.draining:
             return json_response({"status": "draining", "engine": None}, 503)
-        statuses = _health_statuses(ctx)
+        statuses = {model_id: _health(engine) for model_id, engine in ctx.models.clients(engine_metadata()).items()}
         worst = [s for s in statuses.values() if s != "SERVING"]
         status = worst[0] if worst else "SERVING" if statuses else "UNREACHABLE"
         ok = status == "SERVING"

@@ -17,13 +17,12 @@ from launcher.stack import REPO_ROOT
 from conduit_common import bearer
 from conduit_common.lifetime import child_env
 from engine_service.serving.security import TokenAuthInterceptor
-from http_shim.auth import KeyChecker
 
 # Each side: its secret flag, its file flag, and how it checks an authorization value.
 SIDES = {
     "engine": ("--auth-token", "--auth-token-file",
                lambda secrets: lambda value: TokenAuthInterceptor(secrets).authorized([("authorization", value)])),
-    "shim": ("--api-key", "--api-key-file", lambda secrets: KeyChecker(secrets).check),
+    "shim": ("--api-key", "--api-key-file", lambda secrets: bearer.BearerSecrets(secrets).authorizes),
 }
 
 

@@ -420,19 +420,18 @@ def test_a_replica_back_under_another_name_serves_the_first_request_for_it(pair)
 
 
 def test_routing_flags() -> None:
-    from http_shim.options import build_parser, routing_config
+    from http_shim.options import parse_args
     from http_shim.routing import RoutingConfig
 
-    parser = build_parser()
-    args = parser.parse_args(["--routing", "least_load", "--routing-balance-abs", "3"])
-    assert routing_config(parser, args) == {"routing": RoutingConfig("least_load", 3, 1.5)}
-    assert routing_config(parser, parser.parse_args([]))["routing"].policy == "cache_aware"
-    assert routing_config(parser, parser.parse_args([]))["routing"].prefix_view == "kv_events"
-    assert routing_config(parser, parser.parse_args(["--routing-prefix-view", "text"]))["routing"].prefix_view == "text"
+    args = parse_args(["--routing", "least_load", "--routing-balance-abs", "3"])
+    assert args.config.routing == RoutingConfig("least_load", 3, 1.5)
+    assert parse_args([]).config.routing.policy == "cache_aware"
+    assert parse_args([]).config.routing.prefix_view == "kv_events"
+    assert parse_args(["--routing-prefix-view", "text"]).config.routing.prefix_view == "text"
     for bad in (["--routing", "random"], ["--routing-balance-rel", "0.5"], ["--routing-balance-abs", "-1"],
                 ["--routing-prefix-view", "tokens"]):
         with pytest.raises(SystemExit):
-            routing_config(parser, parser.parse_args(bad))
+            parse_args(bad)
 
 
 def test_replicas_behind_a_name_are_verified_by_that_name_over_tls(tmp_path) -> None:

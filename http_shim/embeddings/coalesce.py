@@ -63,10 +63,10 @@ class EmbedCoalescer:
         waiter = _Waiter(request, metadata)
         self._waiting.setdefault(key, []).append(waiter)
         self._send(key, engine, timeout)
-        outcome = waiter.result.get()
-        if outcome is _ALONE:
-            return _whole(engine.embed(request=request, timeout=timeout, metadata=metadata))
-        return outcome
+        if waiter.result.get() is _ALONE:
+            waiter = _Waiter(request, metadata)
+            _call(engine, [waiter], timeout)
+        return waiter.result.get()
 
     def _send(self, key: tuple, engine: Any, timeout: float | None) -> None:
         """One call for the requests waiting (in arrival order, up to MAX_EMBED_INPUTS inputs in all);
@@ -93,9 +93,8 @@ class EmbedCoalescer:
 
 def _call(engine: Any, batch: list[_Waiter], timeout: float | None) -> None:
     """Every waiter of `batch` gets its outcome, whatever happens here (a killed greenlet included)."""
-    if len(batch) == 1:
-        request = batch[0].request
-    else:
+    request = batch[0].request
+    if len(batch) > 1:
         request = pb.EmbedRequest()
         request.CopyFrom(batch[0].request)  # model, dimensions, truncation and the first's request id
         for waiter in batch[1:]:
@@ -112,15 +111,9 @@ def _call(engine: Any, batch: list[_Waiter], timeout: float | None) -> None:
             if not waiter.result.ready():
                 waiter.result.set(_ALONE)
         raise
-    if len(batch) == 1:
-        batch[0].result.set(_whole(answer))
-        return
-    start = 0
+    start = 0  # each waiter's share: its inputs' embeddings (an EmbedResponse's prompt_tokens is their sum)
     for waiter in batch:
         mine = answer.embeddings[start:start + len(waiter.request.inputs)]
         start += len(mine)
         waiter.result.set(EmbedAnswer(mine, sum(e.prompt_tokens for e in mine), answer.model))
 
-
-def _whole(answer: pb.EmbedResponse) -> EmbedAnswer:
-    return EmbedAnswer(answer.embeddings, answer.prompt_tokens, answer.model)

@@ -5,13 +5,12 @@ serving that model), like chat."""
 from __future__ import annotations
 
 import base64
-import sys
-from array import array
+import struct
 from typing import Any
 
 import grpc
 import orjson
-from flask import Flask, Response, g, request
+from flask import Flask, Response
 
 from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
@@ -23,16 +22,11 @@ from ..web import engine_metadata, json_response, read_body, request_id
 from .coalesce import EmbedAnswer, EmbedCoalescer
 from .protocol import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
 
-EMBEDDINGS_ROUTE = "/v1/embeddings"
+EMBEDDINGS_ROUTE = "/v1/embeddings"  # admitted by the drain like the generation routes (app.py)
 
 
 def register_embeddings(app: Flask, ctx: ShimContext) -> None:
     coalescer = EmbedCoalescer()
-
-    @app.before_request
-    def admit_embeddings() -> None:
-        if request.path == EMBEDDINGS_ROUTE:  # a draining shim refuses it; the app's teardown releases it
-            g.admitted = ctx.drain.admit()
 
     @app.post(EMBEDDINGS_ROUTE)
     def embeddings() -> Response:
@@ -92,10 +86,7 @@ def encode_vector(values: Any, encoding_format: str) -> list[float] | str:
     """A vector as floats, or as base64 of little-endian float32 (what the openai SDK decodes)."""
     if encoding_format == "float":
         return list(values)
-    packed = array("f", values)
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return base64.b64encode(packed.tobytes()).decode("ascii")
+    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode("ascii")
 
 
 def embeddings_response(answer: EmbedAnswer, encoding_format: str) -> dict[str, Any]:

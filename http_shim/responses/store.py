@@ -91,16 +91,11 @@ class ResponseStore:
     def put(self, response: dict[str, Any], context: list[dict[str, Any]]) -> None:
         """Stores (or replaces) a response, then evicts the oldest past the bounds."""
         row = (response["id"], time.time(), json.dumps(response), json.dumps(context))
-        with self._lock:
+        with self._lock, self._db:  # the connection commits, or rolls back on any exception
             self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute("DELETE FROM responses WHERE id = ?", row[:1])
-                self._db.execute("INSERT INTO responses (id, stored_at, response, context) VALUES (?, ?, ?, ?)", row)
-                self._evict()
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+            self._db.execute("DELETE FROM responses WHERE id = ?", row[:1])
+            self._db.execute("INSERT INTO responses (id, stored_at, response, context) VALUES (?, ?, ?, ?)", row)
+            self._evict()
 
     def _evict(self) -> None:
         self._db.execute("DELETE FROM responses WHERE stored_at < ?", (time.time() - self.limits.max_age_s,))
