@@ -13,10 +13,8 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
-
-from werkzeug.wsgi import ClosingIterator
 
 from conduit_common.logs import MAX_REQUEST_ID_CHARS, REQUEST_ID
 
@@ -70,7 +68,7 @@ class ObservedApp:
         except BaseException:
             finish()
             raise
-        return ClosingIterator(body, finish)  # the app's own close first, then `finish`
+        return _Closing(body, finish)
 
 
 def _accept_request_id(header: str | None) -> str:
@@ -87,3 +85,22 @@ def _path(environ: dict[str, Any]) -> str:
     except UnicodeEncodeError:
         return path
 
+
+class _Closing:
+    """The app's response iterable, calling `on_close` once after the app's own close."""
+
+    def __init__(self, body: Iterable[bytes], on_close: Callable[[], None] | None) -> None:
+        self._body = body
+        self._on_close = on_close
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._body)
+
+    def close(self) -> None:
+        on_close, self._on_close = self._on_close, None
+        if on_close is None:
+            return
+        try:
+            getattr(self._body, "close", lambda: None)()
+        finally:
+            on_close()

@@ -49,24 +49,27 @@ class RoundRobin:
         return Choice(replicas[turn % len(replicas)], "round_robin")
 
 
-class LeastLoad(RoundRobin):
+class LeastLoad:
+    def __init__(self) -> None:
+        self._turns = RoundRobin()
+
     def least_loaded(self, replicas: Sequence[Replica]) -> Replica:
         """The least loaded replica; among equals, each in turn (so an idle set is dealt round robin)."""
         lowest = min(replica.load for replica in replicas)
-        return RoundRobin.choose(self, [replica for replica in replicas if replica.load == lowest]).replica
+        return self._turns.choose([replica for replica in replicas if replica.load == lowest]).replica
 
     def choose(self, replicas: Sequence[Replica], blocks: Sequence[int] = (), view: View = text_view) -> Choice:
         return Choice(self.least_loaded(replicas), "least_load")
 
 
-class CacheAware(LeastLoad):
+class CacheAware:
     def __init__(self, balance_abs: int = DEFAULT_BALANCE_ABS, balance_rel: float = DEFAULT_BALANCE_REL) -> None:
-        super().__init__()
         self.balance_abs = balance_abs
         self.balance_rel = balance_rel
+        self._least = LeastLoad()
 
     def choose(self, replicas: Sequence[Replica], blocks: list[int], view: View = text_view) -> Choice:
-        least = self.least_loaded(replicas)
+        least = self._least.least_loaded(replicas)
         if not blocks:
             return Choice(least, "cache_miss")
         matches = [(view(replica).match(blocks), replica) for replica in replicas]
@@ -93,7 +96,7 @@ class CacheAware(LeastLoad):
 
 
 def make_policy(name: str, balance_abs: int = DEFAULT_BALANCE_ABS,
-                balance_rel: float = DEFAULT_BALANCE_REL) -> RoundRobin:
+                balance_rel: float = DEFAULT_BALANCE_REL) -> RoundRobin | LeastLoad | CacheAware:
     if name == "round_robin":
         return RoundRobin()
     if name == "least_load":
