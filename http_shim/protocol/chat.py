@@ -8,7 +8,7 @@ import json
 import re
 from typing import Annotated, Any
 
-from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
+from pydantic import Field, PlainValidator, StringConstraints, WithJsonSchema, model_validator
 
 from clients.request_builder import TOOL_CHOICE_MODES
 from conduit.v1 import engine_pb2 as pb
@@ -16,21 +16,13 @@ from conduit.v1.contract import REASONING_EFFORTS
 
 from ..errors import invalid
 from ..limits import RequestLimits
-from .base import ApiModel, NonEmptyStr, fail, got, one_of
+from .base import ApiModel, NonEmptyStr, fail, one_of
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 ReasoningEffort = one_of(*REASONING_EFFORTS)
 
 
-def _tool_name(value: Any) -> str:
-    if not isinstance(value, str):
-        raise fail("'{param}' must be a string.")
-    if not TOOL_NAME.match(value):
-        raise fail("'{param}' must match ^[a-zA-Z0-9_-]{{1,64}}$, got {got}.", got=got(value))
-    return value
-
-
-ToolName = Annotated[str, PlainValidator(_tool_name), WithJsonSchema({"type": "string", "pattern": TOOL_NAME.pattern})]
+ToolName = Annotated[str, StringConstraints(strict=True, pattern=TOOL_NAME.pattern)]
 
 
 def schema_text(schema: Any) -> str:
