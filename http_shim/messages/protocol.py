@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, PlainValidator, WithJsonSchema, model_validator
+from pydantic import AfterValidator, Field, PlainValidator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from conduit.v1.contract import SAMPLING_RANGES, Range
 
 from ..protocol.base import (UINT32_MAX, ApiModel, Bool, Cap, ModelId, NonEmptyStr, Object, Str, by_type, fail, got,
-                              int_in, number_in, text_or)
+                              int_in, number_in, one_of, text_or)
 from ..protocol.chat import JsonSchemaText, ToolName
 from ..protocol.openapi import REQUEST_ID_HEADER, ApiPart, Operation, ref
 from .errors import OVERLOADED_STATUS, error_type
@@ -27,15 +27,7 @@ INT32_MAX = 2**31 - 1
 
 def literal(*values: str, wording: str = "'{param}' must be {words}, got {got}.") -> Any:
     """A string among `values`, refused in the Messages API's words ("must be 'a', 'b' or 'c', got ...")."""
-    quoted = [f"'{v}'" for v in values]
-    words = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(values) > 1 else quoted[0]
-
-    def check(value: Any) -> str:
-        if value not in values:
-            raise fail(wording, words=words, got=got(value))
-        return value
-
-    return Annotated[str, PlainValidator(check), WithJsonSchema({"type": "string", "enum": list(values)})]
+    return one_of(*values, wording=wording)
 
 
 # The blocks each role's content may hold; `_refusal` words why another cannot stand there.

@@ -124,12 +124,15 @@ def token_ids(ids: list, field: int | None = None) -> list[int]:
     return ids
 
 
-def one_of(*values: str) -> Any:
-    """A string among `values` (an enum in the document)."""
+def one_of(*values: str, wording: str = "'{param}' must be one of {values}; got {got}.") -> Any:
+    """A string among `values` (an enum in the document). `wording` names them as {values} ("a, b, c") or
+    as {words} ("'a', 'b' or 'c'", the Messages API's spelling)."""
+    quoted = [f"'{v}'" for v in values]
+    words = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(values) > 1 else quoted[0]
 
     def check(value: Any) -> str:
         if value not in values:
-            raise fail("'{param}' must be one of {values}; got {got}.", values=", ".join(values), got=got(value))
+            raise fail(wording, values=", ".join(values), words=words, got=got(value))
         return value
 
     return Annotated[str, *_scalar(check, {"type": "string", "enum": list(values)})]
