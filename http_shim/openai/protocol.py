@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from pydantic import Field, PlainValidator, ValidationInfo, WithJsonSchema, model_validator
+from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from clients.request_builder import TOOL_CHOICE_MODES
@@ -30,7 +30,7 @@ from conduit.v1.contract import MAX_TOP_LOGPROBS
 from ..limits import MAX_COMPLETION_LOGPROBS, MAX_PROMPTS
 from ..protocol.base import UINT32_MAX, ApiModel, Bool, Cap, Count, ModelId, NonEmptyStr, Object, Str, fail, got, \
     ignored, int_in, is_int, one_of, token_ids
-from ..protocol.chat import JsonSchemaText, ReasoningEffort, StructuredOutputs, ToolName, tool_choice
+from ..protocol.chat import JsonSchemaText, ReasoningEffort, StructuredOutputs, ToolName, mode_or, tool_choice
 from ..protocol.openapi import ApiPart, Operation
 from ..protocol.sampling import N, SamplingFields, StoppingFields
 
@@ -130,15 +130,7 @@ class NamedToolChoice(ApiModel):
     function: NamedFunction
 
 
-def _tool_choice(value: Any, info: ValidationInfo) -> str | NamedToolChoice:
-    if isinstance(value, str):
-        if value not in TOOL_CHOICE_MODES:
-            raise fail("'{param}' must be 'none', 'auto', 'required' or an object, got {got}.", got=got(value))
-        return value
-    return NamedToolChoice.model_validate(value, context=info.context)  # its errors merge in below tool_choice
-
-
-ToolChoice = Annotated[Any, PlainValidator(_tool_choice), WithJsonSchema({"oneOf": [
+ToolChoice = Annotated[mode_or(NamedToolChoice), WithJsonSchema({"oneOf": [
     {"type": "string", "enum": list(TOOL_CHOICE_MODES)},
     {"type": "object", "required": ["type", "function"], "properties": {
         "type": {"type": "string", "enum": ["function"]},

@@ -8,16 +8,15 @@ the response's echo repeat them.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Union
+from typing import Annotated, Any, ClassVar
 
-from pydantic import ConfigDict, Field, PlainValidator, TypeAdapter, ValidationInfo, WithJsonSchema, model_validator
+from pydantic import ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
 
-from clients.request_builder import TOOL_CHOICE_MODES
 from conduit.v1.contract import MAX_TOP_LOGPROBS
 
 from ..protocol.base import UINT32_MAX, ApiModel, Bool, Cap, Count, ModelId, NonEmptyStr, Object, Str, by_type, \
     fail, got, int_in, one_of, text_or
-from ..protocol.chat import ReasoningEffort, ToolName, schema_text
+from ..protocol.chat import ReasoningEffort, ToolName, mode_or, schema_text
 from ..protocol.openapi import ApiPart, Operation, error_responses, ref
 from ..protocol.sampling import SamplingFields, StoppingFields
 
@@ -169,17 +168,8 @@ class AllowedTools(Sent):
     tools: list[by_type({"function": FunctionChoice}, UnsupportedTool)]
 
 
-_CHOICE = TypeAdapter(by_type({"function": FunctionChoice, "allowed_tools": AllowedTools}, UnsupportedChoice))
-
-
-def _tool_choice(value: Any, info: ValidationInfo) -> str | Sent:
-    if isinstance(value, str) and value not in TOOL_CHOICE_MODES:
-        raise fail("'{param}' must be 'none', 'auto', 'required' or an object, got {got}.", got=got(value))
-    return value if isinstance(value, str) else _CHOICE.validate_python(value, context=info.context)
-
-
-ToolChoice = Annotated[Any, PlainValidator(_tool_choice, json_schema_input_type=Union[
-    one_of(*TOOL_CHOICE_MODES), FunctionChoice, AllowedTools])]
+ToolChoice = mode_or(by_type({"function": FunctionChoice, "allowed_tools": AllowedTools}, UnsupportedChoice),
+                     FunctionChoice, AllowedTools)
 
 
 class TextFormat(Sent):
