@@ -11,8 +11,8 @@ from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import MAX_EMBED_INPUTS
 
 from ..openai.protocol import ChatMessage
-from ..protocol.base import (UINT32_MAX, ApiModel, Bool, ModelId, Str, TokenId, Whole, fail, int_in, is_int, one_of,
-                              token_ids)
+from ..protocol.base import (TOKEN_IDS, UINT32_MAX, ApiModel, Bool, ModelId, Str, TokenId, Whole, fail, int_in, is_int,
+                              one_of, token_ids)
 from ..protocol.openapi import ApiPart, Operation
 
 ENCODING_FORMATS = ("float", "base64")
@@ -51,12 +51,11 @@ def _inputs(value: Any) -> tuple[list[pb.EmbedInput], bool]:
     return items, False
 
 
-_TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": UINT32_MAX}}
 EmbeddingInput = Annotated[tuple, PlainValidator(_inputs), WithJsonSchema({"oneOf": [
     {"type": "string", "minLength": 1},
     {"type": "array", "minItems": 1, "maxItems": MAX_EMBED_INPUTS, "items": {"type": "string", "minLength": 1}},
-    _TOKEN_IDS,
-    {"type": "array", "minItems": 1, "maxItems": MAX_EMBED_INPUTS, "items": _TOKEN_IDS},
+    TOKEN_IDS,
+    {"type": "array", "minItems": 1, "maxItems": MAX_EMBED_INPUTS, "items": TOKEN_IDS},
 ], "description": "text, or the model's own token ids (as POST /tokenize returns them)"})]
 
 

@@ -28,8 +28,8 @@ from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import MAX_TOP_LOGPROBS
 
 from ..limits import MAX_COMPLETION_LOGPROBS, MAX_PROMPTS
-from ..protocol.base import UINT32_MAX, ApiModel, Bool, Cap, Count, ModelId, NonEmptyStr, Object, Str, fail, got, \
-    ignored, int_in, is_int, one_of, token_ids
+from ..protocol.base import TOKEN_IDS, UINT32_MAX, ApiModel, Bool, Cap, Count, ModelId, NonEmptyStr, Object, Str, \
+    fail, got, ignored, int_in, is_int, one_of, token_ids
 from ..protocol.chat import JsonSchemaText, ReasoningEffort, StructuredOutputs, ToolName, mode_or, tool_choice
 from ..protocol.openapi import ApiPart, Operation
 from ..protocol.sampling import N, SamplingFields, StoppingFields
@@ -262,12 +262,11 @@ def _prompts(value: Any) -> list[str | list[int]]:
     return prompts
 
 
-_TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": UINT32_MAX}}
 Prompt = Annotated[list, PlainValidator(_prompts), WithJsonSchema({"oneOf": [
     {"type": "string"},
     {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_PROMPTS},
-    _TOKEN_IDS,
-    {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": MAX_PROMPTS},
+    TOKEN_IDS,
+    {"type": "array", "items": TOKEN_IDS, "minItems": 1, "maxItems": MAX_PROMPTS},
 ]})]
 
 

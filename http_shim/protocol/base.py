@@ -143,6 +143,7 @@ NonEmptyStr = Annotated[str, StringConstraints(strict=True, min_length=1)]
 Bool = StrictBool
 Object = Annotated[dict, *_scalar(_object, {"type": "object"})]  # any JSON object, kept as it is
 TokenId = Annotated[int, *_scalar(_token_id, {"type": "integer", "minimum": 0, "maximum": UINT32_MAX})]
+TOKEN_IDS: Schema = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": UINT32_MAX}}
 Count = int_in(0, UINT32_MAX)  # a token count: min_tokens, budgets
 ModelId = Annotated[NonEmptyStr, Field(description="a model id from GET /v1/models")]
 
