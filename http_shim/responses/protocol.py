@@ -17,7 +17,7 @@ from conduit.v1.contract import MAX_TOP_LOGPROBS
 from ..protocol.base import UINT32_MAX, ApiModel, Bool, Cap, Count, ModelId, NonEmptyStr, Object, Str, by_type, \
     fail, got, int_in, one_of, text_or
 from ..protocol.chat import ReasoningEffort, ToolName, mode_or, schema_text
-from ..protocol.openapi import ApiPart, Operation, error_responses, ref
+from ..protocol.openapi import ApiPart, Operation, answers, error_responses
 from ..protocol.sampling import SamplingFields, StoppingFields
 
 # Hosted tools accepted and not offered to the model (request.py's docstring says why).
@@ -219,13 +219,6 @@ class ResponseRequest(SamplingFields, StoppingFields):
 _RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
-def _answer(schema: str, *errors: int, events: bool = False) -> dict[str, Any]:
-    content: dict[str, Any] = {"application/json": {"schema": ref(schema)}}
-    if events:
-        content["text/event-stream"] = {"schema": {"type": "string"}}
-    return {"200": {"description": "the answer", "content": content}, **error_responses(*errors)}
-
-
 RESPONSES_API = ApiPart(
     operations=[Operation("/v1/responses", "Create a response (OpenAI Responses API)", ResponseRequest, "Response",
                           streams="its events (event: = data.type)")],
@@ -233,7 +226,7 @@ RESPONSES_API = ApiPart(
         "/v1/responses/{response_id}": {
             "get": {"summary": "A stored (or running) response; stream=true replays its events",
                     "parameters": [_RESPONSE_ID, {"name": "stream", "in": "query", "schema": {"type": "boolean"}}],
-                    "responses": _answer("Response", 400, 401, 404, events=True)},
+                    "responses": answers("Response", error_responses(400, 401, 404), events=True)},
             "delete": {"summary": "Delete a stored response", "parameters": [_RESPONSE_ID],
                        "responses": {"200": {"description": "deleted"}, **error_responses(401, 404)}}},
         "/v1/responses/{response_id}/input_items": {"get": {
@@ -243,11 +236,11 @@ RESPONSES_API = ApiPart(
                             "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT}},
                            {"name": "order", "in": "query", "schema": {"type": "string", "enum": ["asc", "desc"]}},
                            {"name": "after", "in": "query", "schema": {"type": "string"}}],
-            "responses": _answer("ResponseInputItems", 400, 401, 404)}},
+            "responses": answers("ResponseInputItems", error_responses(400, 401, 404))}},
         "/v1/responses/{response_id}/cancel": {"post": {
             "summary": "Cancel a response in flight on this server (400 once it finished)",
             "parameters": [_RESPONSE_ID],
-            "responses": _answer("Response", 400, 401, 404)}},
+            "responses": answers("Response", error_responses(400, 401, 404))}},
     },
     schemas={
         "Response": {"type": "object", "required": ["id", "object", "created_at", "status", "output", "model"],
