@@ -68,8 +68,7 @@ def _truncate(value: Any) -> int:
 class EmbeddingRequest(ApiModel):
     model: ModelId
     input: EmbeddingInput  # (the inputs, whether `input` was one: errors then name "input", not "input[0]")
-    encoding_format: Annotated[one_of(*ENCODING_FORMATS), WithJsonSchema(
-        {"type": "string", "enum": list(ENCODING_FORMATS), "description": "base64: little-endian float32"})] = "float"
+    encoding_format: one_of(*ENCODING_FORMATS) = Field("float", description="base64: little-endian float32")
     dimensions: int_in(1, UINT32_MAX) | None = Field(
         None, description="only for models trained for shorter vectors; else their own size")
     user: Str | None = None

@@ -16,10 +16,11 @@ from pydantic.json_schema import SkipJsonSchema
 
 from conduit.v1.contract import SAMPLING_RANGES, Range
 
-from ..protocol.base import (UINT32_MAX, ApiModel, Bool, Cap, ModelId, NonEmptyStr, Object, Str, by_type, fail, got,
+from ..protocol.base import (ApiModel, Bool, Cap, ModelId, NonEmptyStr, Object, Str, by_type, fail, got,
                               int_in, number_in, one_of, text_or)
 from ..protocol.chat import JsonSchemaText, ToolName
 from ..protocol.openapi import REQUEST_ID_HEADER, ApiPart, Operation, ref
+from ..protocol.sampling import MaxTokens
 from .errors import OVERLOADED_STATUS, error_type
 
 INT32_MAX = 2**31 - 1
@@ -212,7 +213,7 @@ class CountTokensRequest(ApiModel):
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: Annotated[int_in(1, UINT32_MAX), Cap("max_tokens")]
+    max_tokens: MaxTokens
     stop_sequences: Annotated[list[NonEmptyStr], Cap("max_stop", "maxItems", "strings")] | None = None
     temperature: number_in(Range(0.0, 1.0)) | None = None  # Anthropic's range, narrower than the engine's
     top_p: number_in(SAMPLING_RANGES["top_p"]) | None = None

@@ -32,7 +32,7 @@ from ..protocol.base import TOKEN_IDS, UINT32_MAX, ApiModel, Bool, Cap, Count, M
     fail, got, ignored, int_in, is_int, one_of, token_ids
 from ..protocol.chat import JsonSchemaText, ReasoningEffort, StructuredOutputs, ToolName, mode_or, tool_choice
 from ..protocol.openapi import ApiPart, Operation
-from ..protocol.sampling import N, SamplingFields, StoppingFields
+from ..protocol.sampling import MaxTokens, N, SamplingFields, StoppingFields
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
@@ -207,9 +207,7 @@ def _deprecated(value: Any) -> None:
 Deprecated = SkipJsonSchema[Annotated[Any, PlainValidator(_deprecated)]]
 
 
-# max_tokens (from 1 for chat, 0 for completions), within the operator's cap.
-ChatMaxTokens = Annotated[int_in(1, UINT32_MAX), Cap("max_tokens")]
-CompletionMaxTokens = Annotated[int_in(0, UINT32_MAX), Cap("max_tokens")]
+CompletionMaxTokens = Annotated[int_in(0, UINT32_MAX), Cap("max_tokens")]  # from 0 (chat's MaxTokens: from 1)
 
 
 class ChatCompletionRequest(SamplingFields, StoppingFields, OpenAIFields):
@@ -219,8 +217,8 @@ class ChatCompletionRequest(SamplingFields, StoppingFields, OpenAIFields):
     tools: list[ChatTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: Bool | None = None
-    max_tokens: ChatMaxTokens | None = None
-    max_completion_tokens: ChatMaxTokens | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
     logprobs: Bool | None = None
     top_logprobs: int_in(0, MAX_TOP_LOGPROBS) | None = None
     reasoning_effort: ReasoningEffort | None = None

@@ -14,11 +14,11 @@ from pydantic import ConfigDict, Field, PlainValidator, WithJsonSchema, model_va
 
 from conduit.v1.contract import MAX_TOP_LOGPROBS
 
-from ..protocol.base import UINT32_MAX, ApiModel, Bool, Cap, Count, ModelId, NonEmptyStr, Object, Str, by_type, \
-    fail, got, int_in, one_of, text_or
+from ..protocol.base import ApiModel, Bool, Count, ModelId, NonEmptyStr, Object, Str, by_type, fail, got, int_in, \
+    one_of, text_or
 from ..protocol.chat import ReasoningEffort, ToolName, mode_or, schema_text
 from ..protocol.openapi import ApiPart, Operation, answers, error_responses
-from ..protocol.sampling import SamplingFields, StoppingFields
+from ..protocol.sampling import MaxTokens, SamplingFields, StoppingFields
 
 # Hosted tools accepted and not offered to the model (request.py's docstring says why).
 NOT_OFFERED_TOOLS = ("web_search", "web_search_preview")
@@ -204,7 +204,7 @@ class ResponseRequest(SamplingFields, StoppingFields):
     parallel_tool_calls: Bool | None = None
     text: TextOptions | None = None
     reasoning: Reasoning | None = None
-    max_output_tokens: Annotated[int_in(1, UINT32_MAX), Cap("max_tokens")] | None = None
+    max_output_tokens: MaxTokens | None = None
     top_logprobs: int_in(0, MAX_TOP_LOGPROBS) | None = None
     include: list[Str] | None = None
     metadata: Metadata | None = None
