@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, PlainValidator, \
-    StrictBool, StrictStr, StringConstraints, TypeAdapter, ValidationError, ValidationInfo, WithJsonSchema, \
+    Strict, StrictBool, StrictStr, StringConstraints, TypeAdapter, ValidationError, ValidationInfo, WithJsonSchema, \
     model_validator
 from pydantic_core import PydanticCustomError, core_schema
 
@@ -49,8 +49,9 @@ class ApiModel(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _drop_nulls(cls, value: Any) -> Any:
-        value = _object(value)
-        return {k: v for k, v in value.items() if v is not None} if None in value.values() else value
+        if isinstance(value, dict) and None in value.values():  # (pydantic refuses a value not an object)
+            return {k: v for k, v in value.items() if v is not None}
+        return value
 
 
 def _scalar(check: Any, schema: Schema) -> Any:
@@ -103,12 +104,6 @@ def number_in(allowed: Range) -> Any:
     return Annotated[float, *_scalar(check, schema)]
 
 
-def _object(value: Any) -> dict:
-    if not isinstance(value, dict):
-        raise fail("'{param}' must be an object.")
-    return value
-
-
 def _token_id(value: Any, field: int | None = None) -> int:
     if not is_int(value) or not 0 <= value <= UINT32_MAX:
         raise fail("'{param}' must be a non-negative integer token id, got {got}.", field=field, got=got(value))
@@ -141,7 +136,7 @@ def one_of(*values: str, wording: str = "'{param}' must be one of {values}; got 
 Str = StrictStr
 NonEmptyStr = Annotated[str, StringConstraints(strict=True, min_length=1)]
 Bool = StrictBool
-Object = Annotated[dict, *_scalar(_object, {"type": "object"})]  # any JSON object, kept as it is
+Object = Annotated[dict, Strict(), WithJsonSchema({"type": "object"})]  # any JSON object
 TokenId = Annotated[int, *_scalar(_token_id, {"type": "integer", "minimum": 0, "maximum": UINT32_MAX})]
 TOKEN_IDS: Schema = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": UINT32_MAX}}
 Count = int_in(0, UINT32_MAX)  # a token count: min_tokens, budgets
