@@ -9,6 +9,7 @@ Unknown fields are ignored at every level.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, PlainValidator, model_validator
@@ -26,9 +27,8 @@ from .errors import OVERLOADED_STATUS, error_type
 INT32_MAX = 2**31 - 1
 
 
-def literal(*values: str, wording: str = "'{param}' must be {words}, got {got}.") -> Any:
-    """A string among `values`, refused in the Messages API's words ("must be 'a', 'b' or 'c', got ...")."""
-    return one_of(*values, wording=wording)
+# A string among the values given, refused in the Messages API's words ("must be 'a', 'b' or 'c', got ...").
+literal = partial(one_of, wording="'{param}' must be {words}, got {got}.")
 
 
 # The blocks each role's content may hold; `_refusal` words why another cannot stand there.
