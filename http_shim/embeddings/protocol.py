@@ -11,8 +11,8 @@ from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import MAX_EMBED_INPUTS
 
 from ..openai.protocol import ChatMessage
-from ..protocol.base import (UINT32_MAX, ApiModel, Bool, ModelId, Str, TokenId, Whole, fail, int_in, is_int, one_of,
-                              token_ids)
+from ..protocol.base import (TOKEN_IDS, UINT32_MAX, ApiModel, Bool, ModelId, Str, TokenId, Whole, fail, int_in, is_int,
+                              one_of, token_ids)
 from ..protocol.openapi import ApiPart, Operation
 
 ENCODING_FORMATS = ("float", "base64")
@@ -51,12 +51,11 @@ def _inputs(value: Any) -> tuple[list[pb.EmbedInput], bool]:
     return items, False
 
 
-_TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": UINT32_MAX}}
 EmbeddingInput = Annotated[tuple, PlainValidator(_inputs), WithJsonSchema({"oneOf": [
     {"type": "string", "minLength": 1},
     {"type": "array", "minItems": 1, "maxItems": MAX_EMBED_INPUTS, "items": {"type": "string", "minLength": 1}},
-    _TOKEN_IDS,
-    {"type": "array", "minItems": 1, "maxItems": MAX_EMBED_INPUTS, "items": _TOKEN_IDS},
+    TOKEN_IDS,
+    {"type": "array", "minItems": 1, "maxItems": MAX_EMBED_INPUTS, "items": TOKEN_IDS},
 ], "description": "text, or the model's own token ids (as POST /tokenize returns them)"})]
 
 
@@ -69,8 +68,7 @@ def _truncate(value: Any) -> int:
 class EmbeddingRequest(ApiModel):
     model: ModelId
     input: EmbeddingInput  # (the inputs, whether `input` was one: errors then name "input", not "input[0]")
-    encoding_format: Annotated[one_of(*ENCODING_FORMATS), WithJsonSchema(
-        {"type": "string", "enum": list(ENCODING_FORMATS), "description": "base64: little-endian float32"})] = "float"
+    encoding_format: one_of(*ENCODING_FORMATS) = Field("float", description="base64: little-endian float32")
     dimensions: int_in(1, UINT32_MAX) | None = Field(
         None, description="only for models trained for shorter vectors; else their own size")
     user: Str | None = None

@@ -9,33 +9,26 @@ Unknown fields are ignored at every level.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, PlainValidator, WithJsonSchema, model_validator
+from pydantic import AfterValidator, Field, PlainValidator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from conduit.v1.contract import SAMPLING_RANGES, Range
 
-from ..protocol.base import (UINT32_MAX, ApiModel, Bool, Cap, ModelId, NonEmptyStr, Object, Str, by_type, fail, got,
-                              int_in, number_in, text_or)
+from ..protocol.base import (ApiModel, Bool, Cap, ModelId, NonEmptyStr, Object, Str, by_type, fail, got,
+                              int_in, number_in, one_of, text_or)
 from ..protocol.chat import JsonSchemaText, ToolName
 from ..protocol.openapi import REQUEST_ID_HEADER, ApiPart, Operation, ref
+from ..protocol.sampling import MaxTokens
 from .errors import OVERLOADED_STATUS, error_type
 
 INT32_MAX = 2**31 - 1
 
 
-def literal(*values: str, wording: str = "'{param}' must be {words}, got {got}.") -> Any:
-    """A string among `values`, refused in the Messages API's words ("must be 'a', 'b' or 'c', got ...")."""
-    quoted = [f"'{v}'" for v in values]
-    words = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(values) > 1 else quoted[0]
-
-    def check(value: Any) -> str:
-        if value not in values:
-            raise fail(wording, words=words, got=got(value))
-        return value
-
-    return Annotated[str, PlainValidator(check), WithJsonSchema({"type": "string", "enum": list(values)})]
+# A string among the values given, refused in the Messages API's words ("must be 'a', 'b' or 'c', got ...").
+literal = partial(one_of, wording="'{param}' must be {words}, got {got}.")
 
 
 # The blocks each role's content may hold; `_refusal` words why another cannot stand there.
@@ -220,7 +213,7 @@ class CountTokensRequest(ApiModel):
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: Annotated[int_in(1, UINT32_MAX), Cap("max_tokens")]
+    max_tokens: MaxTokens
     stop_sequences: Annotated[list[NonEmptyStr], Cap("max_stop", "maxItems", "strings")] | None = None
     temperature: number_in(Range(0.0, 1.0)) | None = None  # Anthropic's range, narrower than the engine's
     top_p: number_in(SAMPLING_RANGES["top_p"]) | None = None

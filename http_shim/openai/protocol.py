@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from pydantic import Field, PlainValidator, ValidationInfo, WithJsonSchema, model_validator
+from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from clients.request_builder import TOOL_CHOICE_MODES
@@ -28,11 +28,11 @@ from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import MAX_TOP_LOGPROBS
 
 from ..limits import MAX_COMPLETION_LOGPROBS, MAX_PROMPTS
-from ..protocol.base import UINT32_MAX, ApiModel, Bool, Cap, Count, ModelId, NonEmptyStr, Object, Str, fail, got, \
-    ignored, int_in, is_int, one_of, token_ids
-from ..protocol.chat import JsonSchemaText, ReasoningEffort, StructuredOutputs, ToolName, tool_choice
+from ..protocol.base import TOKEN_IDS, UINT32_MAX, ApiModel, Bool, Cap, Count, ModelId, NonEmptyStr, Object, Str, \
+    fail, got, ignored, int_in, is_int, one_of, token_ids
+from ..protocol.chat import JsonSchemaText, ReasoningEffort, StructuredOutputs, ToolName, mode_or, tool_choice
 from ..protocol.openapi import ApiPart, Operation
-from ..protocol.sampling import N, SamplingFields, StoppingFields
+from ..protocol.sampling import MaxTokens, N, SamplingFields, StoppingFields
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
@@ -130,15 +130,7 @@ class NamedToolChoice(ApiModel):
     function: NamedFunction
 
 
-def _tool_choice(value: Any, info: ValidationInfo) -> str | NamedToolChoice:
-    if isinstance(value, str):
-        if value not in TOOL_CHOICE_MODES:
-            raise fail("'{param}' must be 'none', 'auto', 'required' or an object, got {got}.", got=got(value))
-        return value
-    return NamedToolChoice.model_validate(value, context=info.context)  # its errors merge in below tool_choice
-
-
-ToolChoice = Annotated[Any, PlainValidator(_tool_choice), WithJsonSchema({"oneOf": [
+ToolChoice = Annotated[mode_or(NamedToolChoice), WithJsonSchema({"oneOf": [
     {"type": "string", "enum": list(TOOL_CHOICE_MODES)},
     {"type": "object", "required": ["type", "function"], "properties": {
         "type": {"type": "string", "enum": ["function"]},
@@ -215,9 +207,7 @@ def _deprecated(value: Any) -> None:
 Deprecated = SkipJsonSchema[Annotated[Any, PlainValidator(_deprecated)]]
 
 
-# max_tokens (from 1 for chat, 0 for completions), within the operator's cap.
-ChatMaxTokens = Annotated[int_in(1, UINT32_MAX), Cap("max_tokens")]
-CompletionMaxTokens = Annotated[int_in(0, UINT32_MAX), Cap("max_tokens")]
+CompletionMaxTokens = Annotated[int_in(0, UINT32_MAX), Cap("max_tokens")]  # from 0 (chat's MaxTokens: from 1)
 
 
 class ChatCompletionRequest(SamplingFields, StoppingFields, OpenAIFields):
@@ -227,8 +217,8 @@ class ChatCompletionRequest(SamplingFields, StoppingFields, OpenAIFields):
     tools: list[ChatTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: Bool | None = None
-    max_tokens: ChatMaxTokens | None = None
-    max_completion_tokens: ChatMaxTokens | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
     logprobs: Bool | None = None
     top_logprobs: int_in(0, MAX_TOP_LOGPROBS) | None = None
     reasoning_effort: ReasoningEffort | None = None
@@ -270,12 +260,11 @@ def _prompts(value: Any) -> list[str | list[int]]:
     return prompts
 
 
-_TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": UINT32_MAX}}
 Prompt = Annotated[list, PlainValidator(_prompts), WithJsonSchema({"oneOf": [
     {"type": "string"},
     {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_PROMPTS},
-    _TOKEN_IDS,
-    {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": MAX_PROMPTS},
+    TOKEN_IDS,
+    {"type": "array", "items": TOKEN_IDS, "minItems": 1, "maxItems": MAX_PROMPTS},
 ]})]
 
 

@@ -6,6 +6,7 @@ validation and GET /openapi.json come, and the field groups and builders the API
 - sampling.py, chat.py: the field groups and pieces the generation APIs share, and their builders.
 - openapi.py: the document, assembled from each API's `ApiPart`.
 
-Messages are the shim's own, not pydantic's: each type raises a template with `{param}` in it, filled
-in with the failure's OpenAI `param` path ("messages[0].content"). A null field is the field left out.
+Messages are the shim's own, not pydantic's: each check raises a template with `{param}` in it (pydantic's
+strict types get theirs from a table), filled in with the failure's OpenAI `param` path ("messages[0].content").
+A null field is the field left out.
 """

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, PlainValidator, \
-    TypeAdapter, ValidationError, ValidationInfo, WithJsonSchema, model_validator
+    Strict, StrictBool, StrictStr, StringConstraints, TypeAdapter, ValidationError, ValidationInfo, WithJsonSchema, \
+    model_validator
 from pydantic_core import PydanticCustomError, core_schema
 
 from conduit.v1.contract import Range
@@ -43,13 +44,14 @@ class ApiModel(BaseModel):
     """A request object: unknown fields are tolerated and dropped (OpenAI's clients send many), and a
     field set to null is the field left out, as every API the shim speaks treats it."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, regex_engine="python-re")  # Python's `$`, as TOOL_NAME
 
     @model_validator(mode="before")
     @classmethod
     def _drop_nulls(cls, value: Any) -> Any:
-        value = _object(value)
-        return {k: v for k, v in value.items() if v is not None} if None in value.values() else value
+        if isinstance(value, dict) and None in value.values():  # (pydantic refuses a value not an object)
+            return {k: v for k, v in value.items() if v is not None}
+        return value
 
 
 def _scalar(check: Any, schema: Schema) -> Any:
@@ -102,30 +104,6 @@ def number_in(allowed: Range) -> Any:
     return Annotated[float, *_scalar(check, schema)]
 
 
-def _str(value: Any) -> str:
-    if not isinstance(value, str):
-        raise fail("'{param}' must be a string.")
-    return value
-
-
-def _non_empty_str(value: Any) -> str:
-    if not _str(value):
-        raise fail("'{param}' must not be empty.")
-    return value
-
-
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise fail("'{param}' must be a boolean, got {got}.", got=got(value))
-    return value
-
-
-def _object(value: Any) -> dict:
-    if not isinstance(value, dict):
-        raise fail("'{param}' must be an object.")
-    return value
-
-
 def _token_id(value: Any, field: int | None = None) -> int:
     if not is_int(value) or not 0 <= value <= UINT32_MAX:
         raise fail("'{param}' must be a non-negative integer token id, got {got}.", field=field, got=got(value))
@@ -141,25 +119,28 @@ def token_ids(ids: list, field: int | None = None) -> list[int]:
     return ids
 
 
-def one_of(*values: str) -> Any:
-    """A string among `values` (an enum in the document)."""
+def one_of(*values: str, wording: str = "'{param}' must be one of {values}; got {got}.") -> Any:
+    """A string among `values` (an enum in the document). `wording` names them as {values} ("a, b, c") or
+    as {words} ("'a', 'b' or 'c'", the Messages API's spelling)."""
+    quoted = [f"'{v}'" for v in values]
+    words = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(values) > 1 else quoted[0]
 
     def check(value: Any) -> str:
         if value not in values:
-            raise fail("'{param}' must be one of {values}; got {got}.", values=", ".join(values), got=got(value))
+            raise fail(wording, values=", ".join(values), words=words, got=got(value))
         return value
 
     return Annotated[str, *_scalar(check, {"type": "string", "enum": list(values)})]
 
 
-Str = Annotated[str, *_scalar(_str, {"type": "string"})]
-NonEmptyStr = Annotated[str, *_scalar(_non_empty_str, {"type": "string", "minLength": 1})]
-Bool = Annotated[bool, *_scalar(_bool, {"type": "boolean"})]
-Object = Annotated[dict, *_scalar(_object, {"type": "object"})]  # any JSON object, kept as it is
+Str = StrictStr
+NonEmptyStr = Annotated[str, StringConstraints(strict=True, min_length=1)]
+Bool = StrictBool
+Object = Annotated[dict, Strict(), WithJsonSchema({"type": "object"})]  # any JSON object
 TokenId = Annotated[int, *_scalar(_token_id, {"type": "integer", "minimum": 0, "maximum": UINT32_MAX})]
+TOKEN_IDS: Schema = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": UINT32_MAX}}
 Count = int_in(0, UINT32_MAX)  # a token count: min_tokens, budgets
-ModelId = Annotated[str, *_scalar(_non_empty_str, {"type": "string", "minLength": 1,
-                                                     "description": "a model id from GET /v1/models"})]
+ModelId = Annotated[NonEmptyStr, Field(description="a model id from GET /v1/models")]
 
 
 @dataclass(frozen=True)
@@ -264,6 +245,10 @@ _PYDANTIC_MESSAGES = {
     "list_type": "'{param}' must be an array.",
     "too_short": "'{param}' must not be empty.",
     "too_long": "'{param}' may hold at most {max_length} items, got {actual_length}.",
+    "string_type": "'{param}' must be a string.",
+    "string_too_short": "'{param}' must not be empty.",
+    "string_pattern_mismatch": "'{param}' must match {pattern}, got {input}.",
+    "bool_type": "'{param}' must be a boolean, got {input}.",
 }
 
 

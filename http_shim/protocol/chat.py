@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Union
 
-from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
+from pydantic import Field, PlainValidator, StringConstraints, TypeAdapter, ValidationInfo, WithJsonSchema, \
+    model_validator
 
 from clients.request_builder import TOOL_CHOICE_MODES
 from conduit.v1 import engine_pb2 as pb
@@ -22,15 +23,7 @@ TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 ReasoningEffort = one_of(*REASONING_EFFORTS)
 
 
-def _tool_name(value: Any) -> str:
-    if not isinstance(value, str):
-        raise fail("'{param}' must be a string.")
-    if not TOOL_NAME.match(value):
-        raise fail("'{param}' must match ^[a-zA-Z0-9_-]{{1,64}}$, got {got}.", got=got(value))
-    return value
-
-
-ToolName = Annotated[str, PlainValidator(_tool_name), WithJsonSchema({"type": "string", "pattern": TOOL_NAME.pattern})]
+ToolName = Annotated[str, StringConstraints(strict=True, pattern=TOOL_NAME.pattern)]
 
 
 def schema_text(schema: Any) -> str:
@@ -68,6 +61,21 @@ class StructuredOutputs(ApiModel):
         # Exactly one is set; the others (None) leave their member of the oneof unset.
         return pb.Constraint(json_schema=self.json_, regex=self.regex, grammar=self.grammar)
 
+
+
+def mode_or(choice: Any, *shown: Any) -> Any:
+    """A `tool_choice` field: a mode (none, auto, required) or an object parsed as `choice` (a model, or a
+    `by_type`); the document shows the modes and the `shown` models."""
+    adapter = TypeAdapter(choice)
+
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(value, str):
+            return adapter.validate_python(value, context=info.context)  # its errors merge in below tool_choice
+        if value not in TOOL_CHOICE_MODES:
+            raise fail("'{param}' must be 'none', 'auto', 'required' or an object, got {got}.", got=got(value))
+        return value
+
+    return Annotated[Any, PlainValidator(check, json_schema_input_type=Union[one_of(*TOOL_CHOICE_MODES), *shown])]
 
 
 def tool_choice(choice: str | None, function: str | None, tools: list[pb.Tool]) -> pb.ToolChoice:

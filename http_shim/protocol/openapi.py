@@ -44,6 +44,14 @@ def error_responses(*statuses: int) -> dict[str, Any]:
     return {str(s): {"description": _ERROR_REASONS[s], "content": content} for s in statuses}
 
 
+def answers(schema: str, errors: Mapping[str, Any], description: str = "the answer", events: bool = False) -> Schema:
+    """A route's answers: 200 with the component `schema` (and server-sent events, with `events`), and `errors`."""
+    content: dict[str, Any] = {"application/json": {"schema": ref(schema)}}
+    if events:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    return {"200": {"description": description, "content": content}, **errors}
+
+
 @dataclass(frozen=True)
 class Operation:
     """A POST route whose body is `request`, answered by the component schema `response`; `streams`
@@ -58,15 +66,12 @@ class Operation:
     errors: Mapping[str, Any] = field(default_factory=lambda: error_responses(*_ERROR_REASONS))  # all of them
 
     def path_item(self) -> dict[str, Any]:
-        content: dict[str, Any] = {"application/json": {"schema": ref(self.response)}}
-        if self.streams:
-            content["text/event-stream"] = {"schema": {"type": "string"}}
         description = f"the answer, or with stream=true {self.streams}" if self.streams else "the answer"
         return {"post": {
             "summary": self.summary,
             "parameters": list(self.parameters),
             "requestBody": {"required": True, "content": {"application/json": {"schema": ref(self.request.__name__)}}},
-            "responses": {"200": {"description": description, "content": content}, **self.errors},
+            "responses": answers(self.response, self.errors, description, events=bool(self.streams)),
         }}
 
 

@@ -18,6 +18,7 @@ from .base import UINT32_MAX, ApiModel, Bool, Cap, Count, TokenId, Whole, fail, 
 TopK = int_in(-1, 2**31 - 1)  # -1 or 0: off (vLLM spells it -1)
 Seed = int_in(-(2**63), 2**64 - 1)  # OpenAI's are signed; the engine's unsigned (see sampling_params)
 N = Annotated[int_in(1, UINT32_MAX), Cap("max_n")]  # choices per prompt, within the operator's cap
+MaxTokens = Annotated[int_in(1, UINT32_MAX), Cap("max_tokens")]  # tokens to generate, within the operator's cap
 
 
 def _logit_bias(value: Any) -> dict[int, float]:

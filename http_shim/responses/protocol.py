@@ -8,18 +8,17 @@ the response's echo repeat them.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Union
+from typing import Annotated, Any, ClassVar
 
-from pydantic import ConfigDict, Field, PlainValidator, TypeAdapter, ValidationInfo, WithJsonSchema, model_validator
+from pydantic import ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
 
-from clients.request_builder import TOOL_CHOICE_MODES
 from conduit.v1.contract import MAX_TOP_LOGPROBS
 
-from ..protocol.base import UINT32_MAX, ApiModel, Bool, Cap, Count, ModelId, NonEmptyStr, Object, Str, by_type, \
-    fail, got, int_in, one_of, text_or
-from ..protocol.chat import ReasoningEffort, ToolName, schema_text
-from ..protocol.openapi import ApiPart, Operation, error_responses, ref
-from ..protocol.sampling import SamplingFields, StoppingFields
+from ..protocol.base import ApiModel, Bool, Count, ModelId, NonEmptyStr, Object, Str, by_type, fail, got, int_in, \
+    one_of, text_or
+from ..protocol.chat import ReasoningEffort, ToolName, mode_or, schema_text
+from ..protocol.openapi import ApiPart, Operation, answers, error_responses
+from ..protocol.sampling import MaxTokens, SamplingFields, StoppingFields
 
 # Hosted tools accepted and not offered to the model (request.py's docstring says why).
 NOT_OFFERED_TOOLS = ("web_search", "web_search_preview")
@@ -169,17 +168,8 @@ class AllowedTools(Sent):
     tools: list[by_type({"function": FunctionChoice}, UnsupportedTool)]
 
 
-_CHOICE = TypeAdapter(by_type({"function": FunctionChoice, "allowed_tools": AllowedTools}, UnsupportedChoice))
-
-
-def _tool_choice(value: Any, info: ValidationInfo) -> str | Sent:
-    if isinstance(value, str) and value not in TOOL_CHOICE_MODES:
-        raise fail("'{param}' must be 'none', 'auto', 'required' or an object, got {got}.", got=got(value))
-    return value if isinstance(value, str) else _CHOICE.validate_python(value, context=info.context)
-
-
-ToolChoice = Annotated[Any, PlainValidator(_tool_choice, json_schema_input_type=Union[
-    one_of(*TOOL_CHOICE_MODES), FunctionChoice, AllowedTools])]
+ToolChoice = mode_or(by_type({"function": FunctionChoice, "allowed_tools": AllowedTools}, UnsupportedChoice),
+                     FunctionChoice, AllowedTools)
 
 
 class TextFormat(Sent):
@@ -214,7 +204,7 @@ class ResponseRequest(SamplingFields, StoppingFields):
     parallel_tool_calls: Bool | None = None
     text: TextOptions | None = None
     reasoning: Reasoning | None = None
-    max_output_tokens: Annotated[int_in(1, UINT32_MAX), Cap("max_tokens")] | None = None
+    max_output_tokens: MaxTokens | None = None
     top_logprobs: int_in(0, MAX_TOP_LOGPROBS) | None = None
     include: list[Str] | None = None
     metadata: Metadata | None = None
@@ -229,13 +219,6 @@ class ResponseRequest(SamplingFields, StoppingFields):
 _RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
-def _answer(schema: str, *errors: int, events: bool = False) -> dict[str, Any]:
-    content: dict[str, Any] = {"application/json": {"schema": ref(schema)}}
-    if events:
-        content["text/event-stream"] = {"schema": {"type": "string"}}
-    return {"200": {"description": "the answer", "content": content}, **error_responses(*errors)}
-
-
 RESPONSES_API = ApiPart(
     operations=[Operation("/v1/responses", "Create a response (OpenAI Responses API)", ResponseRequest, "Response",
                           streams="its events (event: = data.type)")],
@@ -243,7 +226,7 @@ RESPONSES_API = ApiPart(
         "/v1/responses/{response_id}": {
             "get": {"summary": "A stored (or running) response; stream=true replays its events",
                     "parameters": [_RESPONSE_ID, {"name": "stream", "in": "query", "schema": {"type": "boolean"}}],
-                    "responses": _answer("Response", 400, 401, 404, events=True)},
+                    "responses": answers("Response", error_responses(400, 401, 404), events=True)},
             "delete": {"summary": "Delete a stored response", "parameters": [_RESPONSE_ID],
                        "responses": {"200": {"description": "deleted"}, **error_responses(401, 404)}}},
         "/v1/responses/{response_id}/input_items": {"get": {
@@ -253,11 +236,11 @@ RESPONSES_API = ApiPart(
                             "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT}},
                            {"name": "order", "in": "query", "schema": {"type": "string", "enum": ["asc", "desc"]}},
                            {"name": "after", "in": "query", "schema": {"type": "string"}}],
-            "responses": _answer("ResponseInputItems", 400, 401, 404)}},
+            "responses": answers("ResponseInputItems", error_responses(400, 401, 404))}},
         "/v1/responses/{response_id}/cancel": {"post": {
             "summary": "Cancel a response in flight on this server (400 once it finished)",
             "parameters": [_RESPONSE_ID],
-            "responses": _answer("Response", 400, 401, 404)}},
+            "responses": answers("Response", error_responses(400, 401, 404))}},
     },
     schemas={
         "Response": {"type": "object", "required": ["id", "object", "created_at", "status", "output", "model"],

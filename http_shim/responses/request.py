@@ -181,9 +181,8 @@ def _chat(request: ResponseRequest, items: list[Sent], limits: RequestLimits) ->
     tools = offered_tools(request.tools or [])
     choice, tools.offered = chosen_tools(request.tool_choice, tools.offered)
     check_prompt_chars(chat_prompt_chars(messages, tools.offered), "input", limits)
-    chat = pb.ChatInput(messages=messages, tools=tools.offered, tool_choice=choice)
-    if request.parallel_tool_calls is not None:
-        chat.parallel_tool_calls = request.parallel_tool_calls
+    chat = pb.ChatInput(messages=messages, tools=tools.offered, tool_choice=choice,
+                        parallel_tool_calls=request.parallel_tool_calls)
     reasoning_options(chat, request.reasoning and request.reasoning.effort, request.chat_template_kwargs)
     return chat, tools
 
@@ -224,11 +223,8 @@ def build_request(request: ResponseRequest, request_id: str, limits: RequestLimi
     generate = pb.GenerateRequest(
         request_id=request_id, model=request.model, chat=chat, n=1, sampling=sampling_params(request),
         stopping=stopping_params(request, request.max_output_tokens or limits.max_tokens), logprobs=logprobs,
-        top_logprobs=request.top_logprobs or 0 if logprobs else 0, drop_oldest_messages=request.truncation == "auto")
-    if request.max_reasoning_tokens is not None:
-        generate.max_reasoning_tokens = request.max_reasoning_tokens
-    if (answer_format := constraint(request)) is not None:
-        generate.constraint.CopyFrom(answer_format)
+        top_logprobs=request.top_logprobs or 0 if logprobs else 0, drop_oldest_messages=request.truncation == "auto",
+        max_reasoning_tokens=request.max_reasoning_tokens, constraint=constraint(request))
     stored = list(inherited or []) + [stored_item(item) for item in new]
     return ResponsesRequest(request.model, generate, stored, _echo(request), bool(request.stream),
                             request.store is not False, logprobs, tools)
