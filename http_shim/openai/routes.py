@@ -27,8 +27,8 @@ def register_openai(app: Flask, ctx: ShimContext) -> None:
         created = int(time.time())
         if plan.stream:
             return ctx.relay.sse(stream, lambda: OpenAIEvents(translator(response_id, created, model, plan)))
-        collected = ctx.relay.collect(stream)
-        if collected is None:
+        collected = Collector()
+        if not ctx.relay.collect(stream, collected.add):
             return Response(status=499)
         return json_response(build(response_id, created, model, plan, collected))
 

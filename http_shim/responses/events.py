@@ -24,10 +24,10 @@ from conduit.v1 import engine_pb2 as pb
 
 from .. import sse
 from ..errors import APIError
-from ..stream_fold import (ChoiceEnd, Event, ReasoningDelta, StreamFold, TextDelta, ToolCallArguments,
+from ..stream_fold import (ChoiceEnd, Event, Finish, ReasoningDelta, StreamFold, TextDelta, ToolCallArguments,
                            ToolCallStart)
 from .objects import (ResponseSkeleton, function_call_item, logprobs_list, message_item, new_id, reasoning_item,
-                      status_of, text_part, usage_object)
+                      text_part, usage_object)
 
 # The code of the error a cancel (POST /v1/responses/{id}/cancel) ends a generation with.
 CANCELLED_CODE = "response_cancelled"
@@ -45,9 +45,9 @@ class _Item:
 
 
 class ResponseEvents:
-    """An EventWriter (relay.py) for /v1/responses. `on_end(response)` receives the final object
-    (completed, incomplete, failed or cancelled), e.g. to store it; `named(error)` gives an engine
-    error the Responses name of its field."""
+    """An EventWriter (relay.py) for /v1/responses, and so the whole answer too (the relay's collect):
+    `on_end(response)` receives the final object (completed, incomplete, failed or cancelled), e.g. to
+    store it, and `final` keeps it; `named(error)` gives an engine error the Responses name of its field."""
 
     heartbeat = sse.HEARTBEAT
 
@@ -66,6 +66,7 @@ class ResponseEvents:
         self._calls: dict[int, _Item] = {}  # the engine's call index -> its open function call item
         self._fold = StreamFold()
         self._status = "completed"  # incomplete once the engine says the output limit cut the answer
+        self.final: dict[str, Any] = {}
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._sequence, **fields}
@@ -179,7 +180,7 @@ class ResponseEvents:
         """The terminal event(s): response.completed / .incomplete, or error then response.failed."""
         if error is not None:
             error = self._named(error)
-        response = self._skeleton.build(status, self.output(), usage, error)
+        response = self.final = self._skeleton.build(status, self.output(), usage, error)
         self._on_end(response)
         if error is None:
             return [self._event(f"response.{status}", response=response)]
@@ -202,7 +203,7 @@ class ResponseEvents:
         if isinstance(e, ToolCallArguments) and e.arguments:
             return self.call_delta(e.index, e.arguments)
         if isinstance(e, ChoiceEnd):
-            self._status = status_of(e.reason)
+            self._status = "incomplete" if e.reason is Finish.LENGTH else "completed"
             return self.close_items(self._status)
         return []
 

@@ -22,7 +22,7 @@ from ..errors import APIError, invalid
 from ..protocol.base import parse
 from ..web import json_response, read_body, request_id
 from .events import CANCELLED_CODE, ResponseEvents, replay
-from .objects import ResponseSkeleton, new_id, output_items, status_of, usage_object
+from .objects import ResponseSkeleton, new_id
 from .protocol import MAX_LIST_LIMIT, ResponseRequest
 from .request import ResponsesRequest, build_request
 from .store import ResponseStore, StoredResponse
@@ -92,28 +92,28 @@ class ResponsesRoutes:
         if parsed.store and self.store is not None:
             self.store.put(response, parsed.context)
 
+    def _writer(self, parsed: ResponsesRequest, skeleton: ResponseSkeleton) -> ResponseEvents:
+        return ResponseEvents(skeleton, parsed.logprobs, functools.partial(self._keep, parsed), parsed.engine_error)
+
     def _streamed(self, parsed: ResponsesRequest, stream: EngineStream, skeleton: ResponseSkeleton) -> Response:
-        keep = functools.partial(self._keep, parsed)
-        answer = self.ctx.relay.sse(stream, lambda: ResponseEvents(skeleton, parsed.logprobs, keep,
-                                                                    parsed.engine_error))
+        answer = self.ctx.relay.sse(stream, lambda: self._writer(parsed, skeleton))
         answer.call_on_close(lambda: self.in_flight.pop(skeleton.id, None))
         return answer
 
     def _whole(self, parsed: ResponsesRequest, stream: EngineStream, skeleton: ResponseSkeleton) -> Response:
+        """The streamed answer's final object, from the same writer (its events are dropped)."""
+        writer = self._writer(parsed, skeleton)
         try:
-            collected = self.ctx.relay.collect(stream)
+            if not self.ctx.relay.collect(stream, writer.on_response):
+                self.in_flight.pop(skeleton.id, None)
+                return Response(status=499)
+            writer.finish()  # its on_end keeps the final object
+            response = writer.final
         except APIError as error:
             if error.code != CANCELLED_CODE:
                 raise
-            collected, response = None, skeleton.build("cancelled", [])
-        else:
-            if collected is None:
-                self.in_flight.pop(skeleton.id, None)
-                return Response(status=499)
-            choice = collected.ranked(0, 1, 1)[0]
-            response = skeleton.build(status_of(choice.finish_reason),
-                                      output_items(choice, parsed.logprobs, skeleton), usage_object(collected.usage()))
-        self._keep(parsed, response)
+            response = skeleton.build("cancelled", [])
+            self._keep(parsed, response)
         return json_response(response)
 
     def get_response(self, response_id: str) -> Response:
