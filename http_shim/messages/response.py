@@ -1,4 +1,4 @@
-"""The message object from the engine's answer; its parts are the event stream's too, so both say the same."""
+"""The message object's parts, which the event stream (events.py) writes; a whole answer is its final message."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import json
 import uuid
 from typing import Any
 
-from conduit_common.results import Choice, Usage
+from conduit_common.results import Usage
 
-from ..stream_fold import Collector, Finish
-from .request import MessagesPlan
+from ..stream_fold import Finish
 
 
 def new_message_id() -> str:
@@ -31,9 +30,9 @@ def tool_input(arguments: str) -> dict[str, Any]:
 _STOP_REASONS = {Finish.STOP: "end_turn", Finish.LENGTH: "max_tokens", Finish.TOOL_CALLS: "tool_use"}
 
 
-def stop_reason(reason: str | None, matched_stop: str, stop_sequences: list[str]) -> tuple[str, str | None]:
+def stop_reason(reason: Finish, matched_stop: str, stop_sequences: list[str]) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence): a stop string the client sent is named; EOS is end_turn."""
-    word = _STOP_REASONS[Finish.named(reason)]
+    word = _STOP_REASONS[reason]
     if word == "end_turn" and matched_stop and matched_stop in stop_sequences:
         return "stop_sequence", matched_stop
     return word, None
@@ -60,25 +59,8 @@ def thinking_signature(thinking: str) -> str:
     return "conduit-sha256:" + hashlib.sha256(thinking.encode()).hexdigest()
 
 
-def thinking_block(thinking: str) -> dict[str, Any]:
-    return {"type": "thinking", "thinking": thinking, "signature": thinking_signature(thinking)}
-
-
 def tool_use_block(call_id: str, name: str, arguments: str | None) -> dict[str, Any]:
     """A tool_use block; `arguments` None: its start in a stream (input follows as deltas). Its id is the
     call's (`call_` + hex; the fold gives one to a call the engine sent none for) as `toolu_` + hex."""
     return {"type": "tool_use", "id": "toolu_" + call_id.removeprefix("call_"), "name": name,
             "input": {} if arguments is None else tool_input(arguments)}
-
-
-def message_object(message_id: str, model: str, plan: MessagesPlan, collected: Collector) -> dict[str, Any]:
-    completion = collected.completion(0)
-    choice = completion.choices[0] if completion.choices else Choice(0)
-    content: list[dict[str, Any]] = [thinking_block(choice.reasoning)] if choice.reasoning else []
-    if choice.text:
-        content.append({"type": "text", "text": choice.text})
-    content.extend(tool_use_block(c.id, c.name, c.arguments) for c in choice.tool_calls)
-    reason, sequence = stop_reason(choice.finish_reason, choice.matched_stop, plan.stop_sequences)
-    message = envelope(message_id, model, usage_object(collected.usage()))
-    message.update(content=content, stop_reason=reason, stop_sequence=sequence)
-    return message
