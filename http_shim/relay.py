@@ -67,12 +67,12 @@ class Relay:
         stream.cancel()
         self._drain.discard(stream)
 
-    def sse(self, stream: EngineStream, writer: Callable[[], EventWriter]) -> Response:
-        """The streamed answer. `writer()` is called once the engine's first answer arrived: an
-        error before it (bad argument, queue full) raises here, for a real HTTP status."""
+    def sse(self, stream: EngineStream, writer: EventWriter) -> Response:
+        """The streamed answer, once the engine's first answer arrived: an error before it (bad
+        argument, queue full) raises here, for a real HTTP status."""
         try:
             first = stream.next(self._heartbeat_s)
-            body = self._events(stream, first, writer(), request.environ)
+            body = self._events(stream, first, writer, request.environ)
             response = Response(body, 200, sse.HEADERS, content_type=sse.CONTENT_TYPE)
         except BaseException:
             self.close(stream)

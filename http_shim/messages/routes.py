@@ -60,7 +60,7 @@ def register_messages(app: Flask, ctx: ShimContext) -> None:
         model, stream = ctx.relay.open(plan.model, [plan.request])
         writer = MessagesEvents(new_message_id(), model, plan.stop_sequences)
         if plan.stream:
-            return ctx.relay.sse(stream, lambda: writer)
+            return ctx.relay.sse(stream, writer)
         if not ctx.relay.collect(stream, writer.on_response):
             return Response(status=499)
         writer.finish()  # the same events a stream gets, whole

@@ -18,13 +18,9 @@ from ..stream_fold import (ChoiceEnd, Collector, Event, Finish, PromptRead, Reas
 
 _MIN_LOGPROB = -9999.0  # what OpenAI reports for a probability too small to represent
 
-# OpenAI's words for why a choice ended: the neutral names.
-_FINISH_REASONS = {Finish.STOP: "stop", Finish.LENGTH: "length", Finish.TOOL_CALLS: "tool_calls"}
-
-
 def finish_reason(reason: str | None) -> str:
-    """OpenAI always names one: "stop" for a choice the engine gave no reason for."""
-    return _FINISH_REASONS[Finish.named(reason)]
+    """OpenAI's word for why a choice ended is the neutral name; "stop" for a choice given no reason."""
+    return Finish.named(reason).value
 
 
 def logprob_value(value: float) -> float | None:

@@ -26,7 +26,7 @@ def register_openai(app: Flask, ctx: ShimContext) -> None:
         model, stream = ctx.relay.open(plan.model, plan.requests)
         created = int(time.time())
         if plan.stream:
-            return ctx.relay.sse(stream, lambda: OpenAIEvents(translator(response_id, created, model, plan)))
+            return ctx.relay.sse(stream, OpenAIEvents(translator(response_id, created, model, plan)))
         collected = Collector()
         if not ctx.relay.collect(stream, collected.add):
             return Response(status=499)

@@ -96,7 +96,7 @@ class ResponsesRoutes:
         return ResponseEvents(skeleton, parsed.logprobs, functools.partial(self._keep, parsed), parsed.engine_error)
 
     def _streamed(self, parsed: ResponsesRequest, stream: EngineStream, skeleton: ResponseSkeleton) -> Response:
-        answer = self.ctx.relay.sse(stream, lambda: self._writer(parsed, skeleton))
+        answer = self.ctx.relay.sse(stream, self._writer(parsed, skeleton))
         answer.call_on_close(lambda: self.in_flight.pop(skeleton.id, None))
         return answer
 
