@@ -61,9 +61,8 @@ class ResponseEvents:
         self._sequence = 0
         self._started = False
         self._items: list[_Item] = []
-        self._text: _Item | None = None  # the open message item
-        self._reasoning: _Item | None = None  # the open reasoning item
-        self._calls: dict[int, _Item] = {}  # the engine's call index -> its open function call item
+        # The open items: "reasoning", "message", and each function call by the engine's call index.
+        self._open: dict[str | int, _Item] = {}
         self._fold = StreamFold()
         self._status = "completed"  # incomplete once the engine says the output limit cut the answer
         self.final: dict[str, Any] = {}
@@ -85,92 +84,78 @@ class ResponseEvents:
     def _where(entry: _Item) -> dict[str, Any]:
         return {"item_id": entry.item["id"], "output_index": entry.output_index, "content_index": 0}
 
-    def _add(self, item: dict[str, Any], part: dict[str, Any] | None = None) -> tuple[_Item, list[bytes]]:
-        """A new output item and its added event, then its content part's when it has one."""
-        entry = _Item(len(self._items), item)
+    def _add(self, key: str | int, item: dict[str, Any], part: dict[str, Any] | None = None) -> list[bytes]:
+        """A new output item, open under `key`: its added event, then its content part's when it has one."""
+        entry = self._open[key] = _Item(len(self._items), item)
         self._items.append(entry)
         out = [self._event("response.output_item.added", output_index=entry.output_index, item=item)]
         if part is not None:
             out.append(self._event("response.content_part.added", **self._where(entry), part=part))
-        return entry, out
+        return out
 
-    def _finished(self, entry: _Item, item: dict[str, Any], *events: bytes) -> list[bytes]:
-        """An item's final form: its own done `events` (numbered before this one), then output_item.done."""
-        entry.item, entry.done = item, True
-        return [*events, self._event("response.output_item.done", output_index=entry.output_index, item=item)]
-
-    def _close_content(self, entry: _Item, item: dict[str, Any], kind: str, **fields: Any) -> list[bytes]:
-        """A reasoning or message item's end: `kind`.done (with `fields`), content_part.done, output_item.done."""
-        where = self._where(entry)
-        return self._finished(entry, item, self._event(f"response.{kind}.done", **where, **fields),
-                              self._event("response.content_part.done", **where, part=item["content"][0]))
+    def _close(self, status: str, *keys: str | int) -> list[bytes]:
+        """Ends the items open under `keys`, in that order, each in its final form with `status`: a reasoning
+        or message item's text.done and content_part.done, a call's arguments.done; then output_item.done."""
+        out = []
+        for entry in [self._open.pop(key) for key in keys if key in self._open]:
+            item, text = entry.item, "".join(entry.pieces)
+            if item["type"] == "function_call":
+                entry.item = {**item, "arguments": text, "status": status}
+                out.append(self._event("response.function_call_arguments.done", item_id=item["id"],
+                                       output_index=entry.output_index, name=item["name"], arguments=text))
+            else:
+                if item["type"] == "reasoning":
+                    entry.item = reasoning_item(item["id"], status, text, self._skeleton.summarized)
+                    fields = {}
+                else:
+                    entry.item = message_item(item["id"], status, [text_part(text, entry.logprobs)])
+                    fields = {"logprobs": entry.logprobs}
+                part, where = entry.item["content"][0], self._where(entry)
+                out += [self._event(f"response.{part['type']}.done", **where, text=text, **fields),
+                        self._event("response.content_part.done", **where, part=part)]
+            entry.done = True
+            out.append(self._event("response.output_item.done", output_index=entry.output_index, item=entry.item))
+        return out
 
     def reasoning_delta(self, text: str, item_id: str | None = None) -> list[bytes]:
         out = []
-        if self._reasoning is None:
+        if "reasoning" not in self._open:
             item = reasoning_item(item_id or new_id("rs"), "in_progress", None)
-            self._reasoning, out = self._add(item, {"type": "reasoning_text", "text": ""})
-        self._reasoning.pieces.append(text)
-        return out + [self._event("response.reasoning_text.delta", **self._where(self._reasoning), delta=text)]
-
-    def _close_reasoning(self, status: str) -> list[bytes]:
-        entry, self._reasoning = self._reasoning, None
-        if entry is None:
-            return []
-        text = "".join(entry.pieces)
-        item = reasoning_item(entry.item["id"], status, text, self._skeleton.summarized)
-        return self._close_content(entry, item, "reasoning_text", text=text)
+            out = self._add("reasoning", item, {"type": "reasoning_text", "text": ""})
+        entry = self._open["reasoning"]
+        entry.pieces.append(text)
+        return out + [self._event("response.reasoning_text.delta", **self._where(entry), delta=text)]
 
     def open_text(self, item_id: str | None = None) -> list[bytes]:
-        out = self._close_reasoning("completed")  # the thinking before the answer is finished
-        self._text, added = self._add(message_item(item_id or new_id("msg"), "in_progress", []), text_part("", []))
-        return out + added
+        out = self._close("completed", "reasoning")  # the thinking before the answer is finished
+        return out + self._add("message", message_item(item_id or new_id("msg"), "in_progress", []), text_part("", []))
 
     def text_delta(self, text: str, logprobs: list[dict[str, Any]]) -> list[bytes]:
-        out = [] if self._text is not None else self.open_text()
-        entry = self._text
-        assert entry is not None
+        out = [] if "message" in self._open else self.open_text()
+        entry = self._open["message"]
         entry.pieces.append(text)
         entry.logprobs.extend(logprobs)
         return out + [self._event("response.output_text.delta", **self._where(entry), delta=text, logprobs=logprobs)]
 
-    def _close_text(self, status: str) -> list[bytes]:
-        entry, self._text = self._text, None
-        if entry is None:
-            return []
-        text = "".join(entry.pieces)
-        item = message_item(entry.item["id"], status, [text_part(text, entry.logprobs)])
-        return self._close_content(entry, item, "output_text", text=text, logprobs=entry.logprobs)
-
     def open_call(self, index: int, call_id: str, name: str, namespace: str | None = None,
                   item_id: str | None = None) -> list[bytes]:
-        out = self._close_reasoning("completed") + self._close_text("completed")  # what came before a call
-        item = function_call_item(item_id or new_id("fc"), call_id, name, "", "in_progress", namespace)
-        self._calls[index], added = self._add(item)
-        return out + added
+        out = self._close("completed", "reasoning", "message")  # what came before a call
+        return out + self._add(index, function_call_item(item_id or new_id("fc"), call_id, name, "", "in_progress",
+                                                         namespace))
 
     def call_delta(self, index: int, arguments: str) -> list[bytes]:
-        entry = self._calls[index]
+        entry = self._open[index]
         entry.pieces.append(arguments)
         return [self._event("response.function_call_arguments.delta", item_id=entry.item["id"],
                             output_index=entry.output_index, delta=arguments)]
 
-    def _close_calls(self, status: str) -> list[bytes]:
-        out = []
-        for entry in self._calls.values():
-            item, arguments = entry.item, "".join(entry.pieces)
-            out += self._finished(entry, {**item, "arguments": arguments, "status": status},
-                                  self._event("response.function_call_arguments.done", item_id=item["id"],
-                                              output_index=entry.output_index, name=item["name"], arguments=arguments))
-        self._calls = {}
-        return out
-
     def close_items(self, status: str) -> list[bytes]:
         """Ends the open items; an answer with no item at all gets an empty message (as a whole one does)."""
         out = [] if self._items else self.open_text()
-        if self._reasoning is not None and self._text is None and not self._calls:
-            out += self._close_reasoning(status) + self.open_text()  # no answer after it: an empty message
-        return out + self._close_reasoning(status) + self._close_text(status) + self._close_calls(status)
+        if list(self._open) == ["reasoning"]:
+            out += self._close(status, "reasoning") + self.open_text()  # no answer after it: an empty message
+        calls = [key for key in self._open if isinstance(key, int)]
+        return out + self._close(status, "reasoning", "message", *calls)
 
     def output(self) -> list[dict[str, Any]]:
         """The items so far; those never finished are marked incomplete."""
@@ -224,7 +209,7 @@ def replay(response: dict[str, Any]) -> list[bytes]:
     for k, item in enumerate(response["output"]):
         if item["type"] == "reasoning":
             out += writer.reasoning_delta("".join(c["text"] for c in item.get("content") or []), item["id"])
-            out += writer._close_reasoning(item["status"])
+            out += writer._close(item["status"], "reasoning")
         elif item["type"] == "message":
             out += writer.open_text(item["id"])
             part = (item.get("content") or [{}])[0]
