@@ -20,9 +20,8 @@ from ..errors import APIError
 from ..models import RPC_TIMEOUT_S
 from ..web import engine_metadata, json_response, read_body, request_id
 from .errors import anthropic_status, error_body
-from .events import MessagesEvents
+from .events import MessagesEvents, new_message_id
 from .request import parse_count_tokens, parse_messages
-from .response import new_message_id
 
 GENERATION_ROUTES = ("/v1/messages",)  # admitted (or refused) by the drain
 
