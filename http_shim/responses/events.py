@@ -11,7 +11,7 @@ read it (DESIGN.md, "The agent APIs"):
 
 Each event's `event:` line equals its `type`; `sequence_number` counts every event from 0;
 `output_index` is the item's place in `output`; `content_index` is the part's place in its item.
-The same writer replays a stored response (GET /v1/responses/{id}?stream=true).
+The same writer replays a stored response (GET /v1/responses/{id}?stream=true, `replay`).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class ResponseEvents:
             out.append(self._event("response.output_item.done", output_index=entry.output_index, item=entry.item))
         return out
 
-    def reasoning_delta(self, text: str, item_id: str | None = None) -> list[bytes]:
+    def _reasoning_delta(self, text: str, item_id: str | None = None) -> list[bytes]:
         out = []
         if "reasoning" not in self._open:
             item = reasoning_item(item_id or new_id("rs"), "in_progress", None)
@@ -126,46 +126,46 @@ class ResponseEvents:
         entry.pieces.append(text)
         return out + [self._event("response.reasoning_text.delta", **self._where(entry), delta=text)]
 
-    def open_text(self, item_id: str | None = None) -> list[bytes]:
+    def _open_text(self, item_id: str | None = None) -> list[bytes]:
         out = self._close("completed", "reasoning")  # the thinking before the answer is finished
         return out + self._add("message", message_item(item_id or new_id("msg"), "in_progress", []), text_part("", []))
 
-    def text_delta(self, text: str, logprobs: list[dict[str, Any]]) -> list[bytes]:
-        out = [] if "message" in self._open else self.open_text()
+    def _text_delta(self, text: str, logprobs: list[dict[str, Any]]) -> list[bytes]:
+        out = [] if "message" in self._open else self._open_text()
         entry = self._open["message"]
         entry.pieces.append(text)
         entry.logprobs.extend(logprobs)
         return out + [self._event("response.output_text.delta", **self._where(entry), delta=text, logprobs=logprobs)]
 
-    def open_call(self, index: int, call_id: str, name: str, namespace: str | None = None,
+    def _open_call(self, index: int, call_id: str, name: str, namespace: str | None = None,
                   item_id: str | None = None) -> list[bytes]:
         out = self._close("completed", "reasoning", "message")  # what came before a call
         return out + self._add(index, function_call_item(item_id or new_id("fc"), call_id, name, "", "in_progress",
                                                          namespace))
 
-    def call_delta(self, index: int, arguments: str) -> list[bytes]:
+    def _call_delta(self, index: int, arguments: str) -> list[bytes]:
         entry = self._open[index]
         entry.pieces.append(arguments)
         return [self._event("response.function_call_arguments.delta", item_id=entry.item["id"],
                             output_index=entry.output_index, delta=arguments)]
 
-    def close_items(self, status: str) -> list[bytes]:
+    def _close_items(self, status: str) -> list[bytes]:
         """Ends the open items; an answer with no item at all gets an empty message (as a whole one does)."""
-        out = [] if self._items else self.open_text()
+        out = [] if self._items else self._open_text()
         if list(self._open) == ["reasoning"]:
-            out += self._close(status, "reasoning") + self.open_text()  # no answer after it: an empty message
+            out += self._close(status, "reasoning") + self._open_text()  # no answer after it: an empty message
         calls = [key for key in self._open if isinstance(key, int)]
         return out + self._close(status, "reasoning", "message", *calls)
 
-    def output(self) -> list[dict[str, Any]]:
+    def _output(self) -> list[dict[str, Any]]:
         """The items so far; those never finished are marked incomplete."""
         return [e.item if e.done else {**e.item, "status": "incomplete"} for e in self._items]
 
-    def end(self, status: str, usage: dict[str, Any] | None, error: APIError | None = None) -> list[bytes]:
+    def _end(self, status: str, usage: dict[str, Any] | None, error: APIError | None = None) -> list[bytes]:
         """The terminal event(s): response.completed / .incomplete, or error then response.failed."""
         if error is not None:
             error = self._named(error)
-        response = self.final = self._skeleton.build(status, self.output(), usage, error)
+        response = self.final = self._skeleton.build(status, self._output(), usage, error)
         self._on_end(response)
         if error is None:
             return [self._event(f"response.{status}", response=response)]
@@ -180,51 +180,50 @@ class ResponseEvents:
 
     def _write(self, e: Event) -> list[bytes]:
         if isinstance(e, ReasoningDelta):
-            return self.reasoning_delta(e.text)
+            return self._reasoning_delta(e.text)
         if isinstance(e, TextDelta) and (e.text or (self._logprobs and e.logprobs)):
-            return self.text_delta(e.text, logprobs_list(e.logprobs) if self._logprobs else [])
+            return self._text_delta(e.text, logprobs_list(e.logprobs) if self._logprobs else [])
         if isinstance(e, ToolCallStart):
-            return self.open_call(e.index, e.id, *self._skeleton.call_name(e.name))
+            return self._open_call(e.index, e.id, *self._skeleton.call_name(e.name))
         if isinstance(e, ToolCallArguments) and e.arguments:
-            return self.call_delta(e.index, e.arguments)
+            return self._call_delta(e.index, e.arguments)
         if isinstance(e, ChoiceEnd):
             self._status = "incomplete" if e.reason is Finish.LENGTH else "completed"
-            return self.close_items(self._status)
+            return self._close_items(self._status)
         return []
 
     def finish(self) -> list[bytes]:
-        out = self._start() + self.close_items(self._status)
-        return out + self.end(self._status, usage_object(self._fold.finish().usage))
+        out = self._start() + self._close_items(self._status)
+        return out + self._end(self._status, usage_object(self._fold.finish().usage))
 
     def fail(self, error: APIError) -> list[bytes]:
         status = "cancelled" if error.code == CANCELLED_CODE else "failed"
-        return self._start() + self.end(status, usage_object(self._fold.fail(error).usage), error)
+        return self._start() + self._end(status, usage_object(self._fold.fail(error).usage), error)
 
-
-def replay(response: dict[str, Any]) -> list[bytes]:
-    """A stored response as the events that streamed it: each text in one delta, each call's
-    arguments in one delta, then its terminal event."""
-    writer = ResponseEvents(ResponseSkeleton.of(response), logprobs=False)
-    out = writer._start()
-    for k, item in enumerate(response["output"]):
-        if item["type"] == "reasoning":
-            out += writer.reasoning_delta("".join(c["text"] for c in item.get("content") or []), item["id"])
-            out += writer._close(item["status"], "reasoning")
-        elif item["type"] == "message":
-            out += writer.open_text(item["id"])
-            part = (item.get("content") or [{}])[0]
-            if part.get("text"):
-                out += writer.text_delta(part["text"], part.get("logprobs") or [])
-            out += writer.close_items(item["status"])
-        elif item["type"] == "function_call":
-            out += writer.open_call(k, item["call_id"], item["name"], item.get("namespace"), item["id"])
-            if item["arguments"]:
-                out += writer.call_delta(k, item["arguments"])
-            out += writer.close_items(item["status"])
-    status = response["status"]
-    if status in ("completed", "incomplete"):
-        return out + [writer._event(f"response.{status}", response=response)]
-    error = response.get("error") or {"code": "server_error", "message": "The response failed."}
-    return out + [writer._event("error", code=error.get("code"), message=error.get("message"), param=None),
-                  writer._event("response.failed", response=response)]
-
+    @classmethod
+    def replay(cls, response: dict[str, Any]) -> list[bytes]:
+        """A stored response as the events that streamed it: each text in one delta, each call's
+        arguments in one delta, then its terminal event."""
+        writer = cls(ResponseSkeleton.of(response), logprobs=False)
+        out = writer._start()
+        for k, item in enumerate(response["output"]):
+            if item["type"] == "reasoning":
+                out += writer._reasoning_delta("".join(c["text"] for c in item.get("content") or []), item["id"])
+                out += writer._close(item["status"], "reasoning")
+            elif item["type"] == "message":
+                out += writer._open_text(item["id"])
+                part = (item.get("content") or [{}])[0]
+                if part.get("text"):
+                    out += writer._text_delta(part["text"], part.get("logprobs") or [])
+                out += writer._close_items(item["status"])
+            elif item["type"] == "function_call":
+                out += writer._open_call(k, item["call_id"], item["name"], item.get("namespace"), item["id"])
+                if item["arguments"]:
+                    out += writer._call_delta(k, item["arguments"])
+                out += writer._close_items(item["status"])
+        status = response["status"]
+        if status in ("completed", "incomplete"):
+            return out + [writer._event(f"response.{status}", response=response)]
+        error = response.get("error") or {"code": "server_error", "message": "The response failed."}
+        return out + [writer._event("error", code=error.get("code"), message=error.get("message"), param=None),
+                      writer._event("response.failed", response=response)]

@@ -21,7 +21,7 @@ from ..engine_stream import EngineStream
 from ..errors import APIError, invalid
 from ..protocol.base import parse
 from ..web import json_response, read_body, request_id
-from .events import CANCELLED_CODE, ResponseEvents, replay
+from .events import CANCELLED_CODE, ResponseEvents
 from .objects import ResponseSkeleton, new_id
 from .protocol import MAX_LIST_LIMIT, ResponseRequest
 from .request import ResponsesRequest, build_request
@@ -126,7 +126,7 @@ class ResponsesRoutes:
         after = request.args.get("starting_after", "-1")
         if not after.lstrip("-").isdigit():
             raise invalid("'starting_after' must be an integer.", "starting_after")
-        events = replay(response) if response["status"] != "in_progress" else []
+        events = ResponseEvents.replay(response) if response["status"] != "in_progress" else []
         body = b"".join(e for k, e in enumerate(events) if k > int(after))
         return Response(body, 200, sse.HEADERS, content_type=sse.CONTENT_TYPE)
 
