@@ -4,8 +4,9 @@
 prompts) into events that say what happened, and owns what every API's stream must do alike: a tool
 call's id (the engine's, or a new one) and whether it started, the rule that calls the engine did not
 stream piecewise are sent whole before their choice ends, the finish reason and the usage. The stream
-writers (openai/response.py, responses/events.py, messages/events.py) only format these events.
-`Collector` is the same answer whole, for the APIs' non-streamed responses.
+writers (openai/response.py, responses/events.py, messages/events.py) only format these events, and
+the Responses and Messages writers' final objects are those APIs' whole answers too. `Collector` keeps
+OpenAI's whole answer, whose best_of ranks complete choices.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from enum import StrEnum
 from conduit_common.results import Choice, Completion, CompletionBuilder, Usage
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import finish_reason_name, new_tool_call_id
-
-from .errors import APIError
 
 
 class Finish(StrEnum):
@@ -85,62 +84,35 @@ class ChoiceEnd(ChoiceEvent):
     matched_stop: str
 
 
-@dataclass(frozen=True)
-class StreamEnd(Event):  # the whole answer is complete; usage counts every prompt and choice
-    usage: Usage
-
-
-@dataclass(frozen=True)
-class StreamFailed(Event):  # cut short by the engine, a drain or a bug; usage counts what was generated
-    error: APIError
-    usage: Usage
-
-
-class UsageTally:
-    """Usage without keeping the text: prompt (and cached) tokens once per prompt, whatever n; the
-    latest completion-token count of every choice."""
-
+class StreamFold:
     def __init__(self) -> None:
+        self._calls: dict[tuple[int, int], set[int]] = {}  # the calls started, per (prompt, choice)
+        # Usage without keeping the text: prompt (and cached) tokens once per prompt, whatever n; the
+        # latest completion-token count of every choice.
         self._prompts: dict[int, pb.PromptInfo] = {}
         self._completion_tokens: dict[tuple[int, int], int] = {}
         self._reasoning_tokens: dict[tuple[int, int], int] = {}
 
-    def add(self, prompt_index: int, response: pb.GenerateResponse) -> None:
+    def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[Event]:
         kind = response.WhichOneof("kind")
         if kind == "prompt":
             self._prompts[prompt_index] = response.prompt
-        elif kind in ("chunk", "final"):
-            part = response.chunk if kind == "chunk" else response.final
-            self._completion_tokens[prompt_index, part.index] = part.completion_tokens
-            if kind == "final":
-                self._reasoning_tokens[prompt_index, part.index] = part.reasoning_tokens
-
-    def usage(self) -> Usage:
-        return Usage(sum(p.prompt_tokens for p in self._prompts.values()), sum(self._completion_tokens.values()),
-                     sum(p.cached_tokens for p in self._prompts.values()), sum(self._reasoning_tokens.values()))
-
-
-class StreamFold:
-    def __init__(self) -> None:
-        self._tally = UsageTally()
-        self._calls: dict[tuple[int, int], set[int]] = {}  # the calls started, per (prompt, choice)
-
-    def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[Event]:
-        self._tally.add(prompt_index, response)
-        kind = response.WhichOneof("kind")
-        if kind == "prompt":
             return [PromptRead(prompt_index, response.prompt)]
         if kind == "chunk":
+            self._completion_tokens[prompt_index, response.chunk.index] = response.chunk.completion_tokens
             return self._chunk(prompt_index, response.chunk)
         if kind == "final":
-            return self._final(prompt_index, response.final)
+            final = response.final
+            self._completion_tokens[prompt_index, final.index] = final.completion_tokens
+            self._reasoning_tokens[prompt_index, final.index] = final.reasoning_tokens
+            return self._final(prompt_index, final)
         return []
 
-    def finish(self) -> StreamEnd:
-        return StreamEnd(self._tally.usage())
-
-    def fail(self, error: APIError) -> StreamFailed:
-        return StreamFailed(error, self._tally.usage())
+    def usage(self) -> Usage:
+        """What was generated so far: the whole answer's usage once it is complete."""
+        prompts = self._prompts.values()
+        return Usage(sum(p.prompt_tokens for p in prompts), sum(self._completion_tokens.values()),
+                     sum(p.cached_tokens for p in prompts), sum(self._reasoning_tokens.values()))
 
     def _chunk(self, p: int, chunk: pb.Chunk) -> list[Event]:
         out: list[Event] = []
@@ -174,11 +146,9 @@ class Collector:
 
     def __init__(self) -> None:
         self._prompts: dict[int, CompletionBuilder] = {}
-        self._tally = UsageTally()
 
     def add(self, prompt_index: int, response: pb.GenerateResponse) -> None:
         self._prompts.setdefault(prompt_index, CompletionBuilder()).add(response)
-        self._tally.add(prompt_index, response)
 
     def completion(self, prompt_index: int) -> Completion:
         completion = self._prompts.get(prompt_index, CompletionBuilder()).build()
@@ -187,7 +157,11 @@ class Collector:
         return completion
 
     def usage(self) -> Usage:
-        return self._tally.usage()
+        """Prompt (and cached) tokens once per prompt, whatever n; every choice's completion tokens."""
+        prompts = [builder.prompt for builder in self._prompts.values()]
+        choices = [choice for builder in self._prompts.values() for choice in builder.choices.values()]
+        return Usage(sum(p.prompt_tokens for p in prompts), sum(c.completion_tokens for c in choices),
+                     sum(p.cached_tokens for p in prompts), sum(c.reasoning_tokens for c in choices))
 
     def ranked(self, prompt_index: int, n: int, best_of: int) -> list[Choice]:
         """The choices to return for one prompt: all of them, or the best n of best_of."""

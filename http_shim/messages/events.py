@@ -156,7 +156,7 @@ class MessagesEvents:
     def finish(self) -> list[bytes]:
         choice = self._end or ChoiceEnd(0, 0, Finish.STOP, "")  # no final: the engine gave no reason
         reason, sequence = stop_reason(choice.reason, choice.matched_stop, self._stops)
-        usage = usage_object(self._fold.finish().usage)
+        usage = usage_object(self._fold.usage())
         out = self._start() + self._close()
         self.final = {**envelope(self._id, self._model, usage), "content": self._content, "stop_reason": reason,
                       "stop_sequence": sequence}

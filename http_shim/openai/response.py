@@ -148,10 +148,9 @@ class _StreamTranslator:
 
     def finish(self) -> list[dict[str, Any]]:
         """The usage chunk, when the client asked for it with stream_options.include_usage."""
-        end = self._fold.finish()
         if not self.plan.include_usage:
             return []
-        return [{**self.envelope([]), "usage": usage(end.usage)}]
+        return [{**self.envelope([]), "usage": usage(self._fold.usage())}]
 
     def chunks(self, events: list[Event]) -> list[dict[str, Any]]:
         raise NotImplementedError

@@ -194,11 +194,11 @@ class ResponseEvents:
 
     def finish(self) -> list[bytes]:
         out = self._start() + self._close_items(self._status)
-        return out + self._end(self._status, usage_object(self._fold.finish().usage))
+        return out + self._end(self._status, usage_object(self._fold.usage()))
 
     def fail(self, error: APIError) -> list[bytes]:
         status = "cancelled" if error.code == CANCELLED_CODE else "failed"
-        return self._start() + self._end(status, usage_object(self._fold.fail(error).usage), error)
+        return self._start() + self._end(status, usage_object(self._fold.usage()), error)
 
     @classmethod
     def replay(cls, response: dict[str, Any]) -> list[bytes]:
