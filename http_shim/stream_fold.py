@@ -5,17 +5,16 @@ prompts) into events that say what happened, and owns what every API's stream mu
 call's id (the engine's, or a new one) and whether it started, the rule that calls the engine did not
 stream piecewise are sent whole before their choice ends, the finish reason and the usage. The stream
 writers (openai/response.py, responses/events.py, messages/events.py) only format these events, and
-the Responses and Messages writers' final objects are those APIs' whole answers too. `Collector` keeps
-OpenAI's whole answer, whose best_of ranks complete choices.
+the Responses and Messages writers' final objects are those APIs' whole answers too (OpenAI's whole
+answer, whose best_of ranks complete choices, is openai/response.py's `Collector`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from conduit_common.results import Choice, Completion, CompletionBuilder, Usage
+from conduit_common.results import Usage
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import finish_reason_name, new_tool_call_id
 
@@ -28,14 +27,9 @@ class Finish(StrEnum):
     TOOL_CALLS = "tool_calls"
 
     @classmethod
-    def named(cls, name: str | None) -> Finish:
-        """From the client library's name (a whole answer's `Choice.finish_reason`)."""
-        return cls(name or cls.STOP)
-
-    @classmethod
     def of(cls, value: int) -> Finish:
         """From the proto's FinishReason."""
-        return cls.named(finish_reason_name(value))
+        return cls(finish_reason_name(value) or cls.STOP)
 
 
 class Event:
@@ -139,38 +133,3 @@ class StreamFold:
             started.add(index)
             out.append(ToolCallStart(p, choice, index, call_id or new_tool_call_id(), name))
         return out + [ToolCallArguments(p, choice, index, arguments)]
-
-
-class Collector:
-    """The responses of every Generate call of one HTTP request, folded per prompt."""
-
-    def __init__(self) -> None:
-        self._prompts: dict[int, CompletionBuilder] = {}
-
-    def add(self, prompt_index: int, response: pb.GenerateResponse) -> None:
-        self._prompts.setdefault(prompt_index, CompletionBuilder()).add(response)
-
-    def completion(self, prompt_index: int) -> Completion:
-        completion = self._prompts.get(prompt_index, CompletionBuilder()).build()
-        for call in (call for choice in completion.choices for call in choice.tool_calls):
-            call.id = call.id or new_tool_call_id()  # as a stream's ToolCallStart has (the builder keeps it)
-        return completion
-
-    def usage(self) -> Usage:
-        """Prompt (and cached) tokens once per prompt, whatever n; every choice's completion tokens."""
-        prompts = [builder.prompt for builder in self._prompts.values()]
-        choices = [choice for builder in self._prompts.values() for choice in builder.choices.values()]
-        return Usage(sum(p.prompt_tokens for p in prompts), sum(c.completion_tokens for c in choices),
-                     sum(p.cached_tokens for p in prompts), sum(c.reasoning_tokens for c in choices))
-
-    def ranked(self, prompt_index: int, n: int, best_of: int) -> list[Choice]:
-        """The choices to return for one prompt: all of them, or the best n of best_of."""
-        by_index = {c.index: c for c in self.completion(prompt_index).choices}
-        choices = [by_index.get(i, Choice(i)) for i in range(best_of)]
-        if best_of > n:
-            choices = sorted(choices, key=cumulative_logprob, reverse=True)[:n]
-        return choices
-
-
-def cumulative_logprob(choice: Choice) -> float:
-    return sum(e.logprob for e in choice.logprobs if not math.isnan(e.logprob))

@@ -10,10 +10,9 @@ from typing import Any
 from flask import Flask, Response
 
 from ..context import ShimContext
-from ..stream_fold import Collector
 from ..web import json_response, read_body, request_id
 from .request import GenerationPlan, parse_chat, parse_completion
-from .response import (ChatStreamTranslator, CompletionStreamTranslator, OpenAIEvents, chat_response,
+from .response import (ChatStreamTranslator, Collector, CompletionStreamTranslator, OpenAIEvents, chat_response,
                        completion_response)
 
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions")  # admitted (or refused) by the drain

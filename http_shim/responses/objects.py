@@ -114,7 +114,6 @@ class ResponseSkeleton:
         """The skeleton of a stored response (to replay its events)."""
         skeleton = cls(response["id"], response["model"], {})
         skeleton.created_at = response["created_at"]
-        fixed = ("id", "object", "created_at", "status", "error", "incomplete_details", "output", "usage",
-                 "model", "completed_at")
+        fixed = skeleton.build("completed", [])  # the fields a response has whatever its request
         skeleton.echo = {k: v for k, v in response.items() if k not in fixed}
         return skeleton
