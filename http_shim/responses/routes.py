@@ -80,8 +80,13 @@ class ResponsesRoutes:
             raise parsed.engine_error(error) from None
         skeleton = ResponseSkeleton(new_id("resp"), model, parsed.echo, parsed.tools.namespaced)
         self.in_flight[skeleton.id] = _InFlight(stream, skeleton)
+        writer = ResponseEvents(skeleton, parsed.logprobs, functools.partial(self._keep, parsed), parsed.engine_error)
         try:
-            return self._streamed(parsed, stream, skeleton) if parsed.stream else self._whole(parsed, stream, skeleton)
+            if not parsed.stream:
+                return self._whole(parsed, stream, skeleton, writer)
+            answer = self.ctx.relay.sse(stream, writer)
+            answer.call_on_close(lambda: self.in_flight.pop(skeleton.id, None))
+            return answer
         except APIError as error:
             self.in_flight.pop(skeleton.id, None)
             raise parsed.engine_error(error) from None
@@ -92,17 +97,9 @@ class ResponsesRoutes:
         if parsed.store and self.store is not None:
             self.store.put(response, parsed.context)
 
-    def _writer(self, parsed: ResponsesRequest, skeleton: ResponseSkeleton) -> ResponseEvents:
-        return ResponseEvents(skeleton, parsed.logprobs, functools.partial(self._keep, parsed), parsed.engine_error)
-
-    def _streamed(self, parsed: ResponsesRequest, stream: EngineStream, skeleton: ResponseSkeleton) -> Response:
-        answer = self.ctx.relay.sse(stream, self._writer(parsed, skeleton))
-        answer.call_on_close(lambda: self.in_flight.pop(skeleton.id, None))
-        return answer
-
-    def _whole(self, parsed: ResponsesRequest, stream: EngineStream, skeleton: ResponseSkeleton) -> Response:
+    def _whole(self, parsed: ResponsesRequest, stream: EngineStream, skeleton: ResponseSkeleton,
+               writer: ResponseEvents) -> Response:
         """The streamed answer's final object, from the same writer (its events are dropped)."""
-        writer = self._writer(parsed, skeleton)
         try:
             if not self.ctx.relay.collect(stream, writer.on_response):
                 self.in_flight.pop(skeleton.id, None)
