@@ -19,6 +19,7 @@ from ..stream_fold import (ChoiceEnd, Event, Finish, PromptRead, ReasoningDelta,
 
 _MIN_LOGPROB = -9999.0  # what OpenAI reports for a probability too small to represent
 
+
 def finish_reason(reason: str | None) -> str:
     """OpenAI's word for why a choice ended is the neutral name; "stop" for a choice given no reason."""
     return str(reason or Finish.STOP)
