@@ -82,7 +82,7 @@ class Relay:
         return response
 
     def collect(self, stream: EngineStream, on_response: Callable[[int, pb.GenerateResponse], object]) -> bool:
-        """Hands the whole answer to `on_response` (an API's EventWriter, or a `Collector`): the same
+        """Hands the whole answer to `on_response` (an API's EventWriter's, or a `Collector`'s): the
         responses a stream gets. False when the client left before it (the calls are cancelled)."""
         environ = request.environ
         next_check = time.monotonic() + self._heartbeat_s
