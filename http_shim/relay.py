@@ -26,7 +26,6 @@ from .errors import APIError, internal_error
 from .metrics import ShimMetrics
 from .models import ServedModels
 from .observe import REQUEST_ID_KEY, ROUTE_KEY
-from .stream_fold import Collector
 from .web import engine_metadata, request_id
 
 log = logging.getLogger("http_shim")
@@ -68,12 +67,12 @@ class Relay:
         stream.cancel()
         self._drain.discard(stream)
 
-    def sse(self, stream: EngineStream, writer: Callable[[], EventWriter]) -> Response:
-        """The streamed answer. `writer()` is called once the engine's first answer arrived: an
-        error before it (bad argument, queue full) raises here, for a real HTTP status."""
+    def sse(self, stream: EngineStream, writer: EventWriter) -> Response:
+        """The streamed answer, once the engine's first answer arrived: an error before it (bad
+        argument, queue full) raises here, for a real HTTP status."""
         try:
             first = stream.next(self._heartbeat_s)
-            body = self._events(stream, first, writer(), request.environ)
+            body = self._events(stream, first, writer, request.environ)
             response = Response(body, 200, sse.HEADERS, content_type=sse.CONTENT_TYPE)
         except BaseException:
             self.close(stream)
@@ -82,10 +81,10 @@ class Relay:
         response.call_on_close(lambda: self.close(stream))
         return response
 
-    def collect(self, stream: EngineStream) -> Collector | None:
-        """The whole answer; None when the client left before it (the calls are cancelled)."""
+    def collect(self, stream: EngineStream, on_response: Callable[[int, pb.GenerateResponse], object]) -> bool:
+        """Hands the whole answer to `on_response` (an API's EventWriter's, or a `Collector`'s): the
+        responses a stream gets. False when the client left before it (the calls are cancelled)."""
         environ = request.environ
-        collected = Collector()
         next_check = time.monotonic() + self._heartbeat_s
         try:
             while (item := stream.next(self._heartbeat_s)) is not None:
@@ -96,12 +95,12 @@ class Relay:
                     if client_gone(environ):
                         self._metrics.client_disconnects.labels(environ.get(ROUTE_KEY) or "").inc()
                         log.info("client left before the answer; cancelled")
-                        return None
+                        return False
                 if item is not IDLE:
-                    collected.add(*item)
+                    on_response(*item)
         finally:
             self.close(stream)
-        return collected
+        return True
 
     def _events(self, stream: EngineStream, first: Any, writer: EventWriter,
                 environ: dict[str, Any]) -> Iterator[bytes]:

@@ -4,21 +4,19 @@
 prompts) into events that say what happened, and owns what every API's stream must do alike: a tool
 call's id (the engine's, or a new one) and whether it started, the rule that calls the engine did not
 stream piecewise are sent whole before their choice ends, the finish reason and the usage. The stream
-writers (openai/response.py, responses/events.py, messages/events.py) only format these events.
-`Collector` is the same answer whole, for the APIs' non-streamed responses.
+writers (openai/response.py, responses/events.py, messages/events.py) only format these events, and
+the Responses and Messages writers' final objects are those APIs' whole answers too (OpenAI's whole
+answer, whose best_of ranks complete choices, is openai/response.py's `Collector`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from conduit_common.results import Choice, Completion, CompletionBuilder, Usage
+from conduit_common.results import Usage
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import finish_reason_name, new_tool_call_id
-
-from .errors import APIError
 
 
 class Finish(StrEnum):
@@ -29,14 +27,9 @@ class Finish(StrEnum):
     TOOL_CALLS = "tool_calls"
 
     @classmethod
-    def named(cls, name: str | None) -> Finish:
-        """From the client library's name (a whole answer's `Choice.finish_reason`)."""
-        return cls(name or cls.STOP)
-
-    @classmethod
     def of(cls, value: int) -> Finish:
         """From the proto's FinishReason."""
-        return cls.named(finish_reason_name(value))
+        return cls(finish_reason_name(value) or cls.STOP)
 
 
 class Event:
@@ -85,62 +78,35 @@ class ChoiceEnd(ChoiceEvent):
     matched_stop: str
 
 
-@dataclass(frozen=True)
-class StreamEnd(Event):  # the whole answer is complete; usage counts every prompt and choice
-    usage: Usage
-
-
-@dataclass(frozen=True)
-class StreamFailed(Event):  # cut short by the engine, a drain or a bug; usage counts what was generated
-    error: APIError
-    usage: Usage
-
-
-class UsageTally:
-    """Usage without keeping the text: prompt (and cached) tokens once per prompt, whatever n; the
-    latest completion-token count of every choice."""
-
+class StreamFold:
     def __init__(self) -> None:
+        self._calls: dict[tuple[int, int], set[int]] = {}  # the calls started, per (prompt, choice)
+        # Usage without keeping the text: prompt (and cached) tokens once per prompt, whatever n; the
+        # latest completion-token count of every choice.
         self._prompts: dict[int, pb.PromptInfo] = {}
         self._completion_tokens: dict[tuple[int, int], int] = {}
         self._reasoning_tokens: dict[tuple[int, int], int] = {}
 
-    def add(self, prompt_index: int, response: pb.GenerateResponse) -> None:
+    def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[Event]:
         kind = response.WhichOneof("kind")
         if kind == "prompt":
             self._prompts[prompt_index] = response.prompt
-        elif kind in ("chunk", "final"):
-            part = response.chunk if kind == "chunk" else response.final
-            self._completion_tokens[prompt_index, part.index] = part.completion_tokens
-            if kind == "final":
-                self._reasoning_tokens[prompt_index, part.index] = part.reasoning_tokens
-
-    def usage(self) -> Usage:
-        return Usage(sum(p.prompt_tokens for p in self._prompts.values()), sum(self._completion_tokens.values()),
-                     sum(p.cached_tokens for p in self._prompts.values()), sum(self._reasoning_tokens.values()))
-
-
-class StreamFold:
-    def __init__(self) -> None:
-        self._tally = UsageTally()
-        self._calls: dict[tuple[int, int], set[int]] = {}  # the calls started, per (prompt, choice)
-
-    def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[Event]:
-        self._tally.add(prompt_index, response)
-        kind = response.WhichOneof("kind")
-        if kind == "prompt":
             return [PromptRead(prompt_index, response.prompt)]
         if kind == "chunk":
+            self._completion_tokens[prompt_index, response.chunk.index] = response.chunk.completion_tokens
             return self._chunk(prompt_index, response.chunk)
         if kind == "final":
-            return self._final(prompt_index, response.final)
+            final = response.final
+            self._completion_tokens[prompt_index, final.index] = final.completion_tokens
+            self._reasoning_tokens[prompt_index, final.index] = final.reasoning_tokens
+            return self._final(prompt_index, final)
         return []
 
-    def finish(self) -> StreamEnd:
-        return StreamEnd(self._tally.usage())
-
-    def fail(self, error: APIError) -> StreamFailed:
-        return StreamFailed(error, self._tally.usage())
+    def usage(self) -> Usage:
+        """What was generated so far: the whole answer's usage once it is complete."""
+        prompts = self._prompts.values()
+        return Usage(sum(p.prompt_tokens for p in prompts), sum(self._completion_tokens.values()),
+                     sum(p.cached_tokens for p in prompts), sum(self._reasoning_tokens.values()))
 
     def _chunk(self, p: int, chunk: pb.Chunk) -> list[Event]:
         out: list[Event] = []
@@ -167,36 +133,3 @@ class StreamFold:
             started.add(index)
             out.append(ToolCallStart(p, choice, index, call_id or new_tool_call_id(), name))
         return out + [ToolCallArguments(p, choice, index, arguments)]
-
-
-class Collector:
-    """The responses of every Generate call of one HTTP request, folded per prompt."""
-
-    def __init__(self) -> None:
-        self._prompts: dict[int, CompletionBuilder] = {}
-        self._tally = UsageTally()
-
-    def add(self, prompt_index: int, response: pb.GenerateResponse) -> None:
-        self._prompts.setdefault(prompt_index, CompletionBuilder()).add(response)
-        self._tally.add(prompt_index, response)
-
-    def completion(self, prompt_index: int) -> Completion:
-        completion = self._prompts.get(prompt_index, CompletionBuilder()).build()
-        for call in (call for choice in completion.choices for call in choice.tool_calls):
-            call.id = call.id or new_tool_call_id()  # as a stream's ToolCallStart has (the builder keeps it)
-        return completion
-
-    def usage(self) -> Usage:
-        return self._tally.usage()
-
-    def ranked(self, prompt_index: int, n: int, best_of: int) -> list[Choice]:
-        """The choices to return for one prompt: all of them, or the best n of best_of."""
-        by_index = {c.index: c for c in self.completion(prompt_index).choices}
-        choices = [by_index.get(i, Choice(i)) for i in range(best_of)]
-        if best_of > n:
-            choices = sorted(choices, key=cumulative_logprob, reverse=True)[:n]
-        return choices
-
-
-def cumulative_logprob(choice: Choice) -> float:
-    return sum(e.logprob for e in choice.logprobs if not math.isnan(e.logprob))

@@ -112,6 +112,20 @@ def test_the_sdk_reads_whole_and_streamed_answers(client: openai.OpenAI) -> None
     assert call.type == "function_call" and call.id.startswith("fc_") and call.call_id.startswith("call_")
 
 
+@pytest.mark.parametrize("body", [{"input": "hi"}, {"input": "hi", "max_output_tokens": 2},
+                                  {"input": "tools", "tools": [WEATHER]},
+                                  {"input": "hi", "top_logprobs": 1, "include": ["message.output_text.logprobs"]}])
+def test_a_whole_answer_is_the_streamed_answers_final_object(shim: str, body: dict) -> None:
+    """Both come from one writer (a whole answer is the stream's final object): only ids and times differ."""
+    def comparable(response: dict) -> dict:
+        output = [{k: v for k, v in item.items() if k != "id"} for item in response["output"]]
+        return {k: v for k, v in response.items() if k not in ("id", "created_at", "completed_at")} | {"output": output}
+
+    whole = httpx.post(f"{shim}/v1/responses", json={"model": MODEL_ID, **body}, timeout=30).json()
+    streamed = check_framing(raw_events(shim, body))[-1]["response"]
+    assert comparable(whole) == comparable(streamed) and whole["output"]
+
+
 def test_max_output_tokens_gives_incomplete(client: openai.OpenAI, shim: str) -> None:
     whole = client.responses.create(model=MODEL_ID, input="hi", max_output_tokens=2)
     assert whole.status == "incomplete" and whole.incomplete_details.reason == "max_output_tokens"

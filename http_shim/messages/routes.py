@@ -20,9 +20,8 @@ from ..errors import APIError
 from ..models import RPC_TIMEOUT_S
 from ..web import engine_metadata, json_response, read_body, request_id
 from .errors import anthropic_status, error_body
-from .events import MessagesEvents
+from .events import MessagesEvents, new_message_id
 from .request import parse_count_tokens, parse_messages
-from .response import message_object, new_message_id
 
 GENERATION_ROUTES = ("/v1/messages",)  # admitted (or refused) by the drain
 
@@ -58,13 +57,13 @@ def register_messages(app: Flask, ctx: ShimContext) -> None:
     def messages() -> Response:
         plan = parse_messages(read_body(), request_id(), ctx.limits)
         model, stream = ctx.relay.open(plan.model, [plan.request])
-        message_id = new_message_id()
+        writer = MessagesEvents(new_message_id(), model, plan.stop_sequences)
         if plan.stream:
-            return ctx.relay.sse(stream, lambda: MessagesEvents(message_id, model, plan.stop_sequences))
-        collected = ctx.relay.collect(stream)
-        if collected is None:
+            return ctx.relay.sse(stream, writer)
+        if not ctx.relay.collect(stream, writer.on_response):
             return Response(status=499)
-        return json_response(message_object(message_id, model, plan, collected))
+        writer.finish()  # the same events a stream gets, whole
+        return json_response(writer.final)
 
     @app.post("/v1/messages/count_tokens")
     def count_tokens() -> Response:

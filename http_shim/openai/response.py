@@ -1,4 +1,4 @@
-"""Engine responses (folded by stream_fold) -> OpenAI objects: whole responses and streamed chunks.
+"""Engine responses -> OpenAI objects: whole responses (a `Collector`) and streamed chunks (stream_fold's events).
 Choices from several prompts (a /v1/completions prompt list) are numbered `prompt_index * n + choice`,
 as OpenAI does."""
 
@@ -7,24 +7,22 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from conduit_common.results import Usage
+from conduit_common.results import Choice, Completion, CompletionBuilder, Usage
 from conduit.v1 import engine_pb2 as pb
+from conduit.v1.contract import new_tool_call_id
 
 from .. import sse
 from ..errors import APIError
 from .request import GenerationPlan
-from ..stream_fold import (ChoiceEnd, Collector, Event, Finish, PromptRead, ReasoningDelta, StreamFold, TextDelta,
+from ..stream_fold import (ChoiceEnd, Event, Finish, PromptRead, ReasoningDelta, StreamFold, TextDelta,
                            ToolCallArguments, ToolCallStart)
 
 _MIN_LOGPROB = -9999.0  # what OpenAI reports for a probability too small to represent
 
-# OpenAI's words for why a choice ended: the neutral names.
-_FINISH_REASONS = {Finish.STOP: "stop", Finish.LENGTH: "length", Finish.TOOL_CALLS: "tool_calls"}
-
 
 def finish_reason(reason: str | None) -> str:
-    """OpenAI always names one: "stop" for a choice the engine gave no reason for."""
-    return _FINISH_REASONS[Finish.named(reason)]
+    """OpenAI's word for why a choice ended is the neutral name; "stop" for a choice given no reason."""
+    return str(reason or Finish.STOP)
 
 
 def logprob_value(value: float) -> float | None:
@@ -76,6 +74,41 @@ def reasoning_fields(reasoning: str) -> dict[str, str]:
     """A message's (or delta's) thinking: `reasoning_content` as DeepSeek names it (most clients
     read that), and `reasoning` as vLLM now does. Nothing for a model that did not think."""
     return {"reasoning_content": reasoning, "reasoning": reasoning} if reasoning else {}
+
+
+class Collector:
+    """A whole answer: the responses of every Generate call of one HTTP request, folded per prompt."""
+
+    def __init__(self) -> None:
+        self._prompts: dict[int, CompletionBuilder] = {}
+
+    def add(self, prompt_index: int, response: pb.GenerateResponse) -> None:
+        self._prompts.setdefault(prompt_index, CompletionBuilder()).add(response)
+
+    def completion(self, prompt_index: int) -> Completion:
+        completion = self._prompts.get(prompt_index, CompletionBuilder()).build()
+        for call in (call for choice in completion.choices for call in choice.tool_calls):
+            call.id = call.id or new_tool_call_id()  # as a stream's ToolCallStart has (the builder keeps it)
+        return completion
+
+    def usage(self) -> Usage:
+        """Prompt (and cached) tokens once per prompt, whatever n; every choice's completion tokens."""
+        prompts = [builder.prompt for builder in self._prompts.values()]
+        choices = [choice for builder in self._prompts.values() for choice in builder.choices.values()]
+        return Usage(sum(p.prompt_tokens for p in prompts), sum(c.completion_tokens for c in choices),
+                     sum(p.cached_tokens for p in prompts), sum(c.reasoning_tokens for c in choices))
+
+    def ranked(self, prompt_index: int, n: int, best_of: int) -> list[Choice]:
+        """The choices to return for one prompt: all of them, or the best n of best_of."""
+        by_index = {c.index: c for c in self.completion(prompt_index).choices}
+        choices = [by_index.get(i, Choice(i)) for i in range(best_of)]
+        if best_of > n:
+            choices = sorted(choices, key=cumulative_logprob, reverse=True)[:n]
+        return choices
+
+
+def cumulative_logprob(choice: Choice) -> float:
+    return sum(e.logprob for e in choice.logprobs if not math.isnan(e.logprob))
 
 
 def _answer(kind: str, response_id: str, created: int, model: str, choices: list, **rest: Any) -> dict[str, Any]:
@@ -152,10 +185,9 @@ class _StreamTranslator:
 
     def finish(self) -> list[dict[str, Any]]:
         """The usage chunk, when the client asked for it with stream_options.include_usage."""
-        end = self._fold.finish()
         if not self.plan.include_usage:
             return []
-        return [{**self.envelope([]), "usage": usage(end.usage)}]
+        return [{**self.envelope([]), "usage": usage(self._fold.usage())}]
 
     def chunks(self, events: list[Event]) -> list[dict[str, Any]]:
         raise NotImplementedError

@@ -10,10 +10,9 @@ from typing import Any
 from flask import Flask, Response
 
 from ..context import ShimContext
-from ..stream_fold import Collector
 from ..web import json_response, read_body, request_id
 from .request import GenerationPlan, parse_chat, parse_completion
-from .response import (ChatStreamTranslator, CompletionStreamTranslator, OpenAIEvents, chat_response,
+from .response import (ChatStreamTranslator, Collector, CompletionStreamTranslator, OpenAIEvents, chat_response,
                        completion_response)
 
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions")  # admitted (or refused) by the drain
@@ -26,9 +25,9 @@ def register_openai(app: Flask, ctx: ShimContext) -> None:
         model, stream = ctx.relay.open(plan.model, plan.requests)
         created = int(time.time())
         if plan.stream:
-            return ctx.relay.sse(stream, lambda: OpenAIEvents(translator(response_id, created, model, plan)))
-        collected = ctx.relay.collect(stream)
-        if collected is None:
+            return ctx.relay.sse(stream, OpenAIEvents(translator(response_id, created, model, plan)))
+        collected = Collector()
+        if not ctx.relay.collect(stream, collected.add):
             return Response(status=499)
         return json_response(build(response_id, created, model, plan, collected))
 

@@ -11,7 +11,7 @@ read it (DESIGN.md, "The agent APIs"):
 
 Each event's `event:` line equals its `type`; `sequence_number` counts every event from 0;
 `output_index` is the item's place in `output`; `content_index` is the part's place in its item.
-The same writer replays a stored response (GET /v1/responses/{id}?stream=true).
+The same writer replays a stored response (GET /v1/responses/{id}?stream=true, `replay`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from conduit.v1 import engine_pb2 as pb
 
 from .. import sse
 from ..errors import APIError
-from ..stream_fold import (ChoiceEnd, Event, ReasoningDelta, StreamFold, TextDelta, ToolCallArguments,
+from ..stream_fold import (ChoiceEnd, Event, Finish, ReasoningDelta, StreamFold, TextDelta, ToolCallArguments,
                            ToolCallStart)
 from .objects import (ResponseSkeleton, function_call_item, logprobs_list, message_item, new_id, reasoning_item,
-                      status_of, text_part, usage_object)
+                      text_part, usage_object)
 
 # The code of the error a cancel (POST /v1/responses/{id}/cancel) ends a generation with.
 CANCELLED_CODE = "response_cancelled"
@@ -45,9 +45,9 @@ class _Item:
 
 
 class ResponseEvents:
-    """An EventWriter (relay.py) for /v1/responses. `on_end(response)` receives the final object
-    (completed, incomplete, failed or cancelled), e.g. to store it; `named(error)` gives an engine
-    error the Responses name of its field."""
+    """An EventWriter (relay.py) for /v1/responses, and so the whole answer too (the relay's collect):
+    `on_end(response)` receives the final object (completed, incomplete, failed or cancelled), e.g. to
+    store it, and `final` keeps it; `named(error)` gives an engine error the Responses name of its field."""
 
     heartbeat = sse.HEARTBEAT
 
@@ -61,11 +61,11 @@ class ResponseEvents:
         self._sequence = 0
         self._started = False
         self._items: list[_Item] = []
-        self._text: _Item | None = None  # the open message item
-        self._reasoning: _Item | None = None  # the open reasoning item
-        self._calls: dict[int, _Item] = {}  # the engine's call index -> its open function call item
+        # The open items: "reasoning", "message", and each function call by the engine's call index.
+        self._open: dict[str | int, _Item] = {}
         self._fold = StreamFold()
         self._status = "completed"  # incomplete once the engine says the output limit cut the answer
+        self.final: dict[str, Any] = {}
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._sequence, **fields}
@@ -84,102 +84,88 @@ class ResponseEvents:
     def _where(entry: _Item) -> dict[str, Any]:
         return {"item_id": entry.item["id"], "output_index": entry.output_index, "content_index": 0}
 
-    def _add(self, item: dict[str, Any], part: dict[str, Any] | None = None) -> tuple[_Item, list[bytes]]:
-        """A new output item and its added event, then its content part's when it has one."""
-        entry = _Item(len(self._items), item)
+    def _add(self, key: str | int, item: dict[str, Any], part: dict[str, Any] | None = None) -> list[bytes]:
+        """A new output item, open under `key`: its added event, then its content part's when it has one."""
+        entry = self._open[key] = _Item(len(self._items), item)
         self._items.append(entry)
         out = [self._event("response.output_item.added", output_index=entry.output_index, item=item)]
         if part is not None:
             out.append(self._event("response.content_part.added", **self._where(entry), part=part))
-        return entry, out
+        return out
 
-    def _finished(self, entry: _Item, item: dict[str, Any], *events: bytes) -> list[bytes]:
-        """An item's final form: its own done `events` (numbered before this one), then output_item.done."""
-        entry.item, entry.done = item, True
-        return [*events, self._event("response.output_item.done", output_index=entry.output_index, item=item)]
-
-    def _close_content(self, entry: _Item, item: dict[str, Any], kind: str, **fields: Any) -> list[bytes]:
-        """A reasoning or message item's end: `kind`.done (with `fields`), content_part.done, output_item.done."""
-        where = self._where(entry)
-        return self._finished(entry, item, self._event(f"response.{kind}.done", **where, **fields),
-                              self._event("response.content_part.done", **where, part=item["content"][0]))
-
-    def reasoning_delta(self, text: str, item_id: str | None = None) -> list[bytes]:
+    def _close(self, status: str, *keys: str | int) -> list[bytes]:
+        """Ends the items open under `keys`, in that order, each in its final form with `status`: a reasoning
+        or message item's text.done and content_part.done, a call's arguments.done; then output_item.done."""
         out = []
-        if self._reasoning is None:
+        for entry in [self._open.pop(key) for key in keys if key in self._open]:
+            item, text = entry.item, "".join(entry.pieces)
+            if item["type"] == "function_call":
+                entry.item = {**item, "arguments": text, "status": status}
+                out.append(self._event("response.function_call_arguments.done", item_id=item["id"],
+                                       output_index=entry.output_index, name=item["name"], arguments=text))
+            else:
+                if item["type"] == "reasoning":
+                    entry.item = reasoning_item(item["id"], status, text, self._skeleton.summarized)
+                    fields = {}
+                else:
+                    entry.item = message_item(item["id"], status, [text_part(text, entry.logprobs)])
+                    fields = {"logprobs": entry.logprobs}
+                part, where = entry.item["content"][0], self._where(entry)
+                out += [self._event(f"response.{part['type']}.done", **where, text=text, **fields),
+                        self._event("response.content_part.done", **where, part=part)]
+            entry.done = True
+            out.append(self._event("response.output_item.done", output_index=entry.output_index, item=entry.item))
+        return out
+
+    def _reasoning_delta(self, text: str, item_id: str | None = None) -> list[bytes]:
+        out = []
+        if "reasoning" not in self._open:
             item = reasoning_item(item_id or new_id("rs"), "in_progress", None)
-            self._reasoning, out = self._add(item, {"type": "reasoning_text", "text": ""})
-        self._reasoning.pieces.append(text)
-        return out + [self._event("response.reasoning_text.delta", **self._where(self._reasoning), delta=text)]
+            out = self._add("reasoning", item, {"type": "reasoning_text", "text": ""})
+        entry = self._open["reasoning"]
+        entry.pieces.append(text)
+        return out + [self._event("response.reasoning_text.delta", **self._where(entry), delta=text)]
 
-    def _close_reasoning(self, status: str) -> list[bytes]:
-        entry, self._reasoning = self._reasoning, None
-        if entry is None:
-            return []
-        text = "".join(entry.pieces)
-        item = reasoning_item(entry.item["id"], status, text, self._skeleton.summarized)
-        return self._close_content(entry, item, "reasoning_text", text=text)
+    def _open_text(self, item_id: str | None = None) -> list[bytes]:
+        out = self._close("completed", "reasoning")  # the thinking before the answer is finished
+        return out + self._add("message", message_item(item_id or new_id("msg"), "in_progress", []), text_part("", []))
 
-    def open_text(self, item_id: str | None = None) -> list[bytes]:
-        out = self._close_reasoning("completed")  # the thinking before the answer is finished
-        self._text, added = self._add(message_item(item_id or new_id("msg"), "in_progress", []), text_part("", []))
-        return out + added
-
-    def text_delta(self, text: str, logprobs: list[dict[str, Any]]) -> list[bytes]:
-        out = [] if self._text is not None else self.open_text()
-        entry = self._text
-        assert entry is not None
+    def _text_delta(self, text: str, logprobs: list[dict[str, Any]]) -> list[bytes]:
+        out = [] if "message" in self._open else self._open_text()
+        entry = self._open["message"]
         entry.pieces.append(text)
         entry.logprobs.extend(logprobs)
         return out + [self._event("response.output_text.delta", **self._where(entry), delta=text, logprobs=logprobs)]
 
-    def _close_text(self, status: str) -> list[bytes]:
-        entry, self._text = self._text, None
-        if entry is None:
-            return []
-        text = "".join(entry.pieces)
-        item = message_item(entry.item["id"], status, [text_part(text, entry.logprobs)])
-        return self._close_content(entry, item, "output_text", text=text, logprobs=entry.logprobs)
-
-    def open_call(self, index: int, call_id: str, name: str, namespace: str | None = None,
+    def _open_call(self, index: int, call_id: str, name: str, namespace: str | None = None,
                   item_id: str | None = None) -> list[bytes]:
-        out = self._close_reasoning("completed") + self._close_text("completed")  # what came before a call
-        item = function_call_item(item_id or new_id("fc"), call_id, name, "", "in_progress", namespace)
-        self._calls[index], added = self._add(item)
-        return out + added
+        out = self._close("completed", "reasoning", "message")  # what came before a call
+        return out + self._add(index, function_call_item(item_id or new_id("fc"), call_id, name, "", "in_progress",
+                                                         namespace))
 
-    def call_delta(self, index: int, arguments: str) -> list[bytes]:
-        entry = self._calls[index]
+    def _call_delta(self, index: int, arguments: str) -> list[bytes]:
+        entry = self._open[index]
         entry.pieces.append(arguments)
         return [self._event("response.function_call_arguments.delta", item_id=entry.item["id"],
                             output_index=entry.output_index, delta=arguments)]
 
-    def _close_calls(self, status: str) -> list[bytes]:
-        out = []
-        for entry in self._calls.values():
-            item, arguments = entry.item, "".join(entry.pieces)
-            out += self._finished(entry, {**item, "arguments": arguments, "status": status},
-                                  self._event("response.function_call_arguments.done", item_id=item["id"],
-                                              output_index=entry.output_index, name=item["name"], arguments=arguments))
-        self._calls = {}
-        return out
-
-    def close_items(self, status: str) -> list[bytes]:
+    def _close_items(self, status: str) -> list[bytes]:
         """Ends the open items; an answer with no item at all gets an empty message (as a whole one does)."""
-        out = [] if self._items else self.open_text()
-        if self._reasoning is not None and self._text is None and not self._calls:
-            out += self._close_reasoning(status) + self.open_text()  # no answer after it: an empty message
-        return out + self._close_reasoning(status) + self._close_text(status) + self._close_calls(status)
+        out = [] if self._items else self._open_text()
+        if list(self._open) == ["reasoning"]:
+            out += self._close(status, "reasoning") + self._open_text()  # no answer after it: an empty message
+        calls = [key for key in self._open if isinstance(key, int)]
+        return out + self._close(status, "reasoning", "message", *calls)
 
-    def output(self) -> list[dict[str, Any]]:
+    def _output(self) -> list[dict[str, Any]]:
         """The items so far; those never finished are marked incomplete."""
         return [e.item if e.done else {**e.item, "status": "incomplete"} for e in self._items]
 
-    def end(self, status: str, usage: dict[str, Any] | None, error: APIError | None = None) -> list[bytes]:
+    def _end(self, status: str, usage: dict[str, Any] | None, error: APIError | None = None) -> list[bytes]:
         """The terminal event(s): response.completed / .incomplete, or error then response.failed."""
         if error is not None:
             error = self._named(error)
-        response = self._skeleton.build(status, self.output(), usage, error)
+        response = self.final = self._skeleton.build(status, self._output(), usage, error)
         self._on_end(response)
         if error is None:
             return [self._event(f"response.{status}", response=response)]
@@ -194,51 +180,50 @@ class ResponseEvents:
 
     def _write(self, e: Event) -> list[bytes]:
         if isinstance(e, ReasoningDelta):
-            return self.reasoning_delta(e.text)
+            return self._reasoning_delta(e.text)
         if isinstance(e, TextDelta) and (e.text or (self._logprobs and e.logprobs)):
-            return self.text_delta(e.text, logprobs_list(e.logprobs) if self._logprobs else [])
+            return self._text_delta(e.text, logprobs_list(e.logprobs) if self._logprobs else [])
         if isinstance(e, ToolCallStart):
-            return self.open_call(e.index, e.id, *self._skeleton.call_name(e.name))
+            return self._open_call(e.index, e.id, *self._skeleton.call_name(e.name))
         if isinstance(e, ToolCallArguments) and e.arguments:
-            return self.call_delta(e.index, e.arguments)
+            return self._call_delta(e.index, e.arguments)
         if isinstance(e, ChoiceEnd):
-            self._status = status_of(e.reason)
-            return self.close_items(self._status)
+            self._status = "incomplete" if e.reason is Finish.LENGTH else "completed"
+            return self._close_items(self._status)
         return []
 
     def finish(self) -> list[bytes]:
-        out = self._start() + self.close_items(self._status)
-        return out + self.end(self._status, usage_object(self._fold.finish().usage))
+        out = self._start() + self._close_items(self._status)
+        return out + self._end(self._status, usage_object(self._fold.usage()))
 
     def fail(self, error: APIError) -> list[bytes]:
         status = "cancelled" if error.code == CANCELLED_CODE else "failed"
-        return self._start() + self.end(status, usage_object(self._fold.fail(error).usage), error)
+        return self._start() + self._end(status, usage_object(self._fold.usage()), error)
 
-
-def replay(response: dict[str, Any]) -> list[bytes]:
-    """A stored response as the events that streamed it: each text in one delta, each call's
-    arguments in one delta, then its terminal event."""
-    writer = ResponseEvents(ResponseSkeleton.of(response), logprobs=False)
-    out = writer._start()
-    for k, item in enumerate(response["output"]):
-        if item["type"] == "reasoning":
-            out += writer.reasoning_delta("".join(c["text"] for c in item.get("content") or []), item["id"])
-            out += writer._close_reasoning(item["status"])
-        elif item["type"] == "message":
-            out += writer.open_text(item["id"])
-            part = (item.get("content") or [{}])[0]
-            if part.get("text"):
-                out += writer.text_delta(part["text"], part.get("logprobs") or [])
-            out += writer.close_items(item["status"])
-        elif item["type"] == "function_call":
-            out += writer.open_call(k, item["call_id"], item["name"], item.get("namespace"), item["id"])
-            if item["arguments"]:
-                out += writer.call_delta(k, item["arguments"])
-            out += writer.close_items(item["status"])
-    status = response["status"]
-    if status in ("completed", "incomplete"):
-        return out + [writer._event(f"response.{status}", response=response)]
-    error = response.get("error") or {"code": "server_error", "message": "The response failed."}
-    return out + [writer._event("error", code=error.get("code"), message=error.get("message"), param=None),
-                  writer._event("response.failed", response=response)]
-
+    @classmethod
+    def replay(cls, response: dict[str, Any]) -> list[bytes]:
+        """A stored response as the events that streamed it: each text in one delta, each call's
+        arguments in one delta, then its terminal event."""
+        writer = cls(ResponseSkeleton.of(response), logprobs=False)
+        out = writer._start()
+        for k, item in enumerate(response["output"]):
+            if item["type"] == "reasoning":
+                out += writer._reasoning_delta("".join(c["text"] for c in item.get("content") or []), item["id"])
+                out += writer._close(item["status"], "reasoning")
+            elif item["type"] == "message":
+                out += writer._open_text(item["id"])
+                part = (item.get("content") or [{}])[0]
+                if part.get("text"):
+                    out += writer._text_delta(part["text"], part.get("logprobs") or [])
+                out += writer._close_items(item["status"])
+            elif item["type"] == "function_call":
+                out += writer._open_call(k, item["call_id"], item["name"], item.get("namespace"), item["id"])
+                if item["arguments"]:
+                    out += writer._call_delta(k, item["arguments"])
+                out += writer._close_items(item["status"])
+        status = response["status"]
+        if status in ("completed", "incomplete"):
+            return out + [writer._event(f"response.{status}", response=response)]
+        error = response.get("error") or {"code": "server_error", "message": "The response failed."}
+        return out + [writer._event("error", code=error.get("code"), message=error.get("message"), param=None),
+                      writer._event("response.failed", response=response)]

@@ -1,8 +1,5 @@
-"""The Responses API's objects: output items, usage and the response itself.
-
-Whole answers (`Collector`) and streams (events.py) build their output items with the same
-functions here, so a streamed response's final object equals the one a whole answer gets.
-"""
+"""The Responses API's objects: output items, usage and the response itself (events.py writes them
+as it streams; a whole answer is that stream's final object)."""
 
 from __future__ import annotations
 
@@ -10,11 +7,10 @@ import time
 import uuid
 from typing import Any
 
-from conduit_common.results import Choice, Usage
+from conduit_common.results import Usage
 
 from ..errors import APIError
 from ..openai.response import chat_logprobs
-from ..stream_fold import Finish
 
 
 def new_id(prefix: str) -> str:
@@ -51,20 +47,6 @@ def function_call_item(item_id: str, call_id: str, name: str, arguments: str, st
     return item if namespace is None else {**item, "namespace": namespace}
 
 
-def output_items(choice: Choice, logprobs: bool, skeleton: ResponseSkeleton) -> list[dict[str, Any]]:
-    """A finished choice's output: its thinking as a reasoning item (a reasoning model's), its text as
-    a message (also an empty one when it made no call), then one item per function call."""
-    status = status_of(choice.finish_reason)
-    items = [reasoning_item(new_id("rs"), status, choice.reasoning, skeleton.summarized)] if choice.reasoning else []
-    if choice.text or not choice.tool_calls:
-        part = text_part(choice.text, logprobs_list(choice.logprobs) if logprobs else [])
-        items.append(message_item(new_id("msg"), status, [part]))
-    for call in choice.tool_calls:
-        name, namespace = skeleton.call_name(call.name)
-        items.append(function_call_item(new_id("fc"), call.id, name, call.arguments, status, namespace))
-    return items
-
-
 def usage_object(usage: Usage) -> dict[str, Any]:
     """Cached tokens come from the engine's prefix cache."""
     return {
@@ -74,11 +56,6 @@ def usage_object(usage: Usage) -> dict[str, Any]:
         "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
-
-
-def status_of(reason: str | None) -> str:
-    """A response's status when its (only) choice ended for `reason`: the output limit leaves it incomplete."""
-    return "incomplete" if Finish.named(reason) is Finish.LENGTH else "completed"
 
 
 def error_object(error: APIError) -> dict[str, Any]:
@@ -137,7 +114,6 @@ class ResponseSkeleton:
         """The skeleton of a stored response (to replay its events)."""
         skeleton = cls(response["id"], response["model"], {})
         skeleton.created_at = response["created_at"]
-        fixed = ("id", "object", "created_at", "status", "error", "incomplete_details", "output", "usage",
-                 "model", "completed_at")
+        fixed = skeleton.build("completed", [])  # the fields a response has whatever its request
         skeleton.echo = {k: v for k, v in response.items() if k not in fixed}
         return skeleton

@@ -21,8 +21,8 @@ from ..engine_stream import EngineStream
 from ..errors import APIError, invalid
 from ..protocol.base import parse
 from ..web import json_response, read_body, request_id
-from .events import CANCELLED_CODE, ResponseEvents, replay
-from .objects import ResponseSkeleton, new_id, output_items, status_of, usage_object
+from .events import CANCELLED_CODE, ResponseEvents
+from .objects import ResponseSkeleton, new_id
 from .protocol import MAX_LIST_LIMIT, ResponseRequest
 from .request import ResponsesRequest, build_request
 from .store import ResponseStore, StoredResponse
@@ -80,8 +80,13 @@ class ResponsesRoutes:
             raise parsed.engine_error(error) from None
         skeleton = ResponseSkeleton(new_id("resp"), model, parsed.echo, parsed.tools.namespaced)
         self.in_flight[skeleton.id] = _InFlight(stream, skeleton)
+        writer = ResponseEvents(skeleton, parsed.logprobs, functools.partial(self._keep, parsed), parsed.engine_error)
         try:
-            return self._streamed(parsed, stream, skeleton) if parsed.stream else self._whole(parsed, stream, skeleton)
+            if not parsed.stream:
+                return self._whole(parsed, stream, skeleton, writer)
+            answer = self.ctx.relay.sse(stream, writer)
+            answer.call_on_close(lambda: self.in_flight.pop(skeleton.id, None))
+            return answer
         except APIError as error:
             self.in_flight.pop(skeleton.id, None)
             raise parsed.engine_error(error) from None
@@ -92,28 +97,20 @@ class ResponsesRoutes:
         if parsed.store and self.store is not None:
             self.store.put(response, parsed.context)
 
-    def _streamed(self, parsed: ResponsesRequest, stream: EngineStream, skeleton: ResponseSkeleton) -> Response:
-        keep = functools.partial(self._keep, parsed)
-        answer = self.ctx.relay.sse(stream, lambda: ResponseEvents(skeleton, parsed.logprobs, keep,
-                                                                    parsed.engine_error))
-        answer.call_on_close(lambda: self.in_flight.pop(skeleton.id, None))
-        return answer
-
-    def _whole(self, parsed: ResponsesRequest, stream: EngineStream, skeleton: ResponseSkeleton) -> Response:
+    def _whole(self, parsed: ResponsesRequest, stream: EngineStream, skeleton: ResponseSkeleton,
+               writer: ResponseEvents) -> Response:
+        """The streamed answer's final object, from the same writer (its events are dropped)."""
         try:
-            collected = self.ctx.relay.collect(stream)
+            if not self.ctx.relay.collect(stream, writer.on_response):
+                self.in_flight.pop(skeleton.id, None)
+                return Response(status=499)
+            writer.finish()  # its on_end keeps the final object
+            response = writer.final
         except APIError as error:
             if error.code != CANCELLED_CODE:
                 raise
-            collected, response = None, skeleton.build("cancelled", [])
-        else:
-            if collected is None:
-                self.in_flight.pop(skeleton.id, None)
-                return Response(status=499)
-            choice = collected.ranked(0, 1, 1)[0]
-            response = skeleton.build(status_of(choice.finish_reason),
-                                      output_items(choice, parsed.logprobs, skeleton), usage_object(collected.usage()))
-        self._keep(parsed, response)
+            response = skeleton.build("cancelled", [])
+            self._keep(parsed, response)
         return json_response(response)
 
     def get_response(self, response_id: str) -> Response:
@@ -126,7 +123,7 @@ class ResponsesRoutes:
         after = request.args.get("starting_after", "-1")
         if not after.lstrip("-").isdigit():
             raise invalid("'starting_after' must be an integer.", "starting_after")
-        events = replay(response) if response["status"] != "in_progress" else []
+        events = ResponseEvents.replay(response) if response["status"] != "in_progress" else []
         body = b"".join(e for k, e in enumerate(events) if k > int(after))
         return Response(body, 200, sse.HEADERS, content_type=sse.CONTENT_TYPE)
 
