@@ -496,3 +496,22 @@ def test_the_shim_never_imports_torch():
     code = "import sys, http_shim.app, http_shim.connection; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_a_thinking_models_logprobs_leave_its_reasoning_item_whole():
+    """Logprobs come with every token, the thinking's too: they must not open a message mid-thought (the
+    thinking was split into as many reasoning items as it had chunks). The message's are the answer's."""
+    from http_shim.responses.events import ResponseEvents
+    from http_shim.responses.objects import ResponseSkeleton
+
+    writer = ResponseEvents(ResponseSkeleton("resp_1", "m", {}), logprobs=True)
+    for response in [prompt_info(3), chunk(0, "", reasoning_text="Let me", logprobs=[lp("Let", -0.1), lp(" me", -0.2)]),
+                     chunk(0, "", reasoning_text=" think.", logprobs=[lp(" think.", -0.3)]),
+                     chunk(0, "", logprobs=[lp("</think>", -0.4)]),
+                     chunk(0, "Hi", logprobs=[lp("Hi", -0.5)]), final(0, completion_tokens=5)]:
+        writer.on_response(0, response)
+    writer.finish()
+    reasoning, message = writer.final["output"]
+    assert reasoning["type"] == "reasoning" and reasoning["content"][0]["text"] == "Let me think."
+    assert message["content"][0]["text"] == "Hi"
+    assert [entry["token"] for entry in message["content"][0]["logprobs"]] == ["Hi"]

@@ -181,7 +181,8 @@ class ResponseEvents:
     def _write(self, e: Event) -> list[bytes]:
         if isinstance(e, ReasoningDelta):
             return self._reasoning_delta(e.text)
-        if isinstance(e, TextDelta) and (e.text or (self._logprobs and e.logprobs)):
+        # Logprobs with no text while it thinks are the thinking's tokens': a reasoning item has no place for them.
+        if isinstance(e, TextDelta) and (e.text or (self._logprobs and e.logprobs and "reasoning" not in self._open)):
             return self._text_delta(e.text, logprobs_list(e.logprobs) if self._logprobs else [])
         if isinstance(e, ToolCallStart):
             return self._open_call(e.index, e.id, *self._skeleton.call_name(e.name))
