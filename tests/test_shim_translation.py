@@ -498,20 +498,46 @@ def test_the_shim_never_imports_torch():
     assert out.split() == ["False", "False"]
 
 
-def test_a_thinking_models_logprobs_leave_its_reasoning_item_whole():
-    """Logprobs come with every token, the thinking's too: they must not open a message mid-thought (the
-    thinking was split into as many reasoning items as it had chunks). The message's are the answer's."""
+def responses_output(*responses: pb.GenerateResponse) -> tuple[list[dict], list[str]]:
+    """A Responses answer with logprobs asked for, written from `responses`: its output items, and its events' types."""
     from http_shim.responses.events import ResponseEvents
     from http_shim.responses.objects import ResponseSkeleton
 
     writer = ResponseEvents(ResponseSkeleton("resp_1", "m", {}), logprobs=True)
-    for response in [prompt_info(3), chunk(0, "", reasoning_text="Let me", logprobs=[lp("Let", -0.1), lp(" me", -0.2)]),
-                     chunk(0, "", reasoning_text=" think.", logprobs=[lp(" think.", -0.3)]),
-                     chunk(0, "", logprobs=[lp("</think>", -0.4)]),
-                     chunk(0, "Hi", logprobs=[lp("Hi", -0.5)]), final(0, completion_tokens=5)]:
-        writer.on_response(0, response)
-    writer.finish()
-    reasoning, message = writer.final["output"]
+    events = [e for response in responses for e in writer.on_response(0, response)] + writer.finish()
+    return writer.final["output"], [json.loads(e.split(b"data: ")[1])["type"] for e in events]
+
+
+def test_a_thinking_models_logprobs_leave_its_reasoning_item_whole():
+    """Logprobs come with every token, the thinking's too: they must not open a message mid-thought (the
+    thinking was split into as many reasoning items as it had chunks). The message's are the answer's."""
+    (reasoning, message), _ = responses_output(
+        prompt_info(3), chunk(0, "", logprobs=[lp("<think>", -0.05)]),
+        chunk(0, "", reasoning_text="Let me", logprobs=[lp("Let", -0.1), lp(" me", -0.2)]),
+        chunk(0, "", reasoning_text=" think.", logprobs=[lp(" think.", -0.3)]),
+        chunk(0, "", logprobs=[lp("</think>", -0.4)]), chunk(0, "Hi", logprobs=[lp("Hi", -0.5)]),
+        final(0, completion_tokens=6))
     assert reasoning["type"] == "reasoning" and reasoning["content"][0]["text"] == "Let me think."
     assert message["content"][0]["text"] == "Hi"
     assert [entry["token"] for entry in message["content"][0]["logprobs"]] == ["Hi"]
+
+
+def test_a_calls_logprobs_open_no_message_before_it():
+    """The call's own tokens carry logprobs and no text: a function call item has no place for them, and an
+    empty message before the call (as there was) is not the answer's."""
+    call = pb.ToolCallDelta(index=0, id="call_1", name="get_weather", arguments='{"city": "Paris"}')
+    output, _ = responses_output(prompt_info(3), chunk(0, "", tool_calls=[call], logprobs=[lp("<call>", -0.1)]),
+                                 final(0, pb.FINISH_REASON_TOOL_CALLS, completion_tokens=1))
+    assert [item["type"] for item in output] == ["function_call"]
+
+
+def test_logprobs_of_half_a_character_go_with_its_text():
+    """A token that writes no text yet (half of a two-token character) keeps its logprobs: they come with the
+    character's text; and with an empty message when the answer ends before it."""
+    output, kinds = responses_output(prompt_info(3), chunk(0, "", logprobs=[lp("\\xc3", -0.1)]),
+                                     chunk(0, "é", logprobs=[lp("\\xa9", -0.2)]), final(0, completion_tokens=2))
+    assert [entry["logprob"] for entry in output[0]["content"][0]["logprobs"]] == pytest.approx([-0.1, -0.2])
+    assert kinds.count("response.output_text.delta") == 1
+    (message,), _ = responses_output(prompt_info(3), chunk(0, "", logprobs=[lp("\\xc3", -0.1)]),
+                                     final(0, pb.FINISH_REASON_LENGTH, completion_tokens=1))
+    assert message["content"][0]["text"] == "" and len(message["content"][0]["logprobs"]) == 1

@@ -63,6 +63,8 @@ class ResponseEvents:
         self._items: list[_Item] = []
         # The open items: "reasoning", "message", and each function call by the engine's call index.
         self._open: dict[str | int, _Item] = {}
+        # Logprobs of tokens that wrote no text yet (half a character): the message's if its text follows.
+        self._unwritten: list[dict[str, Any]] = []
         self._fold = StreamFold()
         self._status = "completed"  # incomplete once the engine says the output limit cut the answer
         self.final: dict[str, Any] = {}
@@ -151,7 +153,9 @@ class ResponseEvents:
 
     def _close_items(self, status: str) -> list[bytes]:
         """Ends the open items; an answer with no item at all gets an empty message (as a whole one does)."""
-        out = [] if self._items else self._open_text()
+        out = []
+        if not self._items:  # with the logprobs of tokens that wrote no text, if any
+            out = self._text_delta("", self._unwritten) if self._unwritten else self._open_text()
         if list(self._open) == ["reasoning"]:
             out += self._close(status, "reasoning") + self._open_text()  # no answer after it: an empty message
         calls = [key for key in self._open if isinstance(key, int)]
@@ -180,11 +184,17 @@ class ResponseEvents:
 
     def _write(self, e: Event) -> list[bytes]:
         if isinstance(e, ReasoningDelta):
+            self._unwritten = []  # its start marker's: the thinking's
             return self._reasoning_delta(e.text)
-        # Logprobs with no text while it thinks are the thinking's tokens': a reasoning item has no place for them.
-        if isinstance(e, TextDelta) and (e.text or (self._logprobs and e.logprobs and "reasoning" not in self._open)):
-            return self._text_delta(e.text, logprobs_list(e.logprobs) if self._logprobs else [])
+        if isinstance(e, TextDelta):
+            logprobs = logprobs_list(e.logprobs) if self._logprobs else []
+            if e.text or (logprobs and "message" in self._open):
+                logprobs, self._unwritten = self._unwritten + logprobs, []
+                return self._text_delta(e.text, logprobs)
+            if "reasoning" not in self._open:  # while it thinks they are the thinking's: no item holds those
+                self._unwritten += logprobs
         if isinstance(e, ToolCallStart):
+            self._unwritten = []  # the call's own tokens: a function call item has no logprobs
             return self._open_call(e.index, e.id, *self._skeleton.call_name(e.name))
         if isinstance(e, ToolCallArguments) and e.arguments:
             return self._call_delta(e.index, e.arguments)
