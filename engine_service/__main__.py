@@ -26,6 +26,7 @@ if __name__ == "__main__":
 
 from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
 from engine_service.core.config import BOUNDS, QUANTIZATIONS, EngineConfig  # noqa: E402
+from engine_service.model.cpu_isa import cpu_facts, describe, keep_onednn_off_amx  # noqa: E402
 from engine_service.text.reasoning import PARSER_CHOICES  # noqa: E402
 from engine_service.core.pacing import AUTO_MAX_STREAM_INTERVAL, AUTO_STREAMS_PER_STEP  # noqa: E402
 from conduit_common.cli import EnvArgumentParser, prog_name  # noqa: E402
@@ -189,6 +190,8 @@ def main() -> None:
         # the cores from the shim and clients between an encoder's short forwards, ~10x slower per
         # query at one client on 2 cores (benchmarks/RESULTS.md); sleeping at once costs big batches nothing.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    cpu_model, cpu_flags = cpu_facts()
+    keep_onednn_off_amx(args.config.deterministic and not embeds(args), cpu_flags)  # before oneDNN's first call
     import torch  # after logging is set up; slow to import
 
     from conduit_common.memory import release_freed_memory
@@ -211,6 +214,12 @@ def main() -> None:
     if args.served_model_name:
         loaded = dataclasses.replace(loaded, model_id=args.served_model_name)
     metrics = EngineMetrics(loaded.model_id) if args.metrics_port else None
+    if loaded.device.type == "cpu":
+        cpu = describe(cpu_flags)
+        logging.getLogger(__name__).info("cpu: %s; ATen kernels %s, AVX-512 bf16 %s, AMX %s", cpu_model, cpu["aten"],
+                                         cpu["avx512_bf16"], cpu["amx"])
+        if metrics is not None:
+            metrics.cpu_info(cpu_model, cpu)
     grpc_loop = asyncio.new_event_loop()  # the gRPC server's: each step's outputs hop there (server.py)
     engine = build_engine(loaded, args.config, metrics, on_outputs=outputs_to(grpc_loop))
     release_freed_memory()  # what loading and quantizing freed (~350 MB for the default model)

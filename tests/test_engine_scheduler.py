@@ -60,18 +60,31 @@ def run_step(scheduler: Scheduler) -> tuple[list[Sequence], list[tuple[Sequence,
     return batch.decode, batch.prefill
 
 
-def test_prompts_are_prefilled_in_chunks_within_the_step_budget_beside_decodes() -> None:
+def test_prompts_are_prefilled_in_whole_segments_within_the_step_budget_beside_decodes() -> None:
+    """Chunks end on a prefill segment's boundary (here a block, 4 tokens) or at the prompt's end."""
     scheduler, _ = make_scheduler(step_tokens=10)
     short, long = make_seq(3), make_seq(25)
     scheduler.waiting.extend([short, long])
     decode, prefill = run_step(scheduler)
-    assert decode == [] and [(s, n) for s, n in prefill] == [(short, 3), (long, 7)]
+    assert decode == [] and [(s, n) for s, n in prefill] == [(short, 3), (long, 4)], "7 left: one segment"
     decode, prefill = run_step(scheduler)
-    assert decode == [short] and prefill == [(long, 9)], "decodes first, the rest of the budget to the prompt"
+    assert decode == [short] and prefill == [(long, 8)], "decodes first, the rest of the budget to the prompt"
     decode, prefill = run_step(scheduler)
-    assert decode == [short] and prefill == [(long, 9)]
+    assert decode == [short] and prefill == [(long, 8)]
+    decode, prefill = run_step(scheduler)
+    assert decode == [short] and prefill == [(long, 5)], "the prompt's end needs no boundary"
     decode, prefill = run_step(scheduler)
     assert set(decode) == {short, long} and prefill == [], "the long prompt is whole and decoding"
+
+
+def test_a_budget_short_of_a_segment_still_prefills_one_when_nothing_else_does() -> None:
+    scheduler = Scheduler(BlockManager(64, BLOCK, CopyLog(), segment=4 * BLOCK), max_batch_size=8, max_step_tokens=10)
+    first, second = make_seq(40), make_seq(40)
+    scheduler.waiting.extend([first, second])
+    _, prefill = run_step(scheduler)
+    assert prefill == [(first, 16)], "one segment over the budget; the other prompt waits"
+    _, prefill = run_step(scheduler)
+    assert prefill == [(first, 16)]
 
 
 def test_batch_size_caps_running_sequences_and_the_rest_wait() -> None:

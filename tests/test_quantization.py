@@ -19,7 +19,7 @@ from launcher.stack import Stack
 
 from engine_service.core.scheduler import ScheduledBatch
 from engine_service.model.linear import (CPU_BF16_DEFAULT, INT4_GROUP, LOW_BIT_MAX_ROWS,
-                                         NATIVE_INT8_MAX_ROWS_WITHOUT_BF16_GEMM, QUANTIZATIONS, FullWeightsSwitch,
+                                         NATIVE_INT8_MAX_ROWS_WITHOUT_BF16_GEMM, QUANTIZATIONS, RowGroups,
                                          Int4Linear, Int8Linear, Int8Panels, PackedLinear, int4_quantize, low_bit_max_rows,
                                          one_row_rounds_differently, packable, quantize_linears,
                                          resolve_quantization)
@@ -107,11 +107,11 @@ def test_quantized_kernels_compute_their_dequantized_weights(bias: bool) -> None
         assert (weight - source.weight.float()).abs().max() < 0.1 * source.weight.float().abs().max()
 
 
-def native_int8(source: torch.nn.Linear, switch: FullWeightsSwitch | None) -> Int8Linear:
+def native_int8(source: torch.nn.Linear, rows: RowGroups | None) -> Int8Linear:
     kernel = native.kernels()
     if kernel is None:
         pytest.skip("the native kernels cannot be built here")
-    return Int8Linear(source, switch, kernel)
+    return Int8Linear(source, rows, kernel)
 
 
 LOW_BIT = {"int8": Int8Linear, "int8 native": native_int8, "int4": Int4Linear}
@@ -141,32 +141,16 @@ def test_a_step_that_keeps_no_logits_runs_with_every_weights_choice(quantization
     assert rest.next_token[0].shape == (config.vocab_size,)
 
 
-@pytest.mark.parametrize("leftover", [1, 5, 9])
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_a_prefix_cache_hit_gives_the_cold_prefills_logits_with_int8_weights(leftover: int,
-                                                                             deterministic: bool) -> None:
-    """Cold: the whole prompt in one chunk. Warm: its first 32 tokens already cached (a hit), only
-    the leftover prefilled; the next token's logits must be the same bits either way."""
-    config = tiny_config()
-    model = tiny_in_memory(config, torch.bfloat16)
-    runner = ModelRunner(model, CPU, torch.bfloat16, 16, 16, 256, quantization="int8", deterministic=deterministic)
-    tokens = list(range(3, 35 + leftover))
-    cold = runner.run(ScheduledBatch(prefill=[(RunnerSeq(0, tokens, block_table=[0, 1, 2]), len(tokens))]).step_input())
-    warm_seq = RunnerSeq(1, tokens, num_cached=32, block_table=[0, 1, 3])  # blocks 0-1 shared, as on a hit
-    warm = runner.run(ScheduledBatch(prefill=[(warm_seq, leftover)]).step_input())
-    assert torch.equal(cold.next_token[0], warm.next_token[1])
-
-
 @pytest.mark.parametrize("kind", LOW_BIT)
-def test_low_bit_linears_run_their_full_copy_while_the_switch_is_on(kind: str) -> None:
-    source, switch = linear(), FullWeightsSwitch()
-    fast, deterministic = LOW_BIT[kind](source, switch), LOW_BIT[kind](source, None)
+def test_low_bit_linears_run_their_full_copy_for_the_groups_that_say_so(kind: str) -> None:
+    source, rows = linear(), RowGroups()
+    fast, deterministic = LOW_BIT[kind](source, rows), LOW_BIT[kind](source, None)
     # Where oneDNN has no bf16 GEMM, native int8's full path is its GEMM on packed panels instead.
     panels = kind == "int8 native" and not packable(torch.bfloat16)
     assert isinstance(fast.full, Int8Panels if panels else PackedLinear) and deterministic.full is None
     x = torch.randn(LOW_BIT_MAX_ROWS + 1, 128, dtype=torch.bfloat16)
     assert torch.equal(fast(x), deterministic(x))
-    switch.on = True
+    rows.set_for_step([(len(x), True)])  # one prompt segment
     if panels:  # the dot kernel's very weights and scales, summed in another order: bf16 rarely tells
         calls: list[int] = []
         full_forward = fast._full_forward
@@ -198,12 +182,27 @@ def test_the_native_int8_gemm_gives_each_row_its_bits_whatever_the_rows(dtype: t
 
 
 @pytest.mark.parametrize("max_rows", [LOW_BIT_MAX_ROWS, NATIVE_INT8_MAX_ROWS_WITHOUT_BF16_GEMM])
-def test_the_switch_is_on_for_big_steps_and_prompt_chunks(max_rows: int) -> None:
-    switch = FullWeightsSwitch(max_rows)
-    for rows, has_prompt_chunk, on in ((1, False, False), (max_rows, False, False),
-                                       (max_rows + 1, False, True), (2, True, True)):
-        switch.set_for_step(rows, has_prompt_chunk)
-        assert switch.on is on, (rows, has_prompt_chunk)
+def test_full_copies_run_for_prompt_segments_and_many_decode_rows(max_rows: int) -> None:
+    groups = RowGroups(max_rows)
+    groups.set_for_step([(1, False), (0, True), (2, True), (max_rows, True)])
+    assert groups.bounds == [0, 1, 3, 3 + max_rows] and groups.full == [False, True, True], "empty groups drop"
+    for decode_rows, full in ((max_rows, False), (max_rows + 1, True)):
+        groups.set_for_step([(decode_rows, False)])
+        assert groups.full == [full]
+    deterministic = RowGroups(None)
+    deterministic.set_for_step([(max_rows + 1, False), (5, True)])
+    assert deterministic.full == [False, False] and not deterministic.keeps_full_copies
+
+
+def test_each_group_is_computed_with_a_call_of_its_own() -> None:
+    groups, calls = RowGroups(), []
+    groups.set_for_step([(3, False), (4, True), (2, True)])
+    x = torch.arange(9.0)[:, None]
+    y = groups.apply(lambda rows, full: calls.append((len(rows), full)) or rows * 2, x)
+    assert calls == [(3, False), (4, True), (2, True)] and torch.equal(y, x * 2)
+    calls.clear()
+    groups.apply(lambda rows, full: calls.append((len(rows), full)) or rows, x[:5])
+    assert calls == [(5, True)], "rows that are not the step's: one call"
 
 
 @pytest.mark.parametrize("bf16_gemm", [True, False])
@@ -226,9 +225,9 @@ def test_a_lone_row_is_padded_only_where_a_dense_kernel_would_round_it_different
         quantization: str, deterministic: bool, pads: bool) -> None:
     model = torch.nn.Sequential(linear(64, 64), linear(64, 64))
     assert one_row_rounds_differently(model)  # plain nn.Linear
-    quantize_linears(model, quantization, None if deterministic else FullWeightsSwitch())
+    quantize_linears(model, quantization, None if deterministic else RowGroups())
     assert one_row_rounds_differently(model) is pads
-    quantize_linears(mixed := torch.nn.Sequential(linear(64, 64), linear(10, 64)), "int4", FullWeightsSwitch())
+    quantize_linears(mixed := torch.nn.Sequential(linear(64, 64), linear(10, 64)), "int4", RowGroups())
     assert one_row_rounds_differently(mixed)  # 10 outputs stay dense: padded
 
 

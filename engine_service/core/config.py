@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from engine_service.model.step import prefill_segment
 from engine_service.model.weight_formats import QUANTIZATIONS
 from engine_service.text.reasoning import PARSER_CHOICES
 
@@ -76,6 +77,11 @@ class EngineConfig:
     reasoning_parser: str = "auto"
     # A generation engine also answers Embed: each input a prefill-only sequence, pooled by its last token.
     enable_embeddings: bool = False
+
+    @property
+    def prefill_segment(self) -> int:
+        """Tokens of a prompt segment (model/step.py): computed apart, and where prefix-cache hits end."""
+        return prefill_segment(self.block_size, self.max_step_tokens)
 
     def __post_init__(self) -> None:
         """Raises ValueError naming the first setting out of bounds."""

@@ -122,6 +122,12 @@ class EngineMetrics:
               ["model_name", "block_size", "num_gpu_blocks", "enable_prefix_caching"], registry=self.registry,
               ).labels(self._model_name, str(block_size), str(num_blocks), str(prefix_caching)).set(1)
 
+    def cpu_info(self, model: str, facts: dict[str, str]) -> None:
+        """The CPU the engine computes on, so a figure scraped from it can be told apart by machine
+        (model/cpu_isa.py: whether oneDNN uses AMX changes speed and rounding)."""
+        Gauge("conduit:cpu_info", "The CPU the engine computes on, in labels (the value is 1).",
+              ["model_name", "cpu", *facts], registry=self.registry).labels(self._model_name, model, *facts.values()).set(1)
+
     def finished(self, reasons: dict[str, int]) -> None:
         for reason, count in reasons.items():
             self._success.labels(self._model_name, reason).inc(count)

@@ -3,7 +3,8 @@
 Every step, all decoding sequences advance one token; the rest of the step's token
 budget goes to prompt chunks (in-progress prefills first, then newly admitted
 requests), so a long prompt is spread over several steps instead of stalling
-everyone's decoding. When the KV cache runs out of blocks, the newest running
+everyone's decoding. A chunk ends on a prefill segment's boundary (model/step.py) or at the prompt's
+end, so no segment is split across steps. When the KV cache runs out of blocks, the newest running
 sequence is preempted: its blocks are freed and it is recomputed later.
 
 Admission shares the prefix-cached blocks that start a sequence's tokens (block_manager.py),
@@ -82,8 +83,8 @@ class Scheduler:
             if budget <= 0:
                 break
             if not seq.is_decoding and allowed(seq):
-                chunk = min(seq.num_uncomputed, budget)
-                if not self.blocks.reserve(seq, seq.num_cached + chunk):
+                chunk = self._chunk(seq, budget, batch)
+                if not chunk or not self.blocks.reserve(seq, seq.num_cached + chunk):
                     continue
                 batch.prefill.append((seq, chunk))
                 budget -= chunk
@@ -93,10 +94,23 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(seq)
-            chunk = min(seq.num_uncomputed, budget)
-            batch.prefill.append((seq, chunk))
-            budget -= chunk
+            chunk = self._chunk(seq, budget, batch)
+            if chunk:
+                batch.prefill.append((seq, chunk))
+                budget -= chunk
         return batch
+
+    def _chunk(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> int:
+        """Prompt tokens seq computes this step: the rest of its prompt if the budget holds it, else
+        whole segments within the budget; one segment over it when the step prefills nothing else
+        (a budget left short of a segment by many decodes must not starve the prompts)."""
+        if seq.num_uncomputed <= budget:
+            return seq.num_uncomputed
+        segment, start = self.blocks.segment, seq.num_cached
+        end = (start + budget) // segment * segment
+        if end <= start and not batch.prefill:
+            end = (start // segment + 1) * segment
+        return max(0, end - start)
 
     def advance(self, batch: ScheduledBatch) -> None:
         """After the model ran the batch: its tokens are in the cache, and the blocks they fill

@@ -1,7 +1,9 @@
 """Paged attention for transformers models, plugged in through its AttentionInterface.
 
 Every step runs as ONE packed sequence of shape [1, T]: first one token per decoding
-sequence, then the prompt chunks being prefilled. The model computes q/k/v, QK norms and
+sequence, then the prompt segments being prefilled (model/step.py: each attends with a call of its
+own, shaped by the segment alone, so it computes alike whether its prompt was cached or not). The
+model computes q/k/v, QK norms and
 rotary embeddings with its own modules (position_ids carry each token's true position);
 this function writes the new k/v into the paged cache and attends each token to its own
 sequence's cached context only, as the layer asks: its `scaling`, its `sliding_window`
@@ -23,11 +25,6 @@ from engine_service.model.kv_cache import KVCache
 
 ATTENTION_NAME = "conduit_paged"
 LAYER_TYPES = ("full_attention", "sliding_attention")  # config.layer_types this attention serves
-# SDPA's CPU kernel rounds a call with very few queries differently from the same rows inside one
-# long causal call; from 8 query rows on they match bit for bit (measured over prompt lengths
-# 100-700). A chunk after cached context (a prefix-cache hit, a recompute) is padded with dummy
-# queries to at least this many rows, so a warm prefill computes what the cold one did.
-MIN_CHUNK_QUERIES = 8
 
 
 class UnsupportedModel(ValueError):
@@ -36,6 +33,8 @@ class UnsupportedModel(ValueError):
 
 @dataclass
 class PrefillChunk:
+    """A prompt segment (or any run of one sequence's prompt tokens) computed this step."""
+
     start: int  # first token of the chunk in the packed batch
     length: int
     context_len: int  # cached tokens after this chunk, chunk included
@@ -72,15 +71,13 @@ class StepLayout:
             self.masks[key] = causal_mask(self.decode_lens - 1, keys, window)[:, None, None, :]
         return self.masks[key]
 
-    def chunk_mask(self, index: int, first_key: int, window: int | None, padding: int = 0) -> torch.Tensor:
-        """[padding + length, context - first_key]: the chunk's tokens over its context from position
-        `first_key`, after `padding` dummy rows that see only that first key."""
-        key = ("chunk", index, first_key, window, padding)
+    def chunk_mask(self, index: int, first_key: int, window: int | None) -> torch.Tensor:
+        """[length, context - first_key]: the chunk's tokens over its context from position `first_key`."""
+        key = ("chunk", index, first_key, window)
         if key not in self.masks:
             chunk = self.prefills[index]
             device = chunk.block_table.device
-            queries = torch.cat([torch.full((padding,), first_key, device=device),
-                                 torch.arange(chunk.first, chunk.context_len, device=device)])
+            queries = torch.arange(chunk.first, chunk.context_len, device=device)
             keys = torch.arange(first_key, chunk.context_len, device=device)
             self.masks[key] = causal_mask(queries, keys, window)
         return self.masks[key]
@@ -166,12 +163,9 @@ def attend_packed(layer_idx: int, query: torch.Tensor, key: torch.Tensor, value:
             first_key = first_block * block_size
             k = _gather(k_cache, table, 1, block_size, chunk.context_len - first_key)
             v = _gather(v_cache, table, 1, block_size, chunk.context_len - first_key)
-            padding = max(0, MIN_CHUNK_QUERIES - n)
-            mask = layout.chunk_mask(index, first_key, sliding_window, padding)
-            if padding:
-                q = torch.cat([q.new_zeros(1, q_heads, padding, head_dim), q], dim=2)
+            mask = layout.chunk_mask(index, first_key, sliding_window)
         o = _attend(q, k, v, mask, scaling, softcap)
-        out[s:s + n] = o[0, :, -n:].transpose(0, 1)
+        out[s:s + n] = o[0].transpose(0, 1)
     return out
 
 

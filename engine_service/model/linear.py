@@ -11,8 +11,9 @@ weights ~1.5x faster, where it builds; else torch's `_weight_int8pack_mm`) and
 default model's GGUF weights are Q4_1, which this layout holds up to scale rounding). These
 kernels give each row the same result whatever the number of rows. Past a few rows they are slower
 than oneDNN's bf16 GEMM, so a low-bit linear may also keep a bf16 copy of its dequantized weights
-(the same values, rounded to bf16), which a FullWeightsSwitch turns on for steps with many rows and
-for prompt chunks; that changes rounding with the batch, which `deterministic` forbids. Figures:
+(the same values, rounded to bf16), which runs instead for groups of many decode rows and
+for prompt segments; that changes rounding with the batch, which `deterministic` forbids. Every CPU linear
+computes the step's row groups (RowGroups) with calls of their own. Figures:
 benchmarks/RESULTS.md, "Step time and low-bit weights (issue 11)" and "int8 weights by default".
 On other devices the model is left as it is.
 """
@@ -20,6 +21,8 @@ On other devices the model is left as it is.
 from __future__ import annotations
 
 import torch
+
+from collections.abc import Callable
 
 from engine_service.model.native import Kernels
 from engine_service.model.weight_formats import QUANTIZATIONS
@@ -45,18 +48,40 @@ def low_bit_max_rows(dtype: torch.dtype, native_int8: Kernels | None) -> int:
     return NATIVE_INT8_MAX_ROWS_WITHOUT_BF16_GEMM if native_int8 is not None and not packable(dtype) else LOW_BIT_MAX_ROWS
 
 
-class FullWeightsSwitch:
-    """Set once per step by the model runner; while on, the low-bit linears that share it run their
-    bf16 copies. On for steps of more than `max_rows` rows, where oneDNN's GEMM is faster, and
-    for any step with a prompt chunk: a prompt is then computed alike whether it is prefilled whole
-    or, after a prefix-cache hit, only its last few tokens, so a hit never changes outputs."""
+class RowGroups:
+    """A step's rows in the groups that every CPU linear sharing this object computes with calls of
+    their own, set once per step by the model runner: the decode rows, then each prompt segment
+    (model/step.py). A dense kernel may round a row by the number of rows in its call (oneDNN's AMX
+    kernels block by it, and one row takes a GEMV path everywhere); a segment's call has the same
+    shape whether its prompt was cached or not and whatever else the step holds, so it rounds alike.
 
-    def __init__(self, max_rows: int = LOW_BIT_MAX_ROWS) -> None:
-        self.max_rows = max_rows
-        self.on = False
+    `full` says per group whether low-bit linears run their full (bf16) copy: for prompt segments,
+    and for more than `low_bit_max_rows` decode rows, where oneDNN's GEMM is faster. None: never
+    (deterministic: the low-bit kernel for every row, no copies kept)."""
 
-    def set_for_step(self, rows: int, has_prompt_chunk: bool) -> None:
-        self.on = has_prompt_chunk or rows > self.max_rows
+    def __init__(self, low_bit_max_rows: int | None = LOW_BIT_MAX_ROWS) -> None:
+        self.low_bit_max_rows = low_bit_max_rows
+        self.bounds = [0]  # group i is rows bounds[i]:bounds[i + 1]
+        self.full: list[bool] = []
+
+    @property
+    def keeps_full_copies(self) -> bool:
+        return self.low_bit_max_rows is not None
+
+    def set_for_step(self, groups: list[tuple[int, bool]]) -> None:
+        """The step's groups in row order, as (rows, is a prompt segment); empty ones are dropped."""
+        self.bounds, self.full = [0], []
+        for rows, prompt in groups:
+            if rows:
+                self.bounds.append(self.bounds[-1] + rows)
+                self.full.append(self.keeps_full_copies and (prompt or rows > self.low_bit_max_rows))
+
+    def apply(self, compute: Callable[[torch.Tensor, bool], torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+        """compute(group's rows, full) over each group, joined; [rows, features] in and out. Rows that
+        are not the step's (a model's layer over some of them) go in one call."""
+        if len(self.full) < 2 or rows.shape[0] != self.bounds[-1]:
+            return compute(rows, any(self.full))
+        return torch.cat([compute(rows[a:b], full) for a, b, full in zip(self.bounds, self.bounds[1:], self.full)])
 
 
 def resolve_quantization(requested: str | None, device: torch.device, dtype: torch.dtype,
@@ -92,8 +117,10 @@ class PackedLinear(torch.nn.Module):
     then rounded once to their own dtype: the same sums as a bf16 kernel's float32 accumulation, and
     4-6x faster than torch's own bf16 matmul there at 8-512 rows (benchmarks/RESULTS.md)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int = 32) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int = 32,
+                 rows: RowGroups | None = None) -> None:
         super().__init__()
+        self.rows = rows
         self.out_features, self.in_features = weight.shape
         self.compute_dtype = weight.dtype if packable(weight.dtype) else torch.float32
         self.weight = torch.nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(
@@ -102,6 +129,15 @@ class PackedLinear(torch.nn.Module):
             bias.detach().to(self.compute_dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rows is None:
+            return self.dense(x)
+        return self.rows.apply(self._dense_group, _flat(x)).view(*x.shape[:-1], self.out_features)
+
+    def _dense_group(self, rows: torch.Tensor, full: bool) -> torch.Tensor:
+        return self.dense(rows)
+
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
+        """All of x's rows in one call."""
         if x.dtype == self.compute_dtype:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.compute_dtype), self.weight, self.bias, "none", [], "")
@@ -130,31 +166,38 @@ class Int8Panels(torch.nn.Module):
 
 
 class LowBitLinear(torch.nn.Module):
-    """A linear on a low-bit kernel; with a `switch`, also a oneDNN-packed copy of the dequantized
-    weights, which runs instead while the switch is on (faster for many rows, rounded differently)."""
+    """A linear on a low-bit kernel over the step's `rows` groups; where they keep full copies, also a
+    oneDNN-packed copy of the dequantized weights, which runs instead for the groups they say
+    (faster for many rows, rounded differently)."""
 
-    def __init__(self, linear: torch.nn.Linear, switch: FullWeightsSwitch | None) -> None:
+    def __init__(self, linear: torch.nn.Linear, rows: RowGroups | None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.bias = None if linear.bias is None else linear.bias.detach()
-        self.switch = switch
+        self.rows = rows
         self.full: PackedLinear | Int8Panels | None = None
         # The copy's forward as a plain attribute: a decode step calls ~120 linears, and nn.Module's
         # attribute lookup for a submodule costs ~1 us each time.
         self._full_forward = None
 
+    @property
+    def keeps_full_copy(self) -> bool:
+        return self.rows is not None and self.rows.keeps_full_copies
+
     def keep_full_copy(self, dequantized: torch.Tensor) -> None:
-        if self.switch is not None:
+        if self.keeps_full_copy:
             self.full = PackedLinear(dequantized, self.bias)
             self._full_forward = self.full.forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._full_forward is not None and self.switch.on:
-            return self._full_forward(x)
-        if x.dim() == 2:  # the lean forward's [tokens, features]: no reshaping
-            y = self.kernel(x)
-        else:
-            y = self.kernel(_flat(x)).view(*x.shape[:-1], self.out_features)  # not -1: a step may keep no rows
+        rows = x if x.dim() == 2 else _flat(x)  # the lean forward's [tokens, features]: no reshaping
+        y = self._group(rows, False) if self.rows is None else self.rows.apply(self._group, rows)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)  # not -1: a step may keep no rows
+
+    def _group(self, rows: torch.Tensor, full: bool) -> torch.Tensor:
+        if full and self._full_forward is not None:
+            return self._full_forward(rows)
+        y = self.kernel(rows)
         return y if self.bias is None else y + self.bias
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
@@ -165,9 +208,9 @@ class Int8Linear(LowBitLinear):
     """Symmetric int8 weights with one scale per output channel; run by the native kernel (`native`,
     model/native.py) where it supports the layer, else by torch's."""
 
-    def __init__(self, linear: torch.nn.Linear, switch: FullWeightsSwitch | None,
+    def __init__(self, linear: torch.nn.Linear, rows: RowGroups | None,
                  native: Kernels | None = None) -> None:
-        super().__init__(linear, switch)
+        super().__init__(linear, rows)
         w = linear.weight.detach().float()
         scales = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
         self.register_buffer("weight", torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8))
@@ -181,7 +224,7 @@ class Int8Linear(LowBitLinear):
             self._matmul = lambda rows: matmul(rows, weight, float_scales)
         else:
             self._matmul = lambda rows: torch._weight_int8pack_mm(rows, self.weight, self.scales)
-        if self.native is not None and switch is not None and not packable(linear.weight.dtype):
+        if self.native is not None and self.keeps_full_copy and not packable(linear.weight.dtype):
             # No bf16 GEMM in oneDNN here: its copy would compute in float32 from 4x the bytes, slower
             # at every row count than the native GEMM on the int8 weights packed in panels.
             self.full = Int8Panels(self.native, self.weight, self.float_scales, self.bias)
@@ -209,8 +252,8 @@ def int4_quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
 class Int4Linear(LowBitLinear):
     """4-bit weights, groups of 32 inputs with a scale and a zero each (asymmetric)."""
 
-    def __init__(self, linear: torch.nn.Linear, switch: FullWeightsSwitch | None) -> None:
-        super().__init__(linear, switch)
+    def __init__(self, linear: torch.nn.Linear, rows: RowGroups | None) -> None:
+        super().__init__(linear, rows)
         weight = linear.weight.detach()
         codes, scales, zeros = int4_quantize(weight)
         self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(codes, 1))
@@ -224,29 +267,32 @@ class Int4Linear(LowBitLinear):
         return torch._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP, self.scales_and_zeros)
 
 
-def _replacement(linear: torch.nn.Linear, quantization: str, switch: FullWeightsSwitch | None,
+def _replacement(linear: torch.nn.Linear, quantization: str, rows: RowGroups | None,
                  native_int8: Kernels | None) -> torch.nn.Module:
     if quantization == "int8":
-        return Int8Linear(linear, switch, native_int8)
+        return Int8Linear(linear, rows, native_int8)
     if quantization == "int4" and linear.in_features % INT4_GROUP == 0 and linear.out_features % 16 == 0:
-        return Int4Linear(linear, switch)
-    return PackedLinear(linear.weight, linear.bias)
+        return Int4Linear(linear, rows)
+    return PackedLinear(linear.weight, linear.bias, rows=rows)
 
 
-def quantize_linears(model: torch.nn.Module, quantization: str, switch: FullWeightsSwitch | None = None,
-                     native_int8: Kernels | None = None) -> int:
+def quantize_linears(model: torch.nn.Module, quantization: str, rows: RowGroups | None = None,
+                     native_int8: Kernels | None = None, head_rows: RowGroups | None = None) -> int:
     """Swap every CPU nn.Linear (the tied lm_head too: the embedding keeps its own weights) for the
     chosen kind; returns how many. int4 needs in_features % 32 == 0 and out_features % 16 == 0; other
-    layers keep full weights. Low-bit linears keep bf16 copies for `switch` (None: deterministic, the
-    low-bit kernel for every step). int8 linears run `native_int8` where it supports them (None:
+    layers keep full weights. Each computes the step's `rows` groups apart (RowGroups; None: all rows
+    in one call, no full copies); the model's output head (lm_head), which sees only the kept rows,
+    computes `head_rows`' instead. int8 linears run `native_int8` where it supports them (None:
     torch's kernel). A no-op without oneDNN or off the CPU."""
     if not torch.backends.mkldnn.is_available():
         return 0
+    output_embeddings = getattr(model, "get_output_embeddings", lambda: None)()
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear and child.weight.device.type == "cpu":
-                setattr(parent, name, _replacement(child, quantization, switch, native_int8))
+                groups = head_rows if child is output_embeddings else rows
+                setattr(parent, name, _replacement(child, quantization, groups, native_int8))
                 swapped += 1
     return swapped
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_service.model import attention, llama, native
-from engine_service.model.linear import (FullWeightsSwitch, low_bit_max_rows, one_row_rounds_differently,
-                                         quantize_linears, resolve_quantization)
+from engine_service.model.linear import (RowGroups, low_bit_max_rows, one_row_rounds_differently, quantize_linears,
+                                         resolve_quantization)
 from engine_service.model.rotary import install_rotary_table
 from engine_service.model.kv_cache import CacheShape, KVCache
-from engine_service.model.step import DecodeRow, PromptChunk, StepInput, StepLogits
+from engine_service.model.step import DecodeRow, PromptChunk, StepInput, StepLogits, prefill_segment, segments
 
 
 @dataclass
@@ -40,7 +40,7 @@ class PackedBatch:
     slots: list[int] = field(default_factory=list)  # flat cache slot of each token
     decode_tables: list[list[int]] = field(default_factory=list)  # one per decode row
     decode_lens: list[int] = field(default_factory=list)  # context length of each decode row
-    prefills: list[attention.PrefillChunk] = field(default_factory=list)
+    prefills: list[attention.PrefillChunk] = field(default_factory=list)  # one per prompt segment
     keep: list[int] = field(default_factory=list)  # packed positions whose logits are computed
     next_token_rows: dict[int, int] = field(default_factory=dict)  # seq_id -> row in the kept logits
     prompt_rows: list[PromptRows] = field(default_factory=list)
@@ -60,12 +60,13 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
                  block_size: int, num_blocks: int, max_positions: int,
                  quantization: str | None = None, deterministic: bool = False, lean_forward: bool = True,
-                 native_kernels: bool = True) -> None:
+                 native_kernels: bool = True, segment: int | None = None) -> None:
         """quantization: see weight_formats.QUANTIZATIONS (None: the default for the device and dtype);
         deterministic: a sequence's results never depend on the batch it runs in;
         lean_forward: Llama models run model/llama.py's forward (False: transformers', for comparison);
         native_kernels: int8 linears, decode attention and the lean forward's add + RMSNorm run
-        model/native.py's kernels where they build (False: torch's)."""
+        model/native.py's kernels where they build (False: torch's); segment: the prompt segment's length
+        (model/step.py; None: the default for block_size)."""
         self.model = model
         install_rotary_table(model, max_positions, device)
         lean = lean_forward and llama.supports(model)
@@ -75,10 +76,13 @@ class ModelRunner:
         native_on_cpu = native_kernels and device.type == "cpu"
         kernels = native.kernels() if native_on_cpu else None
         native_int8 = kernels if self.quantization == "int8" else None
-        # Low-bit linears run bf16 copies for prompt chunks and big steps, unless deterministic.
-        self.full_weights = None if deterministic else FullWeightsSwitch(low_bit_max_rows(dtype, native_int8))
+        # Each linear computes the decode rows and each prompt segment apart; low-bit linears run bf16
+        # copies for prompt segments and many decode rows, unless deterministic.
+        max_rows = None if deterministic else low_bit_max_rows(dtype, native_int8)
+        self.rows, self.head_rows = RowGroups(max_rows), RowGroups(max_rows)
+        self.segment = segment or prefill_segment(block_size)
         if device.type == "cpu":
-            quantize_linears(model, self.quantization, self.full_weights, native_int8)
+            quantize_linears(model, self.quantization, self.rows, native_int8, self.head_rows)
         self.int8_kernel = "native" if native_int8 is not None else "torch"
         self.lean = llama.LeanLlama(model, kernels if dtype in native.DTYPES else None) if lean else None
         self.pads_single_rows = one_row_rounds_differently(model)
@@ -102,16 +106,10 @@ class ModelRunner:
     def run(self, step: StepInput) -> StepLogits:
         batch = PackedBatch()
         self.prepare_decode(batch, step.decode)
-        padding_row = None
-        rows = len(step.decode) + sum(len(chunk.token_ids) for chunk in step.prefill)
-        # A prompt chunk may run dense kernels (low-bit weights' bf16 copies), which round one row apart.
-        if rows < 2 and (self.pads_single_rows or step.prefill):
-            padding_row = self.add_padding_row(batch)
+        if len(step.decode) == 1 and self.pads_single_rows:
+            self.add_padding_row(batch)
         self.prepare_prefill(batch, step.prefill)
-        if padding_row is not None:
-            batch.keep_row(padding_row)  # its logits row comes last and is dropped
-        if self.full_weights is not None:
-            self.full_weights.set_for_step(len(batch.input_ids), bool(step.prefill))
+        self.set_row_groups(batch)
         logits, hidden = self.forward(batch)
         return StepLogits(
             next_token={seq_id: logits[row] for seq_id, row in batch.next_token_rows.items()},
@@ -131,15 +129,32 @@ class ModelRunner:
             batch.decode_tables.append(row.block_table)
             batch.decode_lens.append(position + 1)
 
-    def add_padding_row(self, batch: PackedBatch) -> int:
+    def add_padding_row(self, batch: PackedBatch) -> None:
         """One-row dense matmuls take a different (GEMV) kernel whose rounding differs, so a sequence
-        running alone would not match itself in a batch. A dummy decode row in the scratch block makes
-        two. (Not needed when every linear is a low-bit kernel: those round each row alike.)
-        Returns its packed position."""
+        decoding alone would not match itself in a batch. A dummy decode row in the scratch block makes
+        two; its logits row is kept (the decode rows' matmuls stay one group) and dropped. (Not needed
+        when every linear is a low-bit kernel: those round each row alike.)"""
+        batch.keep_row(len(batch.input_ids))
         batch.add(0, 0, self.scratch_block * self.block_size)
         batch.decode_tables.append([self.scratch_block])
         batch.decode_lens.append(1)
-        return len(batch.input_ids) - 1
+
+    def set_row_groups(self, batch: PackedBatch) -> None:
+        """The linears' groups: the decode rows (padding included), then each prompt segment; the
+        output head's, the kept rows of each of those in turn."""
+        num_decode = len(batch.decode_lens)
+        self.rows.set_for_step([(num_decode, False), *((chunk.length, True) for chunk in batch.prefills)])
+        group_ends = [num_decode, *(chunk.start + chunk.length for chunk in batch.prefills)]
+        kept: list[list] = []  # [kept rows, is a prompt segment] per group that keeps any (batch.keep ascends)
+        group, last = 0, -1
+        for row in batch.keep:
+            while row >= group_ends[group]:
+                group += 1
+            if group != last:
+                kept.append([0, group > 0])
+                last = group
+            kept[-1][0] += 1
+        self.head_rows.set_for_step([(count, prompt) for count, prompt in kept])
 
     def prepare_prefill(self, batch: PackedBatch, chunks: list[PromptChunk]) -> None:
         """Each prompt chunk after the decode rows; logits for the chunk's last token when it ends the
@@ -151,7 +166,10 @@ class ModelRunner:
                 batch.add(token, position, self._slot(chunk.block_table, position))
             table = torch.tensor(chunk.block_table[:-(-context // self.block_size)], dtype=torch.long,
                                  device=self.device)
-            batch.prefills.append(attention.PrefillChunk(start, length, context, table))
+            for segment_first, segment_length in segments(first, length, self.segment):
+                end = segment_first + segment_length
+                batch.prefills.append(attention.PrefillChunk(start + segment_first - first, segment_length, end,
+                                                             table[:-(-end // self.block_size)]))
             if chunk.keep_all_rows:
                 rows = [batch.keep_row(p) for p in range(start, start + length)]
                 batch.prompt_rows.append(PromptRows(chunk.seq_id, first, rows[0], length))

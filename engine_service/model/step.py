@@ -10,6 +10,26 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+# A prompt is computed in segments of its positions, [k * S, (k + 1) * S), each with calls of its own
+# (every linear, the attention): a segment's arithmetic then depends on its own tokens and the context
+# before it, never on how the prompt was chunked, what was cached, or what else the step held. Dense CPU
+# kernels may round a row by the number of rows in the call (oneDNN's AMX kernels block by it), so this
+# is what makes a prompt compute alike cached or not, on every CPU (docs/engine.md, "Numerics").
+# About 64 tokens: fewer cost oneDNN's GEMMs efficiency (16-row calls: +60% prefill time here).
+PREFILL_SEGMENT_TOKENS = 64
+
+
+def prefill_segment(block_size: int, max_step_tokens: int = 512) -> int:
+    """The segment's length S: whole cache blocks (a prefix-cache hit ends on a segment's boundary),
+    about PREFILL_SEGMENT_TOKENS, within a step's token budget, at least one block."""
+    return max(1, min(PREFILL_SEGMENT_TOKENS, max_step_tokens) // block_size) * block_size
+
+
+def segments(first: int, length: int, segment: int) -> list[tuple[int, int]]:
+    """Positions first..first+length cut at the segment boundaries: (first position, length) each."""
+    cuts = [first, *range((first // segment + 1) * segment, first + length, segment), first + length]
+    return [(start, end - start) for start, end in zip(cuts, cuts[1:])]
+
 
 @dataclass(slots=True)
 class DecodeRow:
