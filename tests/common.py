@@ -59,7 +59,7 @@ def streamed_text(chunks: Any) -> tuple[str, str | None]:
 
 # A request computed twice is not always bit-identical: a preemption or a failed step's rewind
 # recomputes tokens that decode steps computed, through the prefill path, which rounds differently
-# (a prefix-cache hit alone is bit-exact: tests/test_paged_attention.py). Logprobs may move by
+# (a prefix-cache hit alone is bit-exact: tests/test_numerics.py). Logprobs may move by
 # rounding (up to ~0.13 seen on the default model); where the best two tokens are closer than
 # that, greedy may go either way. A real fault (wrong K/V) moves logprobs by nats.
 RECOMPUTE_LOGPROB_TOLERANCE = 0.15

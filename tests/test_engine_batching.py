@@ -77,13 +77,18 @@ def run_concurrently(stub, requests: list[pb.GenerateRequest]) -> list[dict]:
         return list(pool.map(lambda r: collect(stub, r), requests))
 
 
-def test_greedy_output_is_the_same_alone_and_in_a_full_batch(deterministic_stub):
+def tokens_and_logprobs(result: dict) -> list[tuple[int, float]]:
+    return [(entry.token_id, entry.logprob) for entry in result["logprobs"][0]]
+
+
+@pytest.mark.parametrize("batch", [12, 32])
+def test_greedy_tokens_and_logprobs_are_the_same_alone_and_in_a_batch(deterministic_stub, batch: int):
     stub = deterministic_stub
-    probes = [chat(p, max_tokens=40) for p in PROMPTS[:3]]
-    alone = [collect(stub, r)["ids"][0] for r in probes]
-    fillers = [chat(PROMPTS[i % len(PROMPTS)] + f" (variant {i})", max_tokens=40) for i in range(29)]
+    probes = [chat(p, max_tokens=32, logprobs=True) for p in PROMPTS[:6]]
+    alone = [tokens_and_logprobs(collect(stub, r)) for r in probes]
+    fillers = [chat(PROMPTS[i % len(PROMPTS)] + f" (variant {i})", max_tokens=32) for i in range(batch - 6)]
     batched = run_concurrently(stub, probes + fillers)
-    assert [b["ids"][0] for b in batched[:3]] == alone
+    assert [tokens_and_logprobs(b) for b in batched[:6]] == alone
 
 
 def test_seeded_sampling_is_the_same_alone_and_in_a_batch(deterministic_stub):

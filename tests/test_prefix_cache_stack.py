@@ -53,9 +53,26 @@ def test_a_warm_cache_gives_the_same_greedy_tokens_and_logprobs(engine_client: E
     assert cold.usage.cached_tokens == 0
     assert warm.usage.cached_tokens == (prompt_tokens - 1) // SEGMENT * SEGMENT > 0, \
         "all whole segments short of the last token"
-    # Bit for bit: the warm prefill's leftover rows round as in the cold pass (model/attention.py).
+    # Bit for bit: the warm prefill runs the cold one's calls from its segment on (model/step.py).
     assert warm.choices[0].token_ids == cold.choices[0].token_ids
     assert [lp.logprob for lp in warm.choices[0].logprobs] == [lp.logprob for lp in cold.choices[0].logprobs]
+
+
+CHATS = ["Write a poem about the sea.", "Explain why the sky is blue.", "List five fruits and their colors.",
+         "Tell a short story about a robot.", "How do I boil an egg?", "Describe a busy city street at night."]
+
+
+@pytest.mark.parametrize("prompt", CHATS)
+def test_a_chat_at_temperature_0_says_the_same_whole_and_then_streamed(openai_client: openai.OpenAI,
+                                                                      prompt: str) -> None:
+    """The first thing users compare: the streamed request finds its prompt cached by the whole one."""
+    args = dict(model=MODEL, temperature=0, max_tokens=48, messages=[
+        {"role": "system", "content": unique_system()}, {"role": "user", "content": prompt}])
+    whole = openai_client.chat.completions.create(**args)
+    stream = openai_client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **args)
+    chunks = list(stream)
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0, "the streamed prompt was cached"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
 
 
 def chat_turns(client: openai.OpenAI) -> tuple[openai.types.CompletionUsage, openai.types.CompletionUsage]:
