@@ -5,6 +5,7 @@ validation and GET /openapi.json come, and the field groups and builders the API
   `parse` hands to validation and written into the document) and `parse` (the first failure as a 400).
 - sampling.py, chat.py: the field groups and pieces the generation APIs share, and their builders.
 - openapi.py: the document, assembled from each API's `ApiPart`.
+- logprobs.py: token logprobs in OpenAI's shape, which chat completions and the Responses API share.
 
 Messages are the shim's own, not pydantic's: each check raises a template with `{param}` in it (pydantic's
 strict types get theirs from a table), filled in with the failure's OpenAI `param` path ("messages[0].content").
