@@ -298,12 +298,13 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
 
 
 class FakeEngineServer(BackgroundServer):
-    """The fake on the engine's own gRPC server, on a loopback port (0: a free one) and a thread of
-    this process; `address` and `port` are the bound ones once started."""
+    """The fake on the engine's own gRPC server, on a loopback port (0: a free one; `host`: another of
+    this host's addresses) and a thread of this process; `address` and `port` are the bound ones once
+    started."""
 
-    def __init__(self, port: int = 0, model_id: str = MODEL_ID) -> None:
+    def __init__(self, port: int = 0, model_id: str = MODEL_ID, host: str = "127.0.0.1") -> None:
         self.engine = FakeEngine(model_id)
-        super().__init__(self.engine, "127.0.0.1", port, description="the fake engine")
+        super().__init__(self.engine, host, port, description="the fake engine")
 
     def set_serving(self, serving: bool) -> None:
         """Health SERVING or NOT_SERVING (as a draining replica reports), in effect on return."""
