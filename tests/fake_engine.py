@@ -382,16 +382,23 @@ def stop_process(process: subprocess.Popen | forked.ForkedProcess) -> None:
 
 
 def main() -> None:
-    """`python tests/fake_engine.py --port N`: serve the fake until SIGTERM (or the parent's death)."""
+    """`python tests/fake_engine.py --port N`: serve the fake until SIGTERM (or the parent's death).
+    `--listen-after S` waits S seconds before listening, as a real engine loads its model first."""
     from conduit_common.lifetime import die_with_parent
 
     die_with_parent()
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
-    server = FakeEngineServer(parser.parse_args().port).start()
-    print(f"fake engine listening on {server.address}", flush=True)
+    parser.add_argument("--model-id", default=MODEL_ID)
+    parser.add_argument("--listen-after", type=float, default=0.0, metavar="S")
+    args = parser.parse_args()
     stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):  # the launcher's stop sends SIGINT first
+        signal.signal(stop_signal, lambda *_: stopped.set())
+    if stopped.wait(args.listen_after):
+        return
+    server = FakeEngineServer(args.port, args.model_id).start()
+    print(f"fake engine listening on {server.address}", flush=True)
     stopped.wait()
     server.stop()
 
