@@ -38,15 +38,15 @@ ChannelOptions = Sequence[tuple[str, Any]]
 PathLike = str | Path
 
 
-def _channel_options(target: str, options: ChannelOptions,
-                     tls_server_name: str | None = None) -> list[tuple[str, Any]]:
+def _channel_options(target: str, options: ChannelOptions, tls_server_name: str | None = None,
+                     proxy: str | None = None) -> list[tuple[str, Any]]:
     """The contract's message size limits and keepalive (a dead engine fails its calls rather than
     leaving them waiting), the replica service config (round robin, health checking, retries of
-    calls that produced nothing), no HTTP proxy where none can serve the target (clients/http_proxy.py),
+    calls that produced nothing), no HTTP proxy but the `proxy` named (clients/http_proxy.py),
     overridden by the caller's `options`."""
     extra = {"grpc.ssl_target_name_override": tls_server_name} if tls_server_name else {}
     defaults = {**dict(MESSAGE_SIZE_OPTIONS), **dict(keepalive_options()), **dict(replica_options(target)),
-                **dict(proxy_options(target))}
+                **dict(proxy_options(target, proxy))}
     return list({**defaults, **extra, **dict(options)}.items())
 
 
@@ -129,7 +129,7 @@ class EngineClient:
                  tls_cert: PathLike | None = None, tls_key: PathLike | None = None,
                  tls_server_name: str | None = None,
                  credentials: grpc.ChannelCredentials | None = None,
-                 options: ChannelOptions = (),
+                 options: ChannelOptions = (), proxy: str | None = None,
                  timeout: float | None = None, metadata: Metadata = ()) -> None:
         """`timeout` (seconds) and `metadata` apply to every call unless a call overrides them.
         `target` is one address, a gRPC URI such as dns:///engine:50051, or several replicas
@@ -137,11 +137,12 @@ class EngineClient:
         call that fails with UNAVAILABLE before any answer is retried on another (clients/replicas.py).
         `token`, `tls*` reach a secured engine (see the module docstring); `tls_server_name`
         is the name to expect in its certificate when `target` does not carry it; `credentials`
-        replace the ones the tls_* files would make."""
+        replace the ones the tls_* files would make. The channel takes no HTTP proxy from the
+        environment; `proxy` (http://HOST:PORT) names one for it (clients/http_proxy.py)."""
         credentials, metadata = _security(credentials, token, tls, tls_ca, tls_cert, tls_key, metadata)
         target = channel_target(target)
         self._spans_replicas = spans_replicas(target)
-        options = _channel_options(target, options, tls_server_name)
+        options = _channel_options(target, options, tls_server_name, proxy)
         self._channel = (grpc.secure_channel(target, credentials, options) if credentials
                          else grpc.insecure_channel(target, options))
         self._stub = engine_pb2_grpc.EngineStub(self._channel)
@@ -294,12 +295,12 @@ class AsyncEngineClient:
                  tls_cert: PathLike | None = None, tls_key: PathLike | None = None,
                  tls_server_name: str | None = None,
                  credentials: grpc.ChannelCredentials | None = None,
-                 options: ChannelOptions = (),
+                 options: ChannelOptions = (), proxy: str | None = None,
                  timeout: float | None = None, metadata: Metadata = ()) -> None:
         """The same arguments as EngineClient's."""
         credentials, metadata = _security(credentials, token, tls, tls_ca, tls_cert, tls_key, metadata)
         target = channel_target(target)
-        options = _channel_options(target, options, tls_server_name)
+        options = _channel_options(target, options, tls_server_name, proxy)
         self._channel = (grpc.aio.secure_channel(target, credentials, options) if credentials
                          else grpc.aio.insecure_channel(target, options))
         self._stub = engine_pb2_grpc.EngineStub(self._channel)

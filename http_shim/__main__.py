@@ -48,14 +48,14 @@ ENGINE_CHANNEL_OPTIONS = (
 
 
 def _engine_connector(args: argparse.Namespace) -> Callable[[str | Sequence[str]], EngineClient]:
-    """The shim's engine clients (one per engine address), with the engine flags' security and keepalive."""
+    """The shim's engine clients (one per engine address), with the engine flags' security, keepalive and proxy."""
     tls = bool(args.engine_tls_ca or args.engine_tls_cert or args.engine_tls_key)
     options = (*ENGINE_CHANNEL_OPTIONS, *args.keepalive)
 
     def connect(target: str | Sequence[str], server_name: str | None = None) -> EngineClient:
         """`server_name`: the name the engine's certificate carries, for an address a dns:/// name
         resolved to (the shim dials each replica behind a name by its address)."""
-        return EngineClient(target, options=options, token=args.engine_token or None,
+        return EngineClient(target, options=options, proxy=args.engine_proxy, token=args.engine_token or None,
                             tls_ca=args.engine_tls_ca, tls_cert=args.engine_tls_cert, tls_key=args.engine_tls_key,
                             tls_server_name=server_name if tls else None)
 

@@ -32,7 +32,7 @@ from .models import Connect, ServedModels
 from .observe import ROUTE_KEY, ObservedApp
 from .openai import GENERATION_ROUTES as OPENAI_ROUTES
 from .openai import register_openai
-from .protocol.openapi import openapi_document
+from .openapi_document import openapi_document
 from .playground import playground
 from .relay import Relay
 from .responses import RESPONSES_ROUTE, ResponseStore, StoreLimits, default_store_dir, register_responses

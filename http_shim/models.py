@@ -114,6 +114,15 @@ class ServedModels:
         except NotFound:
             raise model_not_found(name, [model.id for model in self.list(metadata=metadata)]) from None
 
+    def engine_states(self) -> dict[str, str]:
+        """Several engines: each one's state by address (routing/replica.py); {} for one engine."""
+        return {} if self._router is None else self._router.pool.states()
+
+    def unlisted(self) -> list[str]:
+        """The engines that have not yet said what they serve (routing/pool.py): while there are any, the
+        models listed may lack theirs. One engine is asked at each listing, so it is never among them."""
+        return [] if self._router is None else self._router.pool.unlisted()
+
     def clients(self, metadata: Metadata = ()) -> dict[str, EngineClient | RoutedEngine]:
         """Model id -> what answers for its health; with one address, also when it cannot be listed."""
         if self._single is not None:

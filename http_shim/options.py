@@ -11,6 +11,7 @@ import argparse
 import re
 from collections.abc import Sequence
 
+from clients.http_proxy import proxy_url
 from clients.replicas import split_addresses
 
 from conduit_common.cli import EnvArgumentParser, prog_name
@@ -82,6 +83,10 @@ def build_parser() -> EnvArgumentParser:
                         help="engine gRPC address HOST:PORT, or dns:///NAME:PORT for every replica behind a name; "
                              "repeat it or give A,B for several engines (replicas of a model, or other models); "
                              f"default {DEFAULT_ENGINE}")
+    parser.add_argument("--engine-proxy", type=_engine_proxy, metavar="URL", default=None,
+                        help="HTTP CONNECT proxy http://[USER:PASSWORD@]HOST:PORT for the engine channels (hosts that "
+                             "no_grpc_proxy or no_proxy lists still go direct); default none: engine channels ignore "
+                             "grpc_proxy, https_proxy and http_proxy")
     parser.add_argument("--host", default="127.0.0.1", help="where HTTP listens")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port; 0 picks a free port")
     parser.add_argument("--heartbeat-interval", type=float, metavar="S", default=5.0, env="CONDUIT_HEARTBEAT_S",
@@ -96,6 +101,14 @@ def build_parser() -> EnvArgumentParser:
     add_responses_store_args(parser)
     add_routing_args(parser)
     return parser
+
+
+def _engine_proxy(value: str) -> str:
+    """--engine-proxy's value, checked (a usage error in the clients' words)."""
+    try:
+        return proxy_url(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_routing_args(parser: EnvArgumentParser) -> None:

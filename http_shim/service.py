@@ -45,15 +45,21 @@ def register_service(app: Flask, ctx: ShimContext, document: dict[str, Any]) -> 
 
     @app.get("/health")
     def health() -> Response:
+        """Readiness (docs/operations.md): every engine has said what it serves, so /v1/models is whole, and
+        every model listed has an engine serving it now. The first reason it is not is `engine`."""
         if ctx.drain.draining:
             return json_response({"status": "draining", "engine": None}, 503)
         statuses = {model_id: _health(engine) for model_id, engine in ctx.models.clients(engine_metadata()).items()}
-        worst = [s for s in statuses.values() if s != "SERVING"]
-        status = worst[0] if worst else "SERVING" if statuses else "UNREACHABLE"
+        engines = ctx.models.engine_states()  # read after clients(), whose listing may have just heard from one
+        waiting = [engines.get(address, "UNREACHABLE") for address in ctx.models.unlisted()]
+        worst = [s for s in (*waiting, *statuses.values()) if s != "SERVING"]
+        status = worst[0] if worst else "UNREACHABLE" if waiting or not statuses else "SERVING"
         ok = status == "SERVING"
-        body = {"status": "ok" if ok else "unavailable", "engine": status}
+        body: dict[str, Any] = {"status": "ok" if ok else "unavailable", "engine": status}
         if set(statuses) != {""}:
             body["models"] = statuses
+        if engines:
+            body["engines"] = engines
         return json_response(body, 200 if ok else 503)
 
     @app.get("/metrics")
@@ -92,7 +98,8 @@ SERVICE_API = ApiPart(
         "/v1/models/{model}": _get("One served model", "Model", 401, 404, 503, parameters=[
             {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]),
         "/health": {"get": {
-            "summary": "Readiness: 200 when the engine serves, 503 when not or while draining",
+            "summary": "Readiness: 200 when every engine has said what it serves and every model has one serving "
+                       "it, 503 when not or while draining",
             "security": [],
             "responses": {code: {"description": what, "content": {"application/json": {"schema": ref("Health")}}}
                           for code, what in (("200", "ready"), ("503", "not ready"))},
@@ -114,6 +121,8 @@ SERVICE_API = ApiPart(
         "ModelList": {"type": "object", "required": ["object", "data"], "properties": {
             "object": {"type": "string", "enum": ["list"]}, "data": {"type": "array", "items": ref("Model")}}},
         "Health": {"type": "object", "required": ["status"], "properties": {
-            "status": {"type": "string", "enum": ["ok", "unavailable", "draining"]}, "engine": {"type": "string"}}},
+            "status": {"type": "string", "enum": ["ok", "unavailable", "draining"]}, "engine": {"type": "string"},
+            "models": {"type": "object", "additionalProperties": {"type": "string"}},  # several engines: by model
+            "engines": {"type": "object", "additionalProperties": {"type": "string"}}}},  # and by address
     },
 )

@@ -369,6 +369,7 @@ class Stack:
                     raise StackError(f"{' and '.join(names)} not ready after {self.startup_timeout:.0f}s; "
                                      f"logs in {self.log_dir}{tails}")
                 ready = [up or _engine_serving(client) for up, client in zip(ready, clients)]
+                # 200 only once every engine has told the shim what it serves: /v1/models is whole.
                 shim_ready = shim_ready or (all(ready) and _http_ok(f"{self.shim_url}/health"))
                 if not (all(ready) and shim_ready):
                     time.sleep(POLL_S)

@@ -298,12 +298,13 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
 
 
 class FakeEngineServer(BackgroundServer):
-    """The fake on the engine's own gRPC server, on a loopback port (0: a free one) and a thread of
-    this process; `address` and `port` are the bound ones once started."""
+    """The fake on the engine's own gRPC server, on a loopback port (0: a free one; `host`: another of
+    this host's addresses) and a thread of this process; `address` and `port` are the bound ones once
+    started."""
 
-    def __init__(self, port: int = 0, model_id: str = MODEL_ID) -> None:
+    def __init__(self, port: int = 0, model_id: str = MODEL_ID, host: str = "127.0.0.1") -> None:
         self.engine = FakeEngine(model_id)
-        super().__init__(self.engine, "127.0.0.1", port, description="the fake engine")
+        super().__init__(self.engine, host, port, description="the fake engine")
 
     def set_serving(self, serving: bool) -> None:
         """Health SERVING or NOT_SERVING (as a draining replica reports), in effect on return."""
@@ -381,16 +382,23 @@ def stop_process(process: subprocess.Popen | forked.ForkedProcess) -> None:
 
 
 def main() -> None:
-    """`python tests/fake_engine.py --port N`: serve the fake until SIGTERM (or the parent's death)."""
+    """`python tests/fake_engine.py --port N`: serve the fake until SIGTERM (or the parent's death).
+    `--listen-after S` waits S seconds before listening, as a real engine loads its model first."""
     from conduit_common.lifetime import die_with_parent
 
     die_with_parent()
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
-    server = FakeEngineServer(parser.parse_args().port).start()
-    print(f"fake engine listening on {server.address}", flush=True)
+    parser.add_argument("--model-id", default=MODEL_ID)
+    parser.add_argument("--listen-after", type=float, default=0.0, metavar="S")
+    args = parser.parse_args()
     stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):  # the launcher's stop sends SIGINT first
+        signal.signal(stop_signal, lambda *_: stopped.set())
+    if stopped.wait(args.listen_after):
+        return
+    server = FakeEngineServer(args.port, args.model_id).start()
+    print(f"fake engine listening on {server.address}", flush=True)
     stopped.wait()
     server.stop()
 

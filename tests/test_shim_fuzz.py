@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, settings
 
 from fake_engine import MODEL_ID, FakeEngineServer, start_shim, stop_process
 from http_shim.limits import DEFAULT_LIMITS
-from http_shim.protocol.openapi import openapi_document
+from http_shim.openapi_document import openapi_document
 
 # schemathesis's pytest plugin, which turns a schema's `parametrize()` into tests: loaded here, for
 # these modules, rather than by every pytest process (pyproject.toml's `-p no:schemathesis`; ~0.45 s each).

@@ -16,7 +16,7 @@ from http_shim.errors import APIError
 from http_shim.limits import DEFAULT_LIMITS, RequestLimits
 from http_shim.openai.request import parse_chat
 from http_shim.protocol.base import ApiModel, Cap, Str, by_type, fail, int_in, parse, text_or
-from http_shim.protocol.openapi import openapi_document
+from http_shim.openapi_document import openapi_document
 
 
 class Item(ApiModel):

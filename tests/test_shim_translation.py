@@ -21,8 +21,8 @@ from http_shim.openai.response import (
     CompletionStreamTranslator,
     chat_response,
     completion_response,
-    logprob_value,
 )
+from http_shim.protocol.logprobs import logprob_value
 
 USER = [{"role": "user", "content": "hi"}]
 

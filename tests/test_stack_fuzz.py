@@ -18,7 +18,7 @@ from launcher.stack import Stack
 from common import ANSWER, MODEL, QUESTION
 from fake_engine import start_shim, stop_process
 from http_shim.limits import RequestLimits
-from http_shim.protocol.openapi import openapi_document
+from http_shim.openapi_document import openapi_document
 from test_shim_fuzz import MAX_EXAMPLES, PHASES, check_answer, load_schema
 
 # schemathesis's pytest plugin, which turns a schema's `parametrize()` into tests: loaded here, for

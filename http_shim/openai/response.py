@@ -13,11 +13,10 @@ from conduit.v1.contract import new_tool_call_id
 
 from .. import sse
 from ..errors import APIError
+from ..protocol.logprobs import logprob_value, token_logprobs
 from .request import GenerationPlan
 from ..stream_fold import (ChoiceEnd, Event, Finish, PromptRead, ReasoningDelta, StreamFold, TextDelta,
                            ToolCallArguments, ToolCallStart)
-
-_MIN_LOGPROB = -9999.0  # what OpenAI reports for a probability too small to represent
 
 
 def finish_reason(reason: str | None) -> str:
@@ -25,32 +24,21 @@ def finish_reason(reason: str | None) -> str:
     return str(reason or Finish.STOP)
 
 
-def logprob_value(value: float) -> float | None:
-    """JSON has no NaN or infinity: NaN (no logprob, e.g. the first prompt token) -> null."""
-    if math.isnan(value):
-        return None
-    return max(value, _MIN_LOGPROB)
-
-
 def chat_logprobs(entries: list[pb.TokenLogprob]) -> dict[str, Any]:
-    def item(t: pb.TokenLogprob | pb.TopLogprob) -> dict[str, Any]:
-        return {"token": t.token, "logprob": logprob_value(t.logprob), "bytes": list(t.bytes or t.token.encode())}
-
-    return {"content": [{**item(e), "top_logprobs": [item(t) for t in e.top_logprobs]} for e in entries],
-            "refusal": None}
+    return {"content": token_logprobs(entries), "refusal": None}
 
 
 def completion_logprobs(entries: list[pb.TokenLogprob], text_offset: int) -> dict[str, Any]:
     """Legacy logprobs; `text_offset` counts characters from the start of the choice's `text`."""
-    tokens, token_logprobs, top, offsets = [], [], [], []
+    tokens, values, top, offsets = [], [], [], []
     for e in entries:
         value = logprob_value(e.logprob)
         tokens.append(e.token)
-        token_logprobs.append(value)
+        values.append(value)
         top.append(None if value is None else {t.token: logprob_value(t.logprob) for t in e.top_logprobs})
         offsets.append(text_offset)
         text_offset += len(e.token)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": top, "text_offset": offsets}
 
 
 def echo_text(plan: GenerationPlan, prompt_index: int, prompt: pb.PromptInfo) -> str:

@@ -1,22 +1,19 @@
-"""GET /openapi.json, generated: each API declares its routes as an `ApiPart` (operations whose body is a
-typed request model, hand-kept answer schemas, bodiless path items); `openapi_document` assembles them.
-The request schemas are the models' own, turned into OpenAPI 3.0, with this server's caps written in, so
-the document never drifts from the checks.
+"""What each API declares its share of GET /openapi.json with: an `ApiPart` of operations (routes whose
+body is a typed request model), hand-kept answer schemas and bodiless path items. The document is
+assembled from the parts in http_shim/openapi_document.py, which imports every API; nothing here does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
 
-from ..limits import RequestLimits
 from .base import Schema
 
-_REF = "#/components/schemas/{model}"
+REF_TEMPLATE = "#/components/schemas/{model}"  # where components live, for pydantic's refs too
 REQUEST_ID_HEADER: Schema = {
     "name": "X-Request-Id", "in": "header", "required": False,
     "description": "names the request in logs and in the engine; printable ASCII, at most 128 characters",
@@ -35,7 +32,7 @@ _ERROR_REASONS = {
 
 
 def ref(name: str) -> Schema:
-    return {"$ref": _REF.format(model=name)}
+    return {"$ref": REF_TEMPLATE.format(model=name)}
 
 
 def error_responses(*statuses: int) -> dict[str, Any]:
@@ -82,61 +79,3 @@ class ApiPart:
     operations: Sequence[Operation] = ()
     schemas: Mapping[str, Schema] = field(default_factory=dict)  # answers, errors: hand-kept
     paths: Mapping[str, Any] = field(default_factory=dict)  # routes with no request body
-
-
-def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, Any]:
-    # Imported here, not at module level, so the API packages may import this module.
-    from ..embeddings.protocol import EMBEDDINGS_API
-    from ..messages.protocol import MESSAGES_API
-    from ..openai.protocol import OPENAI_API
-    from ..responses.protocol import RESPONSES_API
-    from ..service import SERVICE_API
-
-    parts = [OPENAI_API, RESPONSES_API, MESSAGES_API, EMBEDDINGS_API, SERVICE_API]
-    paths: dict[str, Any] = {}
-
-    schemas: dict[str, Schema] = {}
-    for part in parts:
-        paths.update({op.path: op.path_item() for op in part.operations})
-        paths.update(part.paths)
-        schemas.update(part.schemas)
-    schemas.update(request_schemas([op.request for part in parts for op in part.operations], limits))
-    info = {"title": "Conduit OpenAI-compatible API", "version": "1",
-            "description": "The OpenAI API subset the Conduit HTTP shim serves. Unknown request fields are ignored."}
-    document: dict[str, Any] = {"openapi": "3.0.3", "info": info, "paths": paths, "components": {"schemas": schemas}}
-    if auth_required:
-        document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-        document["security"] = [{"bearer": []}]
-    return document
-
-
-def request_schemas(models: Iterable[type[BaseModel]], limits: RequestLimits) -> dict[str, Schema]:
-    """The models' schemas (and those they refer to) by name, as OpenAPI 3.0, with `limits` written in."""
-    _, defs = models_json_schema([(m, "validation") for m in dict.fromkeys(models)], ref_template=_REF)
-    return {name: _openapi30(schema, limits) for name, schema in defs.get("$defs", {}).items()}
-
-
-def _openapi30(schema: Any, limits: RequestLimits) -> Any:
-    """JSON Schema 2020-12 (pydantic's) -> OpenAPI 3.0: a null member of anyOf becomes `nullable`; titles
-    and null defaults go; an `x-cap` becomes its keyword with the operator's value."""
-    if isinstance(schema, list):
-        return [_openapi30(s, limits) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _openapi30(v, limits) for k, v in schema.items()
-           if k not in ("title", "x-cap") and not (k == "default" and v is None)}
-    if isinstance(schema.get("properties"), dict):  # names there are fields, not keywords
-        out["properties"] = {name: _openapi30(v, limits) for name, v in schema["properties"].items()}
-    if "x-cap" in schema:
-        limit, keyword = schema["x-cap"]
-        value = getattr(limits, limit)
-        if value is not None:
-            out[keyword] = value
-
-    members = out.get("anyOf")
-    if members and {"type": "null"} in members:
-        rest = [m for m in members if m != {"type": "null"}]
-        del out["anyOf"]
-        out.update(rest[0] if len(rest) == 1 else {"anyOf": rest})
-        out["nullable"] = True
-    return out

@@ -24,10 +24,11 @@ from conduit.v1 import engine_pb2 as pb
 
 from .. import sse
 from ..errors import APIError
+from ..protocol.logprobs import token_logprobs
 from ..stream_fold import (ChoiceEnd, Event, Finish, ReasoningDelta, StreamFold, TextDelta, ToolCallArguments,
                            ToolCallStart)
-from .objects import (ResponseSkeleton, function_call_item, logprobs_list, message_item, new_id, reasoning_item,
-                      text_part, usage_object)
+from .objects import (ResponseSkeleton, function_call_item, message_item, new_id, reasoning_item, text_part,
+                      usage_object)
 
 # The code of the error a cancel (POST /v1/responses/{id}/cancel) ends a generation with.
 CANCELLED_CODE = "response_cancelled"
@@ -187,7 +188,7 @@ class ResponseEvents:
             self._unwritten = []  # its start marker's: the thinking's
             return self._reasoning_delta(e.text)
         if isinstance(e, TextDelta):
-            logprobs = logprobs_list(e.logprobs) if self._logprobs else []
+            logprobs = token_logprobs(e.logprobs) if self._logprobs else []
             if e.text or (logprobs and "message" in self._open):
                 logprobs, self._unwritten = self._unwritten + logprobs, []
                 return self._text_delta(e.text, logprobs)

@@ -10,16 +10,10 @@ from typing import Any
 from conduit_common.results import Usage
 
 from ..errors import APIError
-from ..openai.response import chat_logprobs
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
-
-
-def logprobs_list(entries: list) -> list[dict[str, Any]]:
-    """Engine logprobs -> the Responses shape (chat's content entries: token, logprob, bytes, top_logprobs)."""
-    return chat_logprobs(entries)["content"] if entries else []
 
 
 def text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from clients.engine_client import EngineClient
 
-from .replica import Replica
+from .replica import UNREACHABLE, Replica
 
 log = logging.getLogger("http_shim.routing")
 
@@ -63,6 +63,7 @@ class ReplicaPool:
         self._on_change = on_change
         self._replicas: dict[str, Replica] = {}
         self._owners: dict[str, str] = {}  # address -> the dns target it came from
+        self._names = [target for target in targets if dns_name(target) is not None]
         self._lock = threading.Lock()
         self._stop = threading.Event()
         for target in targets:
@@ -82,6 +83,23 @@ class ReplicaPool:
     def replicas(self) -> list[Replica]:
         with self._lock:
             return list(self._replicas.values())
+
+    def states(self) -> dict[str, str]:
+        """Each replica's state by address, and UNREACHABLE for a dns target that resolves to none."""
+        with self._lock:
+            owners = set(self._owners.values())
+            states = {address: replica.state for address, replica in self._replicas.items()}
+        return {**states, **{name: UNREACHABLE for name in self._names if name not in owners}}
+
+    def unlisted(self) -> list[str]:
+        """The engines that have not yet said what they serve, so the models listed may lack theirs: each
+        address given, and each dns target none of whose addresses has (a name's pods come and go: one
+        it adds later does not count)."""
+        with self._lock:
+            replicas = [(replica, self._owners[address]) for address, replica in self._replicas.items()]
+        listed_names = {owner for replica, owner in replicas if owner and replica.listed}
+        return ([replica.address for replica, owner in replicas if not owner and not replica.listed]
+                + [name for name in self._names if name not in listed_names])
 
     def close(self) -> None:
         self._stop.set()

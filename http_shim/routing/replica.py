@@ -42,6 +42,7 @@ class Replica:
         self.state = UNREACHABLE
         self.report: pb.LoadReport | None = None
         self.models: list[pb.ModelInfo] = []  # as last listed; kept while it is away
+        self.listed = False  # it has said what it serves (until then its models are unknown, not none)
         self.prefixes = PrefixIndex()
         self.kv = KvIndex() if kv_events else None
         self.inflight = 0  # this shim's calls running there
@@ -134,6 +135,7 @@ class Replica:
             self.models = self.client.list_models(timeout=LIST_TIMEOUT_S, wait_for_ready=wait)
         except ConduitError as error:
             return error
+        self.listed = True
         return None
 
     def _set(self, state: str) -> None:
