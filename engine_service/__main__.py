@@ -26,6 +26,7 @@ if __name__ == "__main__":
 
 from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
 from engine_service.core.config import BOUNDS, QUANTIZATIONS, EngineConfig  # noqa: E402
+from engine_service.core.speculation import SpeculativeConfig  # noqa: E402
 from engine_service.model.cpu_isa import cpu_facts, describe, keep_onednn_off_amx  # noqa: E402
 from engine_service.text.reasoning import PARSER_CHOICES  # noqa: E402
 from engine_service.core.pacing import AUTO_MAX_STREAM_INTERVAL, AUTO_STREAMS_PER_STEP  # noqa: E402
@@ -102,6 +103,11 @@ def build_parser() -> EnvArgumentParser:
                         "a prefill-only sequence batched beside the chat traffic, its vector the final norm's "
                         "hidden state at its last token, normalized (how Qwen3-Embedding-style decoders embed); "
                         "only worth it for a model trained to embed. An embedding model's engine ignores it")
+    p.add_argument("--speculative-config", metavar="JSON", type=speculative_config, default=None,
+                   help='n-gram (prompt-lookup) speculative decoding, vLLM\'s form: \'{"method": "ngram", '
+                        '"num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min": M}\' (defaults '
+                        '4, 4, 2): drafts from a sequence\'s own prompt and output, checked in the step that '
+                        'decodes it; the output is the same as without (docs/engine.md). Off by default')
     p.add_argument("--threads", metavar="N", type=bounded("threads"), default=0,
                    help="torch CPU threads; default: all cores")
     p.add_argument("--log-level", default="INFO", help="Python logging level")
@@ -153,6 +159,13 @@ def bounded(setting: str, kind: type[int] | type[float] = int, special: str | No
 stream_interval = bounded("stream_interval", special="auto")  # 0 stands for auto in EngineConfig
 
 
+def speculative_config(text: str) -> SpeculativeConfig:
+    try:
+        return SpeculativeConfig.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -168,7 +181,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
             quantization=args.quantization, deterministic=args.deterministic, native_kernels=args.native_kernels,
             stream_interval=args.stream_interval, reasoning_parser=args.reasoning_parser,
-            enable_embeddings=args.enable_embeddings)
+            enable_embeddings=args.enable_embeddings, speculative=args.speculative_config)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     return args

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from engine_service.core.speculation import SpeculativeConfig
 from engine_service.model.step import prefill_segment
 from engine_service.model.weight_formats import QUANTIZATIONS
 from engine_service.text.reasoning import PARSER_CHOICES
@@ -77,6 +78,7 @@ class EngineConfig:
     reasoning_parser: str = "auto"
     # A generation engine also answers Embed: each input a prefill-only sequence, pooled by its last token.
     enable_embeddings: bool = False
+    speculative: SpeculativeConfig | None = None  # n-gram speculative decoding (core/speculation.py); None: off
 
     @property
     def prefill_segment(self) -> int:

@@ -27,7 +27,9 @@ from engine_service.core.recovery import StepRecovery
 from engine_service.core.requests import RequestOutput, Requests, deliver
 from engine_service.core.scheduler import Scheduler
 from engine_service.core.sequence import Request
+from engine_service.core.speculation import DRAFT_ROW_COST, Speculator
 from engine_service.model.kv_cache import kv_cache_blocks
+from engine_service.model.linear import LOW_BIT_MAX_ROWS
 from engine_service.model.loader import LoadedModel
 from engine_service.model.runner import ModelRunner
 from engine_service.text import reasoning
@@ -110,8 +112,12 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, metrics: EngineMetri
     recorder = StepRecorder(metrics)
     requests = Requests(scheduler, recorder)
     choices = Choices(loaded.tokenizer, loaded.eos_token_ids, grammars, scheduler, requests, recorder)
+    speculator = None
+    if config.speculative is not None:
+        max_rows = runner.rows.low_bit_max_rows or LOW_BIT_MAX_ROWS
+        speculator = Speculator(config.speculative, blocks, DRAFT_ROW_COST.get(loaded.device.type, 0.25), max_rows)
     core = EngineCore(scheduler, runner, requests, choices, StepRecovery(scheduler, requests, choices), pacing,
-                      recorder)
+                      recorder, speculator)
     loop = EngineLoop(core, Inbox(config.max_waiting), on_outputs, recorder)
     if metrics is not None:
         metrics.cache_config(config.block_size, num_blocks - 1, config.enable_prefix_caching)
@@ -123,4 +129,8 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, metrics: EngineMetri
     log.info("decode attention: %s", "native, in place in the paged cache"
              if runner.decode_attention is not None else "gathered, then SDPA")
     log.info("streaming: %s", pacing.describe())
+    if speculator is not None:
+        spec = config.speculative
+        log.info("speculative decoding: n-gram, up to %d draft tokens, n-grams of %d-%d tokens, up to %d decode rows",
+                 spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max, speculator.max_rows)
     return Engine(loaded, config, core, loop, admission, grammars)

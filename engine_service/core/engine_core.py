@@ -26,6 +26,7 @@ from engine_service.core.requests import RequestOutput, Requests
 from engine_service.core.sampler import sample
 from engine_service.core.scheduler import ScheduledBatch, Scheduler, embedding_inputs
 from engine_service.core.sequence import Request, Sequence
+from engine_service.core.speculation import Speculator
 from engine_service.model.runner import ModelRunner
 from engine_service.model.step import StepLogits
 
@@ -34,8 +35,10 @@ log = logging.getLogger(__name__)
 
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, requests: Requests, choices: Choices,
-                 recovery: StepRecovery, pacing: StreamPacing, recorder: StepRecorder) -> None:
+                 recovery: StepRecovery, pacing: StreamPacing, recorder: StepRecorder,
+                 speculator: Speculator | None = None) -> None:
         self.scheduler = scheduler
+        self.speculator = speculator
         self.runner = runner
         self.requests = requests
         self.choices = choices
@@ -70,6 +73,8 @@ class EngineCore:
         (with those of aborts since the last step)."""
         batch = self.scheduler.schedule()
         if batch:
+            if self.speculator is not None:
+                self.speculator.draft(batch)
             try:
                 logits = self.runner.run(batch.step_input(prompt_logprobs.wanted(batch), embedding_inputs(batch)))
                 self.scheduler.advance(batch)
@@ -114,15 +119,46 @@ class EngineCore:
             rows += [row] * len(choices)
             seqs += choices
         if seqs:
-            tokens, logprobs = sample(torch.stack(rows), seqs)
-            for seq, token, logprob in zip(seqs, tokens, logprobs):
-                seq.token_ids.append(token)
-                reason = seq.output.add(token, logprob)
-                if reason is not None:
-                    self.requests.finish(seq, reason)
-            self.recorder.tokens(seqs)
+            self._sample(torch.stack(rows), seqs)
+        if batch.drafts:
+            self._take_drafts(batch, logits)
         stepped = {scheduled[seq_id].request.request_id: scheduled[seq_id].request
                    for seq_id in logits.next_token}
         for request in self.pacing.due(list(stepped.values())):
             self.requests.send(request)
         return seqs
+
+    def _sample(self, rows: torch.Tensor, seqs: list[Sequence]) -> None:
+        """A token for each sequence from its logits row, into its output."""
+        tokens, logprobs = sample(rows, seqs)
+        for seq, token, logprob in zip(seqs, tokens, logprobs):
+            seq.token_ids.append(token)
+            reason = seq.output.add(token, logprob)
+            if reason is not None:
+                self.requests.finish(seq, reason)
+        self.recorder.tokens(seqs)
+
+    def _take_drafts(self, batch: ScheduledBatch, logits: StepLogits) -> None:
+        """Position by position, each sequence whose last sampled token is its next draft token takes
+        it (its keys and values were computed in the step) and samples again from the logits after
+        it, as decoding one token a step would (core/speculation.py)."""
+        drafted = [seq for seq in batch.decode if seq.seq_id in batch.drafts]
+        accepted = dict.fromkeys(drafted, 0)
+        taking = [seq for seq in drafted if self._drafted_next(seq, batch.drafts[seq.seq_id], 0)]
+        while taking:
+            position = accepted[taking[0]]
+            for seq in taking:
+                accepted[seq] += 1
+                self.scheduler.accepted(seq, 1)
+            self._sample(torch.stack([logits.drafts[seq.seq_id][position] for seq in taking]), taking)
+            taking = [seq for seq in taking if self._drafted_next(seq, batch.drafts[seq.seq_id], position + 1)]
+        for seq in drafted:
+            drafts = batch.drafts[seq.seq_id]
+            refused = not seq.finished and accepted[seq] < len(drafts)
+            seq.acceptance.verified(accepted[seq], refused)
+        self.recorder.drafts([len(batch.drafts[seq.seq_id]) for seq in drafted], list(accepted.values()))
+
+    @staticmethod
+    def _drafted_next(seq: Sequence, drafts: list[int], position: int) -> bool:
+        """Whether seq, still running, just sampled its draft token at `position`."""
+        return not seq.finished and position < len(drafts) and seq.token_ids[-1] == drafts[position]

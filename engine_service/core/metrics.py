@@ -103,6 +103,13 @@ class EngineMetrics:
         self.prefix_cache_queries = counter("conduit:prefix_cache_queries",
                                             "Tokens looked up in the prefix cache (admitted sequences' tokens).")
         self.prefix_cache_hits = counter("conduit:prefix_cache_hits", "Tokens found in the prefix cache.")
+        # Speculative decoding, as vLLM names it (core/speculation.py).
+        self.spec_drafts = counter("conduit:spec_decode_num_drafts", "Drafts checked (one per sequence and step).")
+        self.spec_draft_tokens = counter("conduit:spec_decode_num_draft_tokens", "Draft tokens checked.")
+        self.spec_accepted_tokens = counter("conduit:spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.spec_accepted_per_position = Counter(
+            "conduit:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by their place in the draft.",
+            [label[0], "position"], registry=r)
         self._success = Counter("conduit:request_success", "Finished choices (n > 1 counts each), by reason.",
                                 [label[0], "finished_reason"], registry=r)
         self._model_name = model_name
@@ -188,6 +195,18 @@ class StepRecorder:
             self.metrics.ttft.observe_many((now - t, k) for t, k in first.items())
         if previous:
             self.metrics.itl.observe_many((now - t, k) for t, k in previous.items())
+
+    def drafts(self, lengths: list[int], accepted: list[int]) -> None:
+        """A step checked drafts of these lengths, of which these many tokens were taken."""
+        metrics = self.metrics
+        if metrics is None or not lengths:
+            return
+        metrics.spec_drafts.inc(len(lengths))
+        metrics.spec_draft_tokens.inc(sum(lengths))
+        metrics.spec_accepted_tokens.inc(sum(accepted))
+        for position in range(max(accepted)):
+            taken = sum(count > position for count in accepted)
+            metrics.spec_accepted_per_position.labels(metrics._model_name, str(position)).inc(taken)
 
     def finished(self, reason: str, arrival: float, count: int = 1) -> None:
         if self.metrics is not None and count:

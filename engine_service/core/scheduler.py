@@ -32,6 +32,7 @@ from engine_service.model.step import DecodeRow, PromptChunk, StepInput
 class ScheduledBatch:
     decode: list[Sequence] = field(default_factory=list)
     prefill: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, chunk length)
+    drafts: dict[int, list[int]] = field(default_factory=dict)  # seq_id -> draft tokens (core/speculation.py)
 
     def __bool__(self) -> bool:
         return bool(self.decode or self.prefill)
@@ -44,7 +45,8 @@ class ScheduledBatch:
         """What the model runner reads of this batch; `wants_prompt_logprobs`: the sequences (by
         seq_id) whose prompt chunks keep every logits row (prompt_logprobs.wanted); `wants_hidden`:
         those whose prompt's last token gives its hidden row (an Embed's inputs: `embedding_inputs`)."""
-        decode = [DecodeRow(seq.seq_id, seq.token_ids[seq.num_cached], seq.num_cached, seq.block_table)
+        decode = [DecodeRow(seq.seq_id, seq.token_ids[seq.num_cached], seq.num_cached, seq.block_table,
+                            self.drafts.get(seq.seq_id, []))
                   for seq in self.decode]
         prefill = [PromptChunk(seq.seq_id, seq.token_ids[seq.num_cached:seq.num_cached + length], seq.num_cached,
                                seq.block_table, ends_prompt=seq.num_cached + length == len(seq.token_ids),
@@ -123,6 +125,11 @@ class Scheduler:
             seq.num_cached += length
             if not seq.request.embeds:
                 self.blocks.register_full_blocks(seq)
+
+    def accepted(self, seq: Sequence, count: int) -> None:
+        """`count` of seq's draft tokens were taken: their keys and values, computed in the step, are its."""
+        seq.num_cached += count
+        self.blocks.register_full_blocks(seq)
 
     def _admit(self, seq: Sequence) -> bool:
         """Blocks for all of seq's tokens, cached ones shared; the request's cached_tokens is what

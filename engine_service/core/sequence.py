@@ -10,6 +10,7 @@ import torch
 
 from engine_service.core.events import Event, FinishReason, TokenLogprob
 from engine_service.core.params import RequestParams
+from engine_service.core.speculation import Acceptance
 from engine_service.text.reasoning import Phase, ReasoningTokens
 from engine_service.text.tools import ToolSpec
 
@@ -87,6 +88,7 @@ class Sequence:
         # Echo with logprobs: one entry per prompt token (None for the first).
         self.prompt_logprobs: list[TokenLogprob | None] = [None]
         self.embedding: torch.Tensor | None = None  # an embedding's input: its vector once prefilled
+        self.acceptance = Acceptance()  # of its draft tokens, with speculative decoding (core/speculation.py)
 
     @property
     def constrained(self) -> bool:

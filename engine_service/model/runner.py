@@ -43,6 +43,7 @@ class PackedBatch:
     prefills: list[attention.PrefillChunk] = field(default_factory=list)  # one per prompt segment
     keep: list[int] = field(default_factory=list)  # packed positions whose logits are computed
     next_token_rows: dict[int, int] = field(default_factory=dict)  # seq_id -> row in the kept logits
+    draft_rows: dict[int, tuple[int, int]] = field(default_factory=dict)  # seq_id -> (first kept row, count)
     prompt_rows: list[PromptRows] = field(default_factory=list)
     hidden_rows: dict[int, int] = field(default_factory=dict)  # seq_id -> kept row whose hidden state is wanted
 
@@ -106,13 +107,14 @@ class ModelRunner:
     def run(self, step: StepInput) -> StepLogits:
         batch = PackedBatch()
         self.prepare_decode(batch, step.decode)
-        if len(step.decode) == 1 and self.pads_single_rows:
+        if len(batch.decode_lens) == 1 and self.pads_single_rows:
             self.add_padding_row(batch)
         self.prepare_prefill(batch, step.prefill)
         self.set_row_groups(batch)
         logits, hidden = self.forward(batch)
         return StepLogits(
             next_token={seq_id: logits[row] for seq_id, row in batch.next_token_rows.items()},
+            drafts={seq_id: logits[first:first + count] for seq_id, (first, count) in batch.draft_rows.items()},
             prompt={p.seq_id: (p.first_position, logits[p.first_row:p.first_row + p.count])
                     for p in batch.prompt_rows},
             hidden={seq_id: hidden[row] for seq_id, row in batch.hidden_rows.items()})
@@ -121,13 +123,19 @@ class ModelRunner:
         return block_table[position // self.block_size] * self.block_size + position % self.block_size
 
     def prepare_decode(self, batch: PackedBatch, rows: list[DecodeRow]) -> None:
-        """One token per decoding sequence: its last, not yet cached, token."""
+        """One token per decoding sequence, its last, not yet cached, token; then a row for each of its
+        draft tokens, each over its own context (the tokens before it), as if decoded one by one."""
         for row in rows:
-            position = row.position
             batch.next_token_rows[row.seq_id] = batch.keep_row(len(batch.input_ids))
-            batch.add(row.token, position, self._slot(row.block_table, position))
-            batch.decode_tables.append(row.block_table)
-            batch.decode_lens.append(position + 1)
+            for offset, token in enumerate([row.token, *row.drafts]):
+                position = row.position + offset
+                if offset == 1:
+                    batch.draft_rows[row.seq_id] = (len(batch.keep), len(row.drafts))
+                if offset:
+                    batch.keep_row(len(batch.input_ids))
+                batch.add(token, position, self._slot(row.block_table, position))
+                batch.decode_tables.append(row.block_table)
+                batch.decode_lens.append(position + 1)
 
     def add_padding_row(self, batch: PackedBatch) -> None:
         """One-row dense matmuls take a different (GEMV) kernel whose rounding differs, so a sequence

@@ -39,6 +39,8 @@ class DecodeRow:
     token: int
     position: int
     block_table: list[int]  # the sequence's cache blocks (read during the step, not kept)
+    # Draft tokens after `token` (core/speculation.py): a decode row each, at the positions after it.
+    drafts: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -65,6 +67,9 @@ class StepLogits:
     """Logits rows the step produced, by purpose."""
 
     next_token: dict[int, torch.Tensor]  # seq_id -> [vocab] logits for its next token
-    prompt: dict[int, tuple[int, torch.Tensor]]  # seq_id -> (first position, [chunk, vocab]) for prompt logprobs
+    # seq_id -> [drafts, vocab]: the logits after each of its draft tokens (DecodeRow.drafts)
+    drafts: dict[int, torch.Tensor] = field(default_factory=dict)
+    prompt: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)  # seq_id -> (first position,
+    # [chunk, vocab]) for prompt logprobs
     # seq_id -> [hidden] float32: the final norm's output at the prompt's last token (chunks that want it)
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
