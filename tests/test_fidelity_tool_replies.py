@@ -170,6 +170,9 @@ def responses_reply(client: openai.OpenAI, case: Case, stream: bool) -> tuple[st
         assert "".join(texts) == response.output_text
         streamed_calls = [(e.item.name, e.item.arguments) for e in events
                           if e.type == "response.output_item.done" and e.item.type == "function_call"]
+        items = [(e.type, e.output_index) for e in events if e.type.startswith("response.output_item.")]
+        assert items == [(f"response.output_item.{kind}", k) for k in range(len(response.output))
+                         for kind in ("added", "done")], "one item at a time"
         assert streamed_calls == [(i.name, i.arguments) for i in response.output if i.type == "function_call"]
     calls = [(item.name, item.arguments) for item in response.output if item.type == "function_call"]
     items = [(item.type, item.content[0].text if item.type == "message" else item.name) for item in response.output]
