@@ -72,8 +72,8 @@ def test_call_tags_the_detokenizer_skips_are_put_back_for_the_parser():
     text = ""
     for token in tokenizer.encode("Let me look. " + CALL, add_special_tokens=False):
         assert output.add(token, None) is None
-        text += output.chunk().text
+        text += "".join(chunk.text for chunk in output.chunks())
     output.add(tokenizer.eos_token_id, None)
-    text += output.chunk().text
+    text += "".join(chunk.text for chunk in output.chunks())
     assert text.strip() == "Let me look."
     assert [(call.name, json.loads(call.arguments)) for call in output.tool_calls] == [("f", {"n": 7})]

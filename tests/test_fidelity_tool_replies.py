@@ -1,10 +1,11 @@
-"""How replies that mix prose, calls and formatted answers are read back (issue 38), on the chat,
-Responses and Messages routes, whole and streamed, with the real SDKs against the real stack.
+"""How replies that mix prose, calls and formatted answers are read back (issues 38 and 52), on the
+chat, Responses and Messages routes, whole and streamed, with the real SDKs against the real stack.
 
 The default model is steered into each reply by the conversation itself: two earlier turns in
 which the assistant wrote exactly that reply (as plain text) to the same question. Greedily it
 writes it a third time, so the test knows the raw output and checks how the engine reads it:
-prose before `<tool_call>` is content and the calls are calls (no markup ever sent as text);
+prose before and after `<tool_call>` blocks is content and the calls are calls, in the order
+written where the API has one (Responses' items, Messages' blocks), and no markup is ever sent as text;
 a tag shown in a code fence is text; an answer in the response format stays the answer even
 when its `name` is a tool's name; a call beside a format is still a call. The last test runs the
 OpenAI Agents SDK's `output_type` agent whose answer has a tool's name in its `name` field.
@@ -41,6 +42,7 @@ def tagged(name: str, city: str) -> str:
 
 
 PROSE = "I'll check the weather for you."
+AFTER = "I will tell you what I find."
 PARIS = ("get_weather", '{"city": "Paris"}')
 
 
@@ -56,13 +58,19 @@ CALL_SHAPED = schema(name={"type": "string"}, arguments=CITY)
 @dataclass
 class Case:
     output: str  # what the model writes (it wrote exactly this twice before)
-    content: str  # the reply's text, as read
+    content: str  # the reply's text before its calls (all of it when it has none), as read
     calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments)
     answer_format: dict | None = None
+    after: str = ""  # the reply's text after its calls
 
     @property
     def finish(self) -> str:
         return "tool_calls" if self.calls else "stop"
+
+    @property
+    def text(self) -> str:
+        """All of the reply's text, as chat's `content` (and Responses' output_text) has it."""
+        return self.content + self.after
 
 
 CASES = {
@@ -78,9 +86,12 @@ CASES = {
                                          '{"name": "get_weather", "arguments": {"city": "Paris"}}',
                                          answer_format=CALL_SHAPED),
     "a-call-beside-a-format": Case(tagged("get_weather", "Paris"), "", [PARIS], answer_format=PLACE),
+    "prose-a-call-and-prose": Case(f"{PROSE}\n{tagged('get_weather', 'Paris')}\n{AFTER}", PROSE, [PARIS],
+                                   after=f"\n{AFTER}"),
+    "a-call-then-prose": Case(f"{tagged('get_weather', 'Paris')}\n{AFTER}", "", [PARIS], after=AFTER),
 }
 # On Messages (which has no response format), the cases whose reply has both text and tool_use blocks.
-MESSAGES_CASES = [name for name, case in CASES.items() if case.content and case.calls]
+MESSAGES_CASES = [name for name, case in CASES.items() if case.text and case.calls]
 
 
 def steering(output: str) -> list[dict]:
@@ -132,7 +143,7 @@ def chat_reply(client: openai.OpenAI, case: Case, stream: bool) -> tuple[str, li
 @pytest.mark.parametrize("name", list(CASES))
 def test_chat_reads_the_reply(openai_client: openai.OpenAI, name: str, stream: bool) -> None:
     case = CASES[name]
-    assert chat_reply(openai_client, case, stream) == (case.content, case.calls, case.finish)
+    assert chat_reply(openai_client, case, stream) == (case.text, case.calls, case.finish)
 
 
 # ----------------------------------------------------------------------------------------- responses
@@ -159,10 +170,14 @@ def responses_reply(client: openai.OpenAI, case: Case, stream: bool) -> tuple[st
         assert "".join(texts) == response.output_text
         streamed_calls = [(e.item.name, e.item.arguments) for e in events
                           if e.type == "response.output_item.done" and e.item.type == "function_call"]
+        items = [(e.type, e.output_index) for e in events if e.type.startswith("response.output_item.")]
+        assert items == [(f"response.output_item.{kind}", k) for k in range(len(response.output))
+                         for kind in ("added", "done")], "one item at a time"
         assert streamed_calls == [(i.name, i.arguments) for i in response.output if i.type == "function_call"]
     calls = [(item.name, item.arguments) for item in response.output if item.type == "function_call"]
-    kinds = [item.type for item in response.output]
-    assert kinds == ["message"] * bool(case.content) + ["function_call"] * len(calls), kinds
+    items = [(item.type, item.content[0].text if item.type == "message" else item.name) for item in response.output]
+    assert items == ([("message", case.content)] if case.content else []) + [
+        ("function_call", name) for name, _ in calls] + ([("message", case.after)] if case.after else []), items
     return response.output_text, calls, response.status
 
 
@@ -170,7 +185,7 @@ def responses_reply(client: openai.OpenAI, case: Case, stream: bool) -> tuple[st
 @pytest.mark.parametrize("name", list(CASES))
 def test_responses_reads_the_reply(openai_client: openai.OpenAI, name: str, stream: bool) -> None:
     case = CASES[name]
-    assert responses_reply(openai_client, case, stream) == (case.content, case.calls, "completed")
+    assert responses_reply(openai_client, case, stream) == (case.text, case.calls, "completed")
 
 
 # ------------------------------------------------------------------------------------------ messages
@@ -198,7 +213,8 @@ def test_messages_reads_the_reply_into_text_and_tool_use_blocks(claude: anthropi
     else:
         message = claude.messages.create(**request)
     expected = ([{"type": "text", "text": case.content}] if case.content else []) + [
-        {"type": "tool_use", "name": n, "input": json.loads(a)} for n, a in case.calls]
+        {"type": "tool_use", "name": n, "input": json.loads(a)} for n, a in case.calls] + (
+        [{"type": "text", "text": case.after}] if case.after else [])
     got = [{"type": b.type, "text": b.text} if b.type == "text" else {"type": b.type, "name": b.name, "input": b.input}
            for b in message.content]
     assert got == expected

@@ -115,8 +115,8 @@ def run(output: OutputProcessor, ids: list[int]):
         token = output.forced[0] if output.forced else token
         fed.append(token)
         reason = output.add(token, None)
-        chunk = output.chunk()
-        thinking, answer = thinking + chunk.reasoning, answer + chunk.text
+        for chunk in output.chunks():
+            thinking, answer = thinking + chunk.reasoning, answer + chunk.text
         if reason is not None:
             break
     return thinking, answer, reason, fed

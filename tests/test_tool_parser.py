@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from engine_service.text.tool_parser import CALL_OPEN, ParsedCall, ProseSplitter, parse_reply, parse_tool_calls
+from engine_service.text.tool_parser import CALL_OPEN, ParsedCall, ReplySplitter, parse_reply, parse_tool_calls
 from engine_service.text.tools import CallStreamer
 
 TOOLS = {"weather", "get_time"}
@@ -119,42 +119,81 @@ def test_a_closing_tag_inside_an_unfinished_string_ends_up_in_no_arguments() -> 
 
 PROSE = "I'll check the weather for you."
 FENCED = f"Write a call like this:\n```\n{TAGGED}\n```\nThat is all."
+WEATHER_CALL, TIME_CALL = TAGGED.splitlines()
 
 
 @pytest.mark.parametrize("text, content, calls", [
     (f"{PROSE}\n{TAGGED}", PROSE, WHOLE),
-    (f"{PROSE}\n{TAGGED.splitlines()[0]}", PROSE, WHOLE[:1]),
+    (f"{PROSE}\n{WEATHER_CALL}", PROSE, WHOLE[:1]),
     (f"{PROSE} {TAGGED}\n\n", PROSE, WHOLE),
     (f"{TAGGED}\n \n", "", WHOLE),
     (f"```python\nprint(1)\n```\n{PROSE}\n{TAGGED}", f"```python\nprint(1)\n```\n{PROSE}", WHOLE),
     (FENCED, FENCED, None),
-    (f"{PROSE}\n{TAGGED} and some prose", f"{PROSE}\n{TAGGED} and some prose", None),
+    (f"{PROSE}\n{TAGGED}\nI'll tell you.", f"{PROSE}\nI'll tell you.", WHOLE),
+    (f"{TAGGED}\n\nI'll tell you.", "I'll tell you.", WHOLE),
+    (f"{PROSE}\n{WEATHER_CALL}\nAnd the time:\n{TIME_CALL}", f"{PROSE}\nAnd the time:", WHOLE),
     (f"Use {CALL_OPEN} tags.", f"Use {CALL_OPEN} tags.", None),
+    (f"Use {CALL_OPEN} tags:\n{WEATHER_CALL}", f"Use {CALL_OPEN} tags:", WHOLE[:1]),
+    ('<tool_call>{"name": "unknown", "arguments": {}}</tool_call> and prose',
+     '<tool_call>{"name": "unknown", "arguments": {}}</tool_call> and prose', None),
     (PROSE, PROSE, None),
 ], ids=["two-calls", "one-call", "trailing-whitespace", "calls-only", "fence-before", "in-a-fence", "prose-after",
-        "a-mention", "prose-only"])
-def test_prose_then_tagged_calls_is_content_then_calls(text: str, content: str, calls: list | None) -> None:
-    """As vLLM's and SGLang's parsers of this format read it; a tag in a code fence is an example,
-    and calls that prose follows are not calls (the model was showing them)."""
+        "calls-then-prose", "prose-between", "a-mention", "a-mention-then-a-call", "an-unknown-tool", "prose-only"])
+def test_prose_and_tagged_calls_are_content_and_calls(text: str, content: str, calls: list | None) -> None:
+    """The prose before, between and after tagged calls is content (vLLM's and SGLang's parsers of
+    this format keep only the prose before the first call); a tag in a code fence is an example, and a
+    tag that holds no call of a known tool is text."""
     assert parse_reply(text, TOOLS) == (content, calls)
 
 
-@pytest.mark.parametrize("text", [f"{PROSE}\n{TAGGED}", FENCED, f"Use {CALL_OPEN} tags.", f"{PROSE}\n\n",
-                                  f"a``b`\n```\n{CALL_OPEN}\n```\n{PROSE}\n{TAGGED}"])
-@pytest.mark.parametrize("step", [1, 2, 5])
-def test_prose_streams_without_markup_and_adds_up_to_the_whole_reading(text: str, step: int) -> None:
-    """Fed in pieces, the prose given back never holds a tag (nor its start), and ends as the whole
-    text's content; the calls' text is the rest."""
-    content, calls = parse_reply(text, TOOLS)
-    splitter, sent = ProseSplitter(), ""
+def read_in_pieces(text: str, step: int, truncated: bool = False) -> list[str | ParsedCall]:
+    """What a ReplySplitter gives back for `text` fed `step` characters at a time, adjacent prose joined;
+    checks on the way that the prose given back never holds a tag that the whole reading does not."""
+    splitter, pieces = ReplySplitter(TOOLS), []
+    markup_is_text = CALL_OPEN in parse_reply(text, TOOLS, truncated)[0]
     for at in range(0, len(text), step):
-        sent += splitter.feed(text[at:at + step])
-        assert content.startswith(sent), (text, sent)
-    if calls is None:
-        assert sent + splitter.flush() + splitter.gap + (splitter.calls or "") == text
-    else:
-        assert sent == content and splitter.calls.startswith(CALL_OPEN)
-        assert parse_tool_calls(splitter.calls, TOOLS) == calls
+        got = splitter.feed(text[at:at + step])
+        assert markup_is_text or not any(isinstance(p, str) and "<" in p for p in got), (text, got)
+        pieces += got
+    pieces += splitter.finish(truncated)
+    joined: list[str | ParsedCall] = []
+    for piece in pieces:
+        if isinstance(piece, str) and joined and isinstance(joined[-1], str):
+            joined[-1] += piece
+        else:
+            joined.append(piece)
+    return joined
+
+
+@pytest.mark.parametrize("text", [f"{PROSE}\n{TAGGED}", FENCED, f"Use {CALL_OPEN} tags.", f"{PROSE}\n\n",
+                                  f"a``b`\n```\n{CALL_OPEN}\n```\n{PROSE}\n{TAGGED}",
+                                  f"{PROSE}\n{WEATHER_CALL}\nAnd the time:\n{TIME_CALL}\nThat is all.",
+                                  f"Use {CALL_OPEN} tags:\n{WEATHER_CALL}\n"])
+@pytest.mark.parametrize("step", [1, 2, 5])
+def test_prose_and_calls_stream_in_order_and_add_up_to_the_whole_reading(text: str, step: int) -> None:
+    """Fed in pieces, the prose and calls come back in the order written, without markup in the prose,
+    and add up to the whole text's reading."""
+    pieces = read_in_pieces(text, step)
+    content, calls = parse_reply(text, TOOLS)
+    assert "".join(p for p in pieces if isinstance(p, str)) == content
+    assert [p for p in pieces if isinstance(p, ParsedCall)] == (calls or [])
+
+
+def test_prose_after_calls_comes_after_them() -> None:
+    text = f"{PROSE}\n{WEATHER_CALL}\nAnd the time:\n{TIME_CALL}\nThat is all."
+    assert read_in_pieces(text, 1) == [PROSE, WHOLE[0], "\nAnd the time:", WHOLE[1], "\nThat is all."]
+
+
+def test_a_call_comes_back_as_soon_as_its_closing_tag_does() -> None:
+    splitter = ReplySplitter(TOOLS)
+    assert splitter.feed(f"{PROSE}\n{WEATHER_CALL[:-1]}") == [PROSE]
+    assert splitter.feed(">") == [WHOLE[0]]
+
+
+def test_a_reply_cut_in_its_second_call_keeps_the_prose_and_the_calls_so_far() -> None:
+    text = f"{PROSE}\n{WEATHER_CALL}\nThen {TIME_CALL[:40]}"
+    assert parse_reply(text, TOOLS, truncated=True) == (f"{PROSE}\nThen", [WHOLE[0], ParsedCall("get_time", "", False)])
+    assert parse_reply(text, TOOLS) == (f"{PROSE}\nThen {TIME_CALL[:40]}", WHOLE[:1]), "not cut: text"
 
 
 def test_prose_cut_while_writing_a_tag_leaves_the_tag_out() -> None:

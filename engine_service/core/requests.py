@@ -56,9 +56,8 @@ class Requests:
         events, request.outbox = request.outbox, []
         request.unsent_steps = 0
         for seq in request.sequences:
-            chunk = seq.output.chunk() if seq.output is not None else None
-            if chunk is not None:
-                events.append(chunk)
+            if seq.output is not None:
+                events += seq.output.chunks()
             if seq.finished and not seq.finish_reason.abnormal and not seq.final_sent:
                 seq.final_sent = True
                 if seq.output is None:  # an Embed's input

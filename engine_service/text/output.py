@@ -16,7 +16,7 @@ from engine_service.text.detokenizer import IncrementalDetokenizer
 from engine_service.text.reasoning import Phase, ReasoningSplitter, ReasoningTokens
 from engine_service.core.events import ChunkEvent, FinishReason, TokenLogprob
 from engine_service.text.stop_strings import StopStringMatcher
-from engine_service.text.tool_parser import ProseSplitter
+from engine_service.text.tool_parser import CALL_OPEN, ParsedCall, ReplySplitter
 from engine_service.text.tools import CallStreamer, ToolCallDelta, ToolSpec
 
 if TYPE_CHECKING:  # transformers loads only where a model does (the fast tests need neither)
@@ -44,11 +44,12 @@ class OutputProcessor:
         self._matcher = matcher
         self._tools = tools
         # A tool request's text is held while it may still be calls; forced calls stream as deltas.
-        # Prose (where no grammar forbids it) streams, and may be followed by tagged calls.
+        # Where no grammar rules the output, prose streams and tagged calls mix with it (`_reply`).
         self._may_call = tools is not None
         self._call_text = ""
-        self._prose: ProseSplitter | None = None
-        self._streamer = CallStreamer() if tools is not None and tools.forced else None
+        self._reply: ReplySplitter | None = None
+        self._streamer = CallStreamer()
+        self._found: list[ParsedCall] = []  # the calls `_reply` read so far
         self.num_tokens = 0
         self.matched_stop = ""
         self.tool_calls: list[ToolCall] = []
@@ -63,7 +64,9 @@ class OutputProcessor:
         # Markers the detokenizer skips as special tokens, put back as text for the splits that read them.
         self._skipped = {**(reasoning.special_texts if reasoning is not None else {}),
                          **((call_markers or {}) if tools is not None else {})}
-        # What the next chunk event carries.
+        # What the next chunk event carries; the chunks sealed before it (see _seal).
+        self._sealed: list[ChunkEvent] = []
+        self._token_start = (0, 0)  # where the current token's id and logprob start in the lists below
         self._text = ""
         self._thinking = ""
         self._ids: list[int] = []
@@ -73,6 +76,7 @@ class OutputProcessor:
     def add(self, token: int, logprob: TokenLogprob | None) -> FinishReason | None:
         """Take one sampled token; returns the finish reason when it ends the sequence."""
         self.num_tokens += 1
+        self._token_start = (len(self._ids), len(self._logprobs))
         self._ids.append(token)
         if self.forced:
             self.forced = self.forced[1:] if token == self.forced[0] else []
@@ -96,14 +100,25 @@ class OutputProcessor:
             return self._finish(FinishReason.LENGTH)
         return None
 
-    def chunk(self) -> ChunkEvent | None:
-        """The text, tokens and tool-call pieces since the last chunk (None when nothing is new)."""
-        if not self._ids:
-            return None
-        event = ChunkEvent(self.index, self._text, self._ids, self._logprobs, self._prompt_len, self.num_tokens,
-                           tool_calls=self._tool_deltas, reasoning=self._thinking)
-        self._text, self._ids, self._logprobs, self._tool_deltas, self._thinking = "", [], [], [], ""
-        return event
+    def chunks(self) -> list[ChunkEvent]:
+        """The text, tokens and tool-call pieces since the last call, as chunks in the order written
+        (a chunk's text comes before its calls); none when nothing is new."""
+        chunks, self._sealed = self._sealed, []
+        if self._ids:
+            chunks.append(ChunkEvent(self.index, self._text, self._ids, self._logprobs, self._prompt_len,
+                                     self.num_tokens, tool_calls=self._tool_deltas, reasoning=self._thinking))
+            self._text, self._ids, self._logprobs, self._tool_deltas, self._thinking = "", [], [], [], ""
+        return chunks
+
+    def _seal(self) -> None:
+        """Closes the chunk being gathered before the current token, whose text follows a call: text
+        goes out in a later chunk than the calls before it, with the ids and logprobs of its tokens."""
+        ids, logprobs = self._token_start
+        self._sealed.append(ChunkEvent(self.index, self._text, self._ids[:ids], self._logprobs[:logprobs],
+                                       self._prompt_len, self.num_tokens - (len(self._ids) - ids),
+                                       tool_calls=self._tool_deltas, reasoning=self._thinking))
+        self._text, self._tool_deltas, self._thinking = "", [], ""
+        self._ids, self._logprobs, self._token_start = self._ids[ids:], self._logprobs[logprobs:], (0, 0)
 
     @property
     def answering(self) -> bool:
@@ -145,23 +160,42 @@ class OutputProcessor:
             self.forced = list(self._reasoning.end_ids)
 
     def _emit(self, text: str) -> None:
-        if self._prose is not None:
-            self._text += self._prose.feed(text)
+        if self._reply is not None:
+            self._take(self._reply.feed(text))
             return
         if not self._may_call:
             self._text += text
             return
         self._call_text += text
-        if self._streamer is not None:
+        if self._tools.forced:
             self._tool_deltas += self._streamer.feed(self._tools.parse(self._call_text, truncated=True) or [])
         answering = self._matcher is not None and self._matcher.branch == "answer"
-        if answering or not self._tools.may_be_call(self._call_text):
+        # Without a grammar (which allows calls only at the start, and nothing after them), tagged calls
+        # are read block by block as prose goes around them.
+        free = self._matcher is None and not self._tools.forced
+        if (answering or not self._tools.may_be_call(self._call_text)
+                or (free and self._call_text.lstrip().startswith(CALL_OPEN))):
             self._may_call = False
             text, self._call_text = self._call_text, ""
-            if self._matcher is None:  # a grammar allows calls only at the start
-                self._prose = ProseSplitter()
-                text = self._prose.feed(text)
-            self._text += text
+            if free:
+                self._reply = ReplySplitter(self._tools.tools)
+                self._take(self._reply.feed(text))
+            else:
+                self._text += text
+
+    def _take(self, pieces: list[str | ParsedCall]) -> None:
+        """The reply's prose and calls, in order: prose as text, each call as its deltas (only the first
+        call where parallel calls are off, as ToolSpec.parse keeps one)."""
+        for piece in pieces:
+            if isinstance(piece, str):
+                if self._tool_deltas:
+                    self._seal()
+                self._text += piece
+            elif self._tools.parallel or not self._found:
+                self._found.append(piece)
+                self._tool_deltas += self._streamer.feed(self._found)
+        self.tool_calls = [ToolCall(self._streamer.ids[k], call.name, call.arguments)
+                           for k, call in enumerate(self._found)]
 
     def _finish(self, reason: FinishReason, flush: bool = True) -> FinishReason:
         if flush:
@@ -172,20 +206,18 @@ class OutputProcessor:
             self._thinking += thinking
             if answer:
                 self._emit(answer)
-        if self._prose is not None:
-            prose, self._prose = self._prose, None
-            if prose.calls is None:
-                self._text += prose.flush(cut=reason is FinishReason.LENGTH)
-                return reason
-            self._call_text = prose.calls
-            return self._resolve_calls(reason, unread=prose.gap + prose.calls)
+        if self._reply is not None:
+            self._take(self._reply.finish(truncated=reason is FinishReason.LENGTH))
+            self._reply = None
+            if self._found and all(call.complete for call in self._found):
+                reason = FinishReason.TOOL_CALLS
+            return reason
         if self._may_call:
             reason = self._resolve_calls(reason)
         return reason
 
-    def _resolve_calls(self, reason: FinishReason, unread: str | None = None) -> FinishReason:
-        """The held text as tool calls (a last one cut off keeps its partial arguments), or as text
-        (`unread`: the text it stands for then, when not the held text itself)."""
+    def _resolve_calls(self, reason: FinishReason) -> FinishReason:
+        """The held text as tool calls (a last one cut off keeps its partial arguments), or as text."""
         # Forced output is calls by construction, so any cut (max_tokens, a stop string) truncates one.
         truncated = self._tools.forced or reason is FinishReason.LENGTH
         # A grammar of calls or an answer knows which the output took: an answer is never read as calls.
@@ -194,13 +226,12 @@ class OutputProcessor:
         if calls is None:
             if self._tools.forced:
                 log.warning("forced tool-call output did not parse; returned as text: %r", self._call_text[:200])
-            self._text += self._call_text if unread is None else unread
+            self._text += self._call_text
         else:
             if calls and all(call.complete for call in calls):
                 reason = FinishReason.TOOL_CALLS
-            streamer = self._streamer or CallStreamer()
-            self._tool_deltas += streamer.feed(calls)
-            self.tool_calls = [ToolCall(streamer.ids[k], call.name, call.arguments) for k, call in enumerate(calls)]
+            self._tool_deltas += self._streamer.feed(calls)
+            self.tool_calls = [ToolCall(self._streamer.ids[k], c.name, c.arguments) for k, c in enumerate(calls)]
         self._call_text = ""
         self._may_call = False
         return reason

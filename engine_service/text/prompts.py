@@ -50,8 +50,10 @@ def _json_or_text(arguments: str) -> object:
 
 
 def template_knows_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Whether the model's chat template renders `tools` itself (in its own call format); if not,
-    our tool prompt describes them and asks for `<tool_call>` tags."""
+    """Whether the model's chat template renders `tools`, and so earlier calls and their results,
+    itself (in its own call format); if not, our tool prompt describes them and asks for
+    `<tool_call>` tags. A property of the template: a request without tools (the turn asking for the
+    final answer after calls) still has its earlier calls and results rendered by the template."""
     return tokenizer.chat_template is not None and "tools" in tokenizer.chat_template
 
 
@@ -62,8 +64,9 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, chat: pb.ChatInput, answer_f
     messages = chat_messages(chat)
     spec = ToolSpec.from_chat(chat)
     kwargs: dict = reasoning_kwargs(tokenizer, chat)
-    if spec is not None and template_knows_tools(tokenizer):
-        kwargs["tools"] = spec.openai_tools()
+    if template_knows_tools(tokenizer):
+        if spec is not None:
+            kwargs["tools"] = spec.openai_tools()
     else:
         messages = _without_tool_fields(messages, spec, answer_format)
     try:

@@ -3,8 +3,9 @@
 Three formats are read: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks,
 bare JSON (one call object, several, or a list of them) and Python call syntax
 (`get_weather(city="Paris")`, `[f(a=1), g(b=2)]`, read with `ast`, never evaluated).
-Tagged calls may follow prose (`I'll check.\n<tool_call>...`), as models trained on that
-format often write: the prose is the reply's content (see ProseSplitter). A bare JSON object
+Tagged calls may mix with prose (`I'll check.\n<tool_call>...</tool_call>\nThen I'll tell you.`),
+as models trained on that format often write: the calls are calls and the prose is the reply's
+content, in the order written (see ReplySplitter). A bare JSON object
 is a call only in a call's shape, a name and arguments (or parameters): `{"name": "x", ...}`
 alone may be an answer that has a `name`.
 
@@ -57,49 +58,135 @@ class _NotCalls(Exception):
     """The text is not (only) tool calls."""
 
 
-class ProseSplitter:
-    """Splits an output read piece by piece at its first `<tool_call>` outside a code fence: the
-    prose before it is content, what follows is calls. Until the tag is certain, gives back the prose
-    that is safe to send: all but a tail that may still become the tag (or a fence), together with
-    the whitespace before that tail, which is dropped when calls follow."""
+class ReplySplitter:
+    """Splits an output read piece by piece into prose and tagged calls, in the order written: each
+    `<tool_call>` block outside a code fence that holds a call of a known tool is that call, as soon as
+    its closing tag comes; the prose around the blocks is content. A block that turns out not to be a
+    call (no JSON object after its tag, an unknown name, something other than its closing tag after
+    the object) is prose itself, and reading goes on after its tag.
 
-    def __init__(self) -> None:
-        self.calls: str | None = None  # the output from the opening tag on, once it came
-        self.gap = ""  # the whitespace dropped between the prose and the tag
-        self._held = ""  # prose not given back yet
+    Gives back the prose that is safe to send: never a tail that may still become a tag (or a fence),
+    nor the whitespace before it. Whitespace next to a call is markup: dropped, except between a call
+    and prose after it that has prose before the call too, which it keeps apart."""
+
+    def __init__(self, tool_names: Collection[str]) -> None:
+        self._names = tool_names
+        self._held = ""  # text not given back yet: a prose tail, or a block from its opening tag on
+        self._in_block = False  # `_held` starts with an opening tag
+        self._gap = ""  # the whitespace between the prose and the open block
         self._in_fence = False
+        self._wrote_prose = False
+        self._after_call = False  # the last piece given back was a call
 
-    def feed(self, text: str) -> str:
-        """The prose now safe to send."""
-        if self.calls is not None:
-            self.calls += text
-            return ""
-        held, scanned = self._held + text, 0  # fences before `scanned` are counted
+    def feed(self, text: str) -> list[str | ParsedCall]:
+        """The prose and calls now certain, in order."""
+        self._held += text
+        return self._read()
+
+    def finish(self, truncated: bool = False) -> list[str | ParsedCall]:
+        """The rest at the end of the output. An open block is a call when it holds one (a missing
+        closing tag aside); `truncated` (cut by max_tokens): its call keeps the arguments generated so
+        far, or is left out with its markup when not even its name is complete, and a tag being
+        written is left out."""
+        out: list[str | ParsedCall] = []
+        while self._in_block:
+            try:
+                calls = _tagged_calls(self._held, self._names, truncated)
+            except _NotCalls:
+                out += self._block_is_prose() + self._read()
+                continue
+            self._held, self._in_block, self._gap = "", False, ""
+            out += self._calls(calls)
+        held, self._held = self._held, ""
+        if truncated and not self._in_fence and held.strip() and CALL_OPEN.startswith(held.strip()):
+            return out
+        return out + self._prose(held, last=True)
+
+    def _read(self) -> list[str | ParsedCall]:
+        out: list[str | ParsedCall] = []
+        while True:
+            if self._in_block:
+                verdict = self._block_verdict()
+                if verdict is None:
+                    return out
+                if isinstance(verdict, tuple):
+                    call, end = verdict
+                    self._held, self._in_block, self._gap = self._held[end:], False, ""
+                    out += self._calls([call])
+                else:
+                    out += self._block_is_prose()
+                continue
+            out += self._read_prose()
+            if not self._in_block:
+                return out
+
+    def _read_prose(self) -> list[str]:
+        """Prose up to the next opening tag outside a fence (which opens a block), or up to a tail
+        that may still become one."""
+        held, scanned = self._held, 0  # fences before `scanned` are counted
         while True:
             fence = held.find(FENCE, scanned)
             tag = -1 if self._in_fence else held.find(CALL_OPEN, scanned)
             if tag >= 0 and (fence < 0 or tag < fence):
                 prose = held[:tag].rstrip()
-                self.calls, self.gap, self._held = held[tag:], held[len(prose):tag], ""
-                return prose
+                self._held, self._gap, self._in_block = held[tag:], held[len(prose):tag], True
+                return self._prose(prose)
             if fence < 0:
                 break
             self._in_fence = not self._in_fence
             scanned = fence + len(FENCE)
         partial = max(_partial_suffix(held, scanned, FENCE),
                       0 if self._in_fence else _partial_suffix(held, scanned, CALL_OPEN))
-        keep = len(held) - partial
-        keep = max(len(held[:keep].rstrip()), scanned)
+        keep = max(len(held[:len(held) - partial].rstrip()), scanned)
         self._held = held[keep:]
-        return held[:keep]
+        return self._prose(held[:keep])
 
-    def flush(self, cut: bool = False) -> str:
-        """The held prose at the end of an output without calls. `cut`: the output was cut (max_tokens),
-        and a tag it was starting is left out, as a cut-off call's markup is."""
-        held, self._held = self._held, ""
-        if cut and not self._in_fence and held.strip() and CALL_OPEN.startswith(held.strip()):
-            return ""
-        return held
+    def _block_verdict(self) -> tuple[ParsedCall, int] | bool | None:
+        """The open block's call and its length, once its closing tag came; False when it is no
+        call; None while it cannot tell."""
+        after_tag = self._held[len(CALL_OPEN):]
+        body = after_tag.lstrip()
+        if not body:
+            return None
+        if not body.startswith("{"):
+            return False
+        try:
+            item, end = _DECODER.raw_decode(body)
+        except ValueError:
+            return None  # unfinished (or never valid: told at the end)
+        tail = body[end:].lstrip()
+        if not tail.startswith(CALL_CLOSE):
+            return None if CALL_CLOSE.startswith(tail) else False
+        try:
+            call = _as_call(item, body[:end], self._names)
+        except _NotCalls:
+            return False
+        return call, len(self._held) - len(tail) + len(CALL_CLOSE)
+
+    def _block_is_prose(self) -> list[str]:
+        """The open block read as prose: its opening tag (with the whitespace before it) is text, and
+        reading goes on after it."""
+        self._held, self._in_block = self._held[len(CALL_OPEN):], False
+        prose, self._gap = self._gap + CALL_OPEN, ""
+        return self._prose(prose)
+
+    def _calls(self, calls: list[ParsedCall]) -> list[ParsedCall]:
+        self._after_call = self._after_call or bool(calls)
+        return list(calls)
+
+    def _prose(self, text: str, last: bool = False) -> list[str]:
+        """`text` as prose given back: after a call, its leading whitespace only where prose came
+        before that call too (`last`: the end of the output, where whitespace after a call is dropped)."""
+        if self._after_call:
+            if not self._wrote_prose or (last and not text.strip()):
+                text = text.lstrip()
+            if not text:
+                return []
+            self._after_call = False
+        if not text:
+            return []
+        self._wrote_prose = True
+        return [text]
 
 
 def _partial_suffix(text: str, start: int, marker: str) -> int:
@@ -111,17 +198,16 @@ def _partial_suffix(text: str, start: int, marker: str) -> int:
 
 
 def parse_reply(text: str, tool_names: Collection[str], truncated: bool = False) -> tuple[str, list[ParsedCall] | None]:
-    """A whole output as (content, calls): calls alone (content ""), prose then tagged calls, or
-    (text, None) when it holds no calls. Streamed, OutputProcessor reaches the same split."""
+    """A whole output as (content, calls): calls alone (content ""), prose and tagged calls (the
+    prose joined), or (text, None) when it holds no calls. Streamed, OutputProcessor reaches the
+    same split."""
     calls = parse_tool_calls(text, tool_names, truncated)
     if calls is not None:
         return "", calls
-    splitter = ProseSplitter()
-    prose = splitter.feed(text)
-    if splitter.calls is None:
-        return prose + splitter.flush(truncated), None
-    calls = parse_tool_calls(splitter.calls, tool_names, truncated)
-    return (prose, calls) if calls is not None else (text, None)
+    splitter = ReplySplitter(tool_names)
+    pieces = splitter.feed(text) + splitter.finish(truncated)
+    calls = [piece for piece in pieces if isinstance(piece, ParsedCall)]
+    return "".join(piece for piece in pieces if isinstance(piece, str)), calls or None
 
 
 def parse_tool_calls(text: str, tool_names: Collection[str], truncated: bool = False) -> list[ParsedCall] | None:

@@ -9,6 +9,8 @@ read it (DESIGN.md, "The agent APIs"):
   per function call: output_item.added, function_call_arguments.delta..., .done, output_item.done
   one terminal event: response.completed | response.incomplete | (error, then response.failed)
 
+Items come one at a time (each done before the next is added) in the order the model wrote them: a
+message may follow calls (the prose after them).
 Each event's `event:` line equals its `type`; `sequence_number` counts every event from 0;
 `output_index` is the item's place in `output`; `content_index` is the part's place in its item.
 The same writer replays a stored response (GET /v1/responses/{id}?stream=true, `replay`).
@@ -130,7 +132,7 @@ class ResponseEvents:
         return out + [self._event("response.reasoning_text.delta", **self._where(entry), delta=text)]
 
     def _open_text(self, item_id: str | None = None) -> list[bytes]:
-        out = self._close("completed", "reasoning")  # the thinking before the answer is finished
+        out = self._close("completed", *self._open)  # what came before (the thinking, calls) is finished
         return out + self._add("message", message_item(item_id or new_id("msg"), "in_progress", []), text_part("", []))
 
     def _text_delta(self, text: str, logprobs: list[dict[str, Any]]) -> list[bytes]:
@@ -142,7 +144,7 @@ class ResponseEvents:
 
     def _open_call(self, index: int, call_id: str, name: str, namespace: str | None = None,
                   item_id: str | None = None) -> list[bytes]:
-        out = self._close("completed", "reasoning", "message")  # what came before a call
+        out = self._close("completed", *self._open)  # what came before a call
         return out + self._add(index, function_call_item(item_id or new_id("fc"), call_id, name, "", "in_progress",
                                                          namespace))
 
@@ -159,8 +161,7 @@ class ResponseEvents:
             out = self._text_delta("", self._unwritten) if self._unwritten else self._open_text()
         if list(self._open) == ["reasoning"]:
             out += self._close(status, "reasoning") + self._open_text()  # no answer after it: an empty message
-        calls = [key for key in self._open if isinstance(key, int)]
-        return out + self._close(status, "reasoning", "message", *calls)
+        return out + self._close(status, *self._open)
 
     def _output(self) -> list[dict[str, Any]]:
         """The items so far; those never finished are marked incomplete."""
