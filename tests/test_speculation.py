@@ -79,7 +79,8 @@ def openai_client(stack: Stack) -> openai.OpenAI:
 
 def chat(stack: Stack, prompt: str, stream: bool = False, **params) -> tuple[str, list]:
     """The answer's text and its logprobs entries (token, logprob, top)."""
-    args = dict(model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=64, temperature=0, **params)
+    args = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 64, "temperature": 0,
+            **params}
     with openai_client(stack) as client:
         if not stream:
             choice = client.chat.completions.create(**args).choices[0]
@@ -157,8 +158,8 @@ def test_responses_and_messages_say_the_same_with_drafts(stack: Stack, speculati
 
     def messages(target: Stack) -> str:
         with anthropic.Anthropic(base_url=target.shim_url, api_key="unused", max_retries=0, timeout=180) as client:
-            reply = client.messages.create(model=MODEL, max_tokens=48, temperature=0,
-                                           messages=[{"role": "user", "content": CODE}])
+            reply = client.messages.create(model=MODEL, max_tokens=48, extra_body={"temperature": 0},  # this SDK
+                                           messages=[{"role": "user", "content": CODE}])  # takes no temperature
             return "".join(block.text for block in reply.content if block.type == "text")
 
     assert responses(speculating) == responses(stack)
