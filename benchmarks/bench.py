@@ -33,7 +33,6 @@ import grpc
 from benchmarks import peer, prefix_cache, report
 from benchmarks.cpu import CpuMeter
 from benchmarks.prefix_cache import PrefixStats
-from benchmarks.prompts import PROMPTS
 from benchmarks.stats import LevelStats, summarize
 from benchmarks.targets import WORKLOADS, GrpcTarget, OpenAITarget
 
@@ -74,8 +73,9 @@ class Level:
     min_seconds: float
 
 
-async def run_level(server: Server, concurrency: int, level: Level, repeat: int) -> LevelStats:
-    """Keeps `concurrency` requests in flight until `level` says enough have been sent."""
+async def run_level(server: Server, concurrency: int, level: Level, repeat: int,
+                    prompts: tuple[str, ...]) -> LevelStats:
+    """Keeps `concurrency` requests in flight, `prompts` in turn, until `level` says enough have been sent."""
     results = []
     sent = 0
     async with connected(server.target) as target:
@@ -92,34 +92,35 @@ async def run_level(server: Server, concurrency: int, level: Level, repeat: int)
 
         async def worker() -> None:
             while (i := take()) is not None:
-                results.append(await target.send(PROMPTS[i % len(PROMPTS)]))
+                results.append(await target.send(prompts[i % len(prompts)]))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - start
     return summarize(target.name, concurrency, repeat, results, wall, meter.stop())
 
 
-async def warm_up(target: Target, burst: int) -> None:
+async def warm_up(target: Target, burst: int, prompts: tuple[str, ...]) -> None:
     """One short burst at the top concurrency, so no level pays for first-call costs."""
     async with connected(target):
         warm = await asyncio.gather(
-            *(target.send(PROMPTS[i % len(PROMPTS)], max_tokens=8) for i in range(burst))
+            *(target.send(prompts[i % len(prompts)], max_tokens=8) for i in range(burst))
         )
     if not any(r.ok for r in warm):
         raise RuntimeError(f"{target.name}: warm-up failed: {warm[0].error}")
 
 
-async def run_all(servers: list[Server], levels: list[int], level: Level, repeats: int) -> list[LevelStats]:
+async def run_all(servers: list[Server], levels: list[int], level: Level, repeats: int,
+                  prompts: tuple[str, ...]) -> list[LevelStats]:
     """Targets take turns within each level, so a busy spell on a shared machine hits them alike;
     the whole comparison repeats, so one spell cannot decide a ratio. Every other repeat reverses
     the turns, so a machine that drifts over a level favours neither the first target nor the last."""
     for server in servers:
-        await warm_up(server.target, max(levels))
+        await warm_up(server.target, max(levels), prompts)
     out = []
     for repeat in range(repeats):
         for concurrency in levels:
             for server in (servers if repeat % 2 == 0 else servers[::-1]):
-                stats = await run_level(server, concurrency, level, repeat)
+                stats = await run_level(server, concurrency, level, repeat, prompts)
                 log(f"run {repeat + 1}/{repeats} {stats.target:>5} conc {concurrency:>3}: "
                     f"{stats.tokens_per_s:7.1f} tok/s, TTFT p50 {stats.ttft_p50_ms:6.0f} ms, "
                     f"{stats.requests} reqs in {stats.wall_s:.0f} s, failed {stats.failed}, "
@@ -165,7 +166,7 @@ def conduit_stack(
 def start_servers(args: argparse.Namespace, wanted: list[str], stack: contextlib.ExitStack) -> list[Server]:
     """Starts (or finds) every wanted server; all stay up, idle but for the one being measured."""
     servers: list[Server] = []
-    system = WORKLOADS[args.workload]
+    system = WORKLOADS[args.workload].system
     if "shim" in wanted or "grpc" in wanted:
         base_url, engine, engine_pids, shim_pids = stack.enter_context(conduit_stack(args))
         for name, address in (("shim", base_url), ("grpc", engine)):
@@ -223,7 +224,7 @@ def run_context(
         "conduit": f"{engine_info}; engine flags: {args.engine_args or 'defaults'}",
         "peer": peer.describe(args.peer_binary, max(args.concurrency)),
         "workload": args.workload,
-        "prompts": len(PROMPTS),
+        "prompts": len(WORKLOADS[args.workload].prompts),
         "max_tokens": args.max_tokens,
         "concurrency": args.concurrency,
         "multiplier": args.multiplier,
@@ -249,7 +250,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma-separated concurrency levels (default 1,8,32)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="chat",
-                   help="chat: each request has a short system message; short-chat: none (the user's turn alone)")
+                   help="chat: each request has a short system message; short-chat: none (the user's turn alone); "
+                        "quote: answers that repeat a passage or function of the prompt with one edit")
     p.add_argument("--requests-per-level-multiplier", dest="multiplier", type=int, default=4,
                    help="each level sends at least this x concurrency requests (default 4)")
     p.add_argument("--min-seconds", type=float, default=20.0,
@@ -290,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         servers = start_servers(args, wanted, stack)
         level = Level(args.multiplier, args.min_seconds)
-        stats = asyncio.run(run_all(servers, args.concurrency, level, args.repeats))
+        prompts = WORKLOADS[args.workload].prompts
+        stats = asyncio.run(run_all(servers, args.concurrency, level, args.repeats, prompts))
         prefix = asyncio.run(run_prefix(servers, args.prefix_samples))
         engine_info = conduit_model(servers)
     busy = [f"{s.target}@{s.concurrency}" for s in stats if s.other_cpu_pct > BUSY_OTHER_CPU_PCT]

@@ -1,5 +1,6 @@
-"""The fixed workload: short, varied chat prompts, so every target answers the same questions;
-and long random system prompts for the prefix-cache scenario."""
+"""The fixed workloads: short, varied chat prompts, so every target answers the same questions;
+quote prompts, whose answers repeat a passage or a function of the prompt with one edit (what n-gram
+speculative decoding is for); and long random system prompts for the prefix-cache scenario."""
 
 import random
 
@@ -68,6 +69,38 @@ PROMPTS: tuple[str, ...] = (
     "Write a riddle and give its answer.",
     "How many minutes are in a day?",
     "Describe your ideal weekend in three sentences.",
+)
+
+_PASSAGES: tuple[str, ...] = (
+    "The lighthouse stood at the edge of the cliff, its white paint peeling in long strips. Every night the keeper "
+    "climbed the spiral stairs, lit the great lamp, and watched the beam sweep across the dark water. Ships passed "
+    "far out at sea, their lights small and steady, and none of them knew his name. In winter the storms came "
+    "from the north and rattled the windows until dawn, and the keeper wrote in his log by candlelight: the wind, "
+    "the waves, the ships he had seen, and the ones he had only heard.",
+    "Our office is open from Monday to Friday, nine in the morning to five in the afternoon. Visitors should sign "
+    "in at the front desk and wear the badge they are given at all times. Parking is available behind the "
+    "building; please do not park in the spaces marked for deliveries. If you need help during your visit, ask "
+    "any member of staff, or call the main number and someone will come to meet you.",
+    "The river begins as a spring high in the mountains, where the snow melts in early summer. It runs through "
+    "pine forests and narrow valleys, gathering streams as it goes, until it reaches the plain. There it widens "
+    "and slows, and farms line both banks. By the time it meets the sea it is a mile across, brown with the soil "
+    "it has carried for three hundred miles.",
+)
+_FUNCTIONS: tuple[str, ...] = (
+    "def area(width, height):\n    if width < 0 or height < 0:\n        raise ValueError('negative size')\n"
+    "    return width * height\n\n\ndef perimeter(width, height):\n    if width < 0 or height < 0:\n"
+    "        raise ValueError('negative size')\n    return 2 * (width + height)\n",
+    "def load_config(path):\n    with open(path) as f:\n        lines = f.readlines()\n    config = {}\n"
+    "    for line in lines:\n        if '=' in line:\n            key, value = line.split('=', 1)\n"
+    "            config[key.strip()] = value.strip()\n    return config\n",
+)
+# The quote workload: each answer should repeat most of its prompt.
+QUOTE_PROMPTS: tuple[str, ...] = (
+    *(f"Repeat this passage exactly, word for word:\n\n{p}" for p in _PASSAGES),
+    *(f"Repeat this passage, changing only its first word to 'Then':\n\n{p}" for p in _PASSAGES),
+    *(f"Repeat this code exactly:\n\n{f}" for f in _FUNCTIONS),
+    *(f"Fix the typo in this code and show the whole code:\n\n{f.replace('return', 'retrun', 1)}"
+      for f in _FUNCTIONS),
 )
 
 # Words for the prefix-cache scenario's long system prompts: common English, a token or two each.

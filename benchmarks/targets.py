@@ -9,20 +9,30 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
 
 from conduit.v1 import engine_pb2, engine_pb2_grpc
 
+from benchmarks.prompts import PROMPTS, QUOTE_PROMPTS
 from benchmarks.stats import RequestResult
 
 if TYPE_CHECKING:
     import aiohttp
 
 SYSTEM_PROMPT = "You are a helpful assistant."
-# Workloads by name: the system message each request carries ("" for none).
-WORKLOADS = {"chat": SYSTEM_PROMPT, "short-chat": ""}
+
+
+@dataclass(frozen=True)
+class Workload:
+    system: str  # the system message each request carries ("" for none)
+    prompts: tuple[str, ...]  # the users' turns, taken in turn
+
+
+WORKLOADS = {"chat": Workload(SYSTEM_PROMPT, PROMPTS), "short-chat": Workload("", PROMPTS),
+             "quote": Workload(SYSTEM_PROMPT, QUOTE_PROMPTS)}
 
 
 def chat_messages(system: str, prompt: str) -> list[dict[str, str]]:
