@@ -18,6 +18,7 @@ from engine_service.core.params import QueueFull, RequestParams, SamplingParams,
 from engine_service.core.scheduler import Scheduler
 from engine_service.core.sequence import Request, Sequence
 from engine_service.model.kv_cache import kv_cache_blocks
+from engine_service.model.step import Segments
 
 pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)
 
@@ -78,13 +79,17 @@ def test_prompts_are_prefilled_in_whole_segments_within_the_step_budget_beside_d
 
 
 def test_a_budget_short_of_a_segment_still_prefills_one_when_nothing_else_does() -> None:
-    scheduler = Scheduler(BlockManager(64, BLOCK, CopyLog(), segment=4 * BLOCK), max_batch_size=8, max_step_tokens=10)
+    """Segments a block long up to 16 tokens, 16 long after."""
+    segments = Segments(BLOCK, 4 * BLOCK)
+    scheduler = Scheduler(BlockManager(64, BLOCK, CopyLog(), segments=segments), max_batch_size=8, max_step_tokens=10)
     first, second = make_seq(40), make_seq(40)
     scheduler.waiting.extend([first, second])
     _, prefill = run_step(scheduler)
-    assert prefill == [(first, 16)], "one segment over the budget; the other prompt waits"
+    assert prefill == [(first, 8)], "two blocks within the budget; the other prompt's first block would not fit"
     _, prefill = run_step(scheduler)
-    assert prefill == [(first, 16)]
+    assert prefill == [(first, 8)]
+    _, prefill = run_step(scheduler)
+    assert prefill == [(first, 16)], "one segment over the budget; the other prompt waits"
 
 
 def test_batch_size_caps_running_sequences_and_the_rest_wait() -> None:

@@ -21,12 +21,14 @@ from engine_service.model import attention, cpu_isa
 from engine_service.model.kv_cache import CacheShape, KVCache
 from engine_service.model.linear import PackedLinear
 from engine_service.model.runner import ModelRunner
-from engine_service.model.step import segments
+from engine_service.model.step import Segments
 
 pytestmark = pytest.mark.in_process_engine  # engine code in this process (conftest.py)
 
 CPU = torch.device("cpu")
 BLOCK, SEGMENT = 16, 32
+SEGMENTS = Segments(BLOCK, SEGMENT)  # a block long up to 32, 32 long after
+WHOLE = Segments(1024, 1024)  # no cuts: a prompt in one call
 ROUNDING = {"this CPU's": False, "by call shape": True}
 
 
@@ -46,10 +48,10 @@ def test_the_double_rounds_a_row_by_the_calls_shape(monkeypatch: pytest.MonkeyPa
     assert torch.equal(nudged(x, 4), x) and not torch.equal(nudged(x, 3), x)  # one shape in three is left alone
 
 
-def runner(quantization: str, deterministic: bool, segment: int = SEGMENT) -> ModelRunner:
+def runner(quantization: str, deterministic: bool, segments: Segments = SEGMENTS) -> ModelRunner:
     model = tiny_in_memory(tiny_config(), torch.bfloat16)
     return ModelRunner(model, CPU, torch.bfloat16, BLOCK, 24, 256, quantization=quantization,
-                       deterministic=deterministic, segment=segment)
+                       deterministic=deterministic, segments=segments)
 
 
 def prefill(engine: ModelRunner, seq: RunnerSeq, chunks: list[int]) -> torch.Tensor:
@@ -71,17 +73,17 @@ def cold_and_warm(engine: ModelRunner, tokens: list[int], hit: int) -> tuple[tor
 
 
 @pytest.mark.parametrize("leftover", [1, 5, 17, 40])
+@pytest.mark.parametrize("hit", [16, 64], ids=["hit at a block", "hit at a segment"])
 @pytest.mark.parametrize("quantization, deterministic", [("int8", False), ("none", False), ("none", True)])
 def test_a_prefix_cache_hit_gives_the_cold_prefills_logits(rounding: str, quantization: str, deterministic: bool,
-                                                         leftover: int) -> None:
-    """Cold: the whole prompt in one chunk. Warm: its first two segments cached (a hit ends on a
-    segment's boundary), the rest prefilled: the next token's logits are the same bits."""
-    cold, warm = cold_and_warm(runner(quantization, deterministic), list(range(3, 3 + 2 * SEGMENT + leftover)),
-                               hit=2 * SEGMENT)
+                                                         hit: int, leftover: int) -> None:
+    """Cold: the whole prompt in one chunk. Warm: its first tokens cached to a segment's boundary (a
+    block's below SEGMENT tokens, a segment's after), the rest prefilled: the same bits."""
+    cold, warm = cold_and_warm(runner(quantization, deterministic), list(range(3, 3 + hit + leftover)), hit=hit)
     assert torch.equal(cold, warm)
 
 
-@pytest.mark.parametrize("chunks", [[32, 32, 9], [64, 9], [32, 41]])
+@pytest.mark.parametrize("chunks", [[32, 32, 9], [64, 9], [32, 41], [16, 16, 41], [16, 57]])
 def test_a_prompt_chunked_on_segment_boundaries_gives_the_whole_prompts_logits(rounding: str,
                                                                              chunks: list[int]) -> None:
     engine = runner("int8", False)
@@ -93,11 +95,10 @@ def test_a_prompt_chunked_on_segment_boundaries_gives_the_whole_prompts_logits(r
 
 def test_a_prompt_computed_in_one_call_is_not_the_same_after_a_hit_under_the_double(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The double has teeth: without segments (one longer than the prompt), a warm prefill's calls
-    have other shapes than the cold one's, and the logits differ."""
+    """The double has teeth: without segments, a warm prefill's calls have other shapes than the cold
+    one's, and the logits differ."""
     rounding_by_call_shape(monkeypatch)
-    cold, warm = cold_and_warm(runner("int8", False, segment=1024), list(range(3, 3 + 2 * SEGMENT + 5)),
-                               hit=2 * SEGMENT)
+    cold, warm = cold_and_warm(runner("int8", False, WHOLE), list(range(3, 3 + 2 * SEGMENT + 5)), hit=2 * SEGMENT)
     assert not torch.equal(cold, warm)
 
 
@@ -109,28 +110,30 @@ class Layer(torch.nn.Module):
 
 
 def attend(cache: KVCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int,
-           segment: int) -> torch.Tensor:
+           segments: Segments) -> torch.Tensor:
     """Positions first..first+n of one sequence (blocks 0, 1, ...), the earlier ones already cached,
     one call per segment as the model runner packs them."""
     n, context = q.shape[2], first + q.shape[2]
     table = torch.arange(-(-context // BLOCK))
     chunks = [attention.PrefillChunk(start - first, length, start + length, table[:-(-(start + length) // BLOCK)])
-              for start, length in segments(first, n, segment)]
+              for start, length in segments.split(first, n)]
     layout = attention.StepLayout(cache=cache, slot_mapping=torch.arange(first, context), num_decode=0,
                                   decode_block_ids=None, decode_lens=None, max_decode_context=0, prefills=chunks)
     out, _ = attention.paged_attention(Layer(), q, k, v, None, scaling=DIM ** -0.5, layout=layout)
     return out
 
 
-@pytest.mark.parametrize("length, cached", [(130, 64), (130, 128), (178, 128), (179, 64), (263, 256)])
+@pytest.mark.parametrize("length, cached", [(130, 16), (130, 48), (130, 64), (130, 128), (178, 128), (179, 64),
+                                            (263, 256), (40, 32)])
 def test_attention_over_a_segment_after_cached_ones_matches_the_cold_pass(rounding: str, length: int,
                                                                           cached: int) -> None:
     torch.manual_seed(length * 100 + cached)
     q = torch.randn(1, Q_HEADS, length, DIM, dtype=torch.bfloat16)
     k, v = (torch.randn(1, KV_HEADS, length, DIM, dtype=torch.bfloat16) for _ in range(2))
     cache = KVCache(CacheShape(1, KV_HEADS, DIM, BLOCK, 32), torch.bfloat16, CPU)
-    cold = attend(cache, q, k, v, first=0, segment=64)  # the whole prompt in one step; fills the cache
-    warm = attend(cache, q[:, :, cached:], k[:, :, cached:], v[:, :, cached:], first=cached, segment=64)
+    segments = Segments(BLOCK, 64)
+    cold = attend(cache, q, k, v, first=0, segments=segments)  # the whole prompt in one step; fills the cache
+    warm = attend(cache, q[:, :, cached:], k[:, :, cached:], v[:, :, cached:], first=cached, segments=segments)
     assert torch.equal(warm, cold[:, cached:])
 
 
@@ -140,8 +143,8 @@ def test_attention_in_one_call_is_not_the_same_after_a_hit_under_the_double(monk
     q = torch.randn(1, Q_HEADS, 130, DIM, dtype=torch.bfloat16)
     k, v = (torch.randn(1, KV_HEADS, 130, DIM, dtype=torch.bfloat16) for _ in range(2))
     cache = KVCache(CacheShape(1, KV_HEADS, DIM, BLOCK, 32), torch.bfloat16, CPU)
-    cold = attend(cache, q, k, v, first=0, segment=1024)
-    warm = attend(cache, q[:, :, 64:], k[:, :, 64:], v[:, :, 64:], first=64, segment=1024)
+    cold = attend(cache, q, k, v, first=0, segments=WHOLE)
+    warm = attend(cache, q[:, :, 64:], k[:, :, 64:], v[:, :, 64:], first=64, segments=WHOLE)
     assert not torch.equal(warm, cold[:, 64:])
 
 

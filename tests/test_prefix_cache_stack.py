@@ -18,7 +18,7 @@ from common import MODEL
 
 pytestmark = pytest.mark.model
 
-SEGMENT = EngineConfig().prefill_segment  # a hit ends on a prefill segment's boundary (model/step.py)
+SEGMENTS = EngineConfig().segments  # a hit ends on a prompt segment's boundary (model/step.py)
 RULES = ("Answer in one short sentence. Be polite and precise. Never invent facts; say so when unsure. "
          "Prefer plain words over jargon, and give numbers with their units. ") * 4
 
@@ -51,8 +51,8 @@ def test_a_warm_cache_gives_the_same_greedy_tokens_and_logprobs(engine_client: E
     cold, warm = (complete(engine_client, text) for _ in range(2))
     prompt_tokens = cold.prompt.prompt_tokens
     assert cold.usage.cached_tokens == 0
-    assert warm.usage.cached_tokens == (prompt_tokens - 1) // SEGMENT * SEGMENT > 0, \
-        "all whole segments short of the last token"
+    assert warm.usage.cached_tokens == SEGMENTS.floor((prompt_tokens - 1) // 16 * 16) > 0, \
+        "all full blocks short of the last token, to a segment's boundary"
     # Bit for bit: the warm prefill runs the cold one's calls from its segment on (model/step.py).
     assert warm.choices[0].token_ids == cold.choices[0].token_ids
     assert [lp.logprob for lp in warm.choices[0].logprobs] == [lp.logprob for lp in cold.choices[0].logprobs]
@@ -93,7 +93,7 @@ def test_the_next_turn_of_a_chat_reports_its_cached_prompt_tokens(openai_client:
     first, second = chat_turns(openai_client)
     assert first.prompt_tokens_details.cached_tokens == 0
     # The first turn's prompt blocks, at least; the answer re-sent may add more.
-    assert second.prompt_tokens_details.cached_tokens >= (first.prompt_tokens - 1) // SEGMENT * SEGMENT > 0
+    assert second.prompt_tokens_details.cached_tokens >= SEGMENTS.floor((first.prompt_tokens - 1) // 16 * 16) > 0
     assert second.prompt_tokens_details.cached_tokens < second.prompt_tokens
 
 

@@ -29,9 +29,12 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2 as vpb, vllm_engine_pb2_grpc as vpb_grpc
 
 from launcher.stack import Stack
+from engine_service.core.config import EngineConfig
 from launcher.smg_gateway import Gateway
 from common import ANSWER, ASK_MAX_TOKENS, MODEL, PROMPT, QUESTION, STORY, WEATHER_QUESTION
 from conftest import STARTUP_TIMEOUT_S
+
+SEGMENTS = EngineConfig().segments
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]  # slow: drives an outside tool (the gateway)
 
@@ -145,7 +148,8 @@ def test_cache_aware_routing_keeps_a_shared_prefix_on_the_engine_that_holds_it(f
                 model=MODEL, messages=[system, {"role": "user", "content": f"Question {question}: one word?"}],
                 temperature=0, max_tokens=2)
             cached.append(response.usage.prompt_tokens_details.cached_tokens)
-        prefix = response.usage.prompt_tokens - 2 * 16  # all but the question and the block it falls in
+        # All but the question and the block it falls in, to a prompt segment's boundary (model/step.py).
+        prefix = SEGMENTS.floor(response.usage.prompt_tokens - 2 * 16)
         assert all(tokens >= prefix for tokens in cached[1:]), cached
     assert gateway.metric('smg_cache_aware_policy_branch_total{branch="event_hit"}') >= hits_before + 8, \
         "the gateway routed by the engines' KV events"

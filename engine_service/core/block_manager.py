@@ -12,9 +12,9 @@ is registered under a hash of (its parent block's hash, its token ids), so a has
 whole prefix up to the block's end and equal tokens at different offsets never match. The
 token ids are the whole key: one engine serves one model in one dtype, and nothing else
 (adapters, images) changes the K/V. A new sequence shares the longest run of registered
-blocks that starts its tokens (refcount + 1), cut to whole prefill segments (model/step.py: a
-prompt is computed segment by segment, so a hit that ends on a segment's boundary leaves the rest
-to compute as an uncached prompt would), and computes only the rest. A released block
+blocks that starts its tokens (refcount + 1), cut to a prompt segment's boundary (model/step.py: a
+prompt is computed segment by segment, so a hit that ends on a boundary leaves the rest to compute as
+an uncached prompt would), and computes only the rest. A released block
 that holds a hash stays cached, evictable, in least-recently-released order; allocation takes
 never-used (hashless) free blocks first, then evicts the least recently used cached block.
 Evictable blocks count as free.
@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from engine_service.core.sequence import Sequence
+from engine_service.model.step import Segments
 
 
 def block_hash(parent: bytes, tokens: list[int]) -> bytes:
@@ -55,10 +56,10 @@ class CacheListener(Protocol):
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, copy_block: Callable[[int, int], None],
-                 enable_caching: bool = True, segment: int | None = None) -> None:
+                 enable_caching: bool = True, segments: Segments | None = None) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.segment = segment or block_size  # prefill segment (tokens, whole blocks): where hits end
+        self.segments = segments or Segments(block_size, block_size)  # where prompt segments begin: hits end there
         self.enable_caching = enable_caching
         self._copy_block = copy_block
         self._free = list(range(num_blocks - 1, -1, -1))  # hashless; popped from the end: block 0 first
@@ -167,7 +168,7 @@ class BlockManager:
             child.num_cached = parent.num_cached
 
     def _match(self, seq: Sequence) -> list[int]:
-        """The cached blocks that hold seq's leading tokens, short of its last token, in whole segments."""
+        """The cached blocks that hold seq's leading tokens, short of its last token, to a segment's boundary."""
         limit = (len(seq.token_ids) - 1) // self.block_size
         matched = []
         for key in self._hashes(seq, limit):
@@ -175,8 +176,7 @@ class BlockManager:
             if block is None:
                 break
             matched.append(block)
-        per_segment = self.segment // self.block_size
-        return matched[:len(matched) // per_segment * per_segment]
+        return matched[:self.segments.floor(len(matched) * self.block_size) // self.block_size]
 
     def _hashes(self, seq: Sequence, count: int) -> list[bytes]:
         """The keys of seq's first `count` full blocks (seq.block_hashes, extended as needed: its

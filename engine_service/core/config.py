@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, fields
 
 from engine_service.core.speculation import SpeculativeConfig
-from engine_service.model.step import prefill_segment
+from engine_service.model.step import Segments
 from engine_service.model.weight_formats import QUANTIZATIONS
 from engine_service.text.reasoning import PARSER_CHOICES
 
@@ -81,9 +81,9 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None  # n-gram speculative decoding (core/speculation.py); None: off
 
     @property
-    def prefill_segment(self) -> int:
-        """Tokens of a prompt segment (model/step.py): computed apart, and where prefix-cache hits end."""
-        return prefill_segment(self.block_size, self.max_step_tokens)
+    def segments(self) -> Segments:
+        """Where prompt segments begin (model/step.py): each computed apart; prefix-cache hits end there."""
+        return Segments.for_engine(self.block_size, self.max_step_tokens)
 
     def __post_init__(self) -> None:
         """Raises ValueError naming the first setting out of bounds."""

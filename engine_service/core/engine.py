@@ -102,10 +102,10 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, metrics: EngineMetri
     kv_capacity_tokens = (num_blocks - 1) * config.block_size
     runner = ModelRunner(loaded.model, loaded.device, loaded.dtype, config.block_size, num_blocks, max_model_len,
                          config.quantization, config.deterministic, native_kernels=config.native_kernels,
-                         segment=config.prefill_segment)
+                         segments=config.segments)
     blocks = BlockManager(num_blocks - 1,  # the runner keeps the last block for padding
                           config.block_size, runner.cache.copy_block, config.enable_prefix_caching,
-                          config.prefill_segment)
+                          config.segments)
     scheduler = Scheduler(blocks, config.max_batch_size, config.max_step_tokens)
     admission = Admission(max_model_len, kv_capacity_tokens, vocab_size, config.max_batch_size)
     pacing = StreamPacing(config.stream_interval)

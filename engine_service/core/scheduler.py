@@ -108,10 +108,10 @@ class Scheduler:
         (a budget left short of a segment by many decodes must not starve the prompts)."""
         if seq.num_uncomputed <= budget:
             return seq.num_uncomputed
-        segment, start = self.blocks.segment, seq.num_cached
-        end = (start + budget) // segment * segment
+        segments, start = self.blocks.segments, seq.num_cached
+        end = segments.floor(start + budget)
         if end <= start and not batch.prefill:
-            end = (start // segment + 1) * segment
+            end = segments.next(start)
         return max(0, end - start)
 
     def advance(self, batch: ScheduledBatch) -> None:

@@ -17,7 +17,7 @@ from engine_service.model.linear import (RowGroups, low_bit_max_rows, one_row_ro
                                          resolve_quantization)
 from engine_service.model.rotary import install_rotary_table
 from engine_service.model.kv_cache import CacheShape, KVCache
-from engine_service.model.step import DecodeRow, PromptChunk, StepInput, StepLogits, prefill_segment, segments
+from engine_service.model.step import DecodeRow, PromptChunk, Segments, StepInput, StepLogits
 
 
 @dataclass
@@ -61,12 +61,12 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
                  block_size: int, num_blocks: int, max_positions: int,
                  quantization: str | None = None, deterministic: bool = False, lean_forward: bool = True,
-                 native_kernels: bool = True, segment: int | None = None) -> None:
+                 native_kernels: bool = True, segments: Segments | None = None) -> None:
         """quantization: see weight_formats.QUANTIZATIONS (None: the default for the device and dtype);
         deterministic: a sequence's results never depend on the batch it runs in;
         lean_forward: Llama models run model/llama.py's forward (False: transformers', for comparison);
         native_kernels: int8 linears, decode attention and the lean forward's add + RMSNorm run
-        model/native.py's kernels where they build (False: torch's); segment: the prompt segment's length
+        model/native.py's kernels where they build (False: torch's); segments: where prompt segments begin
         (model/step.py; None: the default for block_size)."""
         self.model = model
         install_rotary_table(model, max_positions, device)
@@ -81,7 +81,7 @@ class ModelRunner:
         # copies for prompt segments and many decode rows, unless deterministic.
         max_rows = None if deterministic else low_bit_max_rows(dtype, native_int8)
         self.rows, self.head_rows = RowGroups(max_rows), RowGroups(max_rows)
-        self.segment = segment or prefill_segment(block_size)
+        self.segments = segments or Segments.for_engine(block_size)
         if device.type == "cpu":
             quantize_linears(model, self.quantization, self.rows, native_int8, self.head_rows)
         self.int8_kernel = "native" if native_int8 is not None else "torch"
@@ -174,7 +174,7 @@ class ModelRunner:
                 batch.add(token, position, self._slot(chunk.block_table, position))
             table = torch.tensor(chunk.block_table[:-(-context // self.block_size)], dtype=torch.long,
                                  device=self.device)
-            for segment_first, segment_length in segments(first, length, self.segment):
+            for segment_first, segment_length in self.segments.split(first, length):
                 end = segment_first + segment_length
                 batch.prefills.append(attention.PrefillChunk(start + segment_first - first, segment_length, end,
                                                              table[:-(-end // self.block_size)]))
