@@ -30,6 +30,11 @@ BLOCK = 16
 
 
 @dataclass
+class FakeRequest:
+    adapter_slot: int = 0  # the base model
+
+
+@dataclass
 class FakeSequence:
     """The fields of a Sequence that ScheduledBatch.step_input reads for the ModelRunner."""
 
@@ -37,6 +42,7 @@ class FakeSequence:
     token_ids: list[int]
     num_cached: int
     block_table: list[int] = field(default_factory=list)
+    request: FakeRequest = field(default_factory=lambda: FakeRequest())
 
 
 def build_runner(weights: str, deterministic: bool, num_blocks: int, lean_forward: bool = True,

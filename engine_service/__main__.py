@@ -25,7 +25,7 @@ if __name__ == "__main__":
     die_with_parent()
 
 from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
-from engine_service.core.config import BOUNDS, QUANTIZATIONS, EngineConfig  # noqa: E402
+from engine_service.core.config import BOUNDS, QUANTIZATIONS, EngineConfig, LoraConfig, LoraModule  # noqa: E402
 from engine_service.core.speculation import SpeculativeConfig  # noqa: E402
 from engine_service.model.cpu_isa import cpu_facts, describe, keep_onednn_off_amx  # noqa: E402
 from engine_service.text.reasoning import PARSER_CHOICES  # noqa: E402
@@ -108,6 +108,16 @@ def build_parser() -> EnvArgumentParser:
                         '"num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min": M}\' (defaults '
                         '4, 4, 2): drafts from a sequence\'s own prompt and output, checked in the step that '
                         'decodes it; the output is the same as without (docs/engine.md). Off by default')
+    lora = p.add_argument_group("LoRA adapters", "fine-tunes served beside the base model, picked by `model` "
+                                "(docs/lora.md; vLLM's flag names)")
+    lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (PEFT's format)")
+    lora.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH", type=lora_module,
+                      help='adapters to serve from the start: NAME=PATH, or JSON \'{"name": N, "path": P, '
+                           '"base_model_name": B}\'; each is listed in /v1/models with its base as parent')
+    lora.add_argument("--max-loras", metavar="N", type=bounded("max_loras"), default=LoraConfig.max_loras,
+                      help="adapters loaded at once")
+    lora.add_argument("--max-lora-rank", metavar="R", type=bounded("max_lora_rank"), default=LoraConfig.max_lora_rank,
+                      help="the highest rank an adapter may have")
     p.add_argument("--threads", metavar="N", type=bounded("threads"), default=0,
                    help="torch CPU threads; default: all cores")
     p.add_argument("--log-level", default="INFO", help="Python logging level")
@@ -159,6 +169,13 @@ def bounded(setting: str, kind: type[int] | type[float] = int, special: str | No
 stream_interval = bounded("stream_interval", special="auto")  # 0 stands for auto in EngineConfig
 
 
+def lora_module(text: str) -> LoraModule:
+    try:
+        return LoraModule.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def speculative_config(text: str) -> SpeculativeConfig:
     try:
         return SpeculativeConfig.parse(text)
@@ -181,10 +198,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
             quantization=args.quantization, deterministic=args.deterministic, native_kernels=args.native_kernels,
             stream_interval=args.stream_interval, reasoning_parser=args.reasoning_parser,
-            enable_embeddings=args.enable_embeddings, speculative=args.speculative_config)
+            enable_embeddings=args.enable_embeddings, speculative=args.speculative_config,
+            lora=lora_config(args))
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     return args
+
+
+def lora_config(args: argparse.Namespace) -> LoraConfig | None:
+    if not args.enable_lora:
+        if args.lora_modules:
+            raise ValueError("--lora-modules needs --enable-lora")
+        return None
+    if len(args.lora_modules) > args.max_loras:
+        raise ValueError(f"--lora-modules names {len(args.lora_modules)} adapters, more than --max-loras {args.max_loras}")
+    return LoraConfig(tuple(args.lora_modules), args.max_loras, args.max_lora_rank)
 
 
 def check_model_path(spec: str | None) -> None:

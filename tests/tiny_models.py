@@ -41,6 +41,13 @@ def tiny_in_memory(config: PretrainedConfig, dtype: torch.dtype) -> torch.nn.Mod
 
 
 @dataclass
+class RunnerRequest:
+    """The field of a Request that ScheduledBatch.step_input reads: its LoRA adapter's slot."""
+
+    adapter_slot: int = 0
+
+
+@dataclass
 class RunnerSeq:
     """The fields of a Sequence that ScheduledBatch.step_input reads for the ModelRunner."""
 
@@ -48,3 +55,4 @@ class RunnerSeq:
     token_ids: list[int]
     num_cached: int = 0
     block_table: list[int] = field(default_factory=list)
+    request: RunnerRequest = field(default_factory=RunnerRequest)

@@ -10,11 +10,12 @@ callback it provides.
 Prefix caching (vLLM v1's scheme): once all of a block's tokens are in the cache, the block
 is registered under a hash of (its parent block's hash, its token ids), so a hash names the
 whole prefix up to the block's end and equal tokens at different offsets never match. The
-token ids are the whole key: one engine serves one model in one dtype, and nothing else
-(adapters, images) changes the K/V. A new sequence shares the longest run of registered
-blocks that starts its tokens (refcount + 1), cut to a prompt segment's boundary (model/step.py: a
-prompt is computed segment by segment, so a hit that ends on a boundary leaves the rest to compute as
-an uncached prompt would), and computes only the rest. A released block
+token ids are the key, under the request's LoRA adapter (its salt is the first block's parent):
+one engine serves one model in one dtype, and nothing else (images) changes the K/V. A new
+sequence shares the longest run of registered blocks that starts its tokens (refcount + 1), cut
+to a prompt segment's boundary (model/step.py: a prompt is computed segment by segment, so a hit
+that ends on a boundary leaves the rest to compute as an uncached prompt would), and computes only
+the rest. A released block
 that holds a hash stays cached, evictable, in least-recently-released order; allocation takes
 never-used (hashless) free blocks first, then evicts the least recently used cached block.
 Evictable blocks count as free.
@@ -183,7 +184,8 @@ class BlockManager:
         tokens never change, so neither do they)."""
         hashes, size = seq.block_hashes, self.block_size
         for i in range(len(hashes), count):
-            hashes.append(block_hash(hashes[-1] if hashes else b"", seq.token_ids[i * size:(i + 1) * size]))
+            hashes.append(block_hash(hashes[-1] if hashes else seq.request.cache_salt,
+                                     seq.token_ids[i * size:(i + 1) * size]))
         return hashes[:count]
 
     def _allocate(self) -> int:

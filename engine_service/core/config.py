@@ -8,6 +8,7 @@ loads): `--max-step-tokens 0` would never start a request and `--block-size 0` d
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, fields
 
@@ -56,7 +57,43 @@ BOUNDS = {
     "metrics_port": PORT,  # 0: off
     "threads": Bounds(1, 4096, special=0),  # 0: all cores
     "drain_seconds": Bounds(0.0, 86400.0),
+    "max_loras": Bounds(1, 1024),
+    "max_lora_rank": Bounds(1, 1024),
 }
+
+
+@dataclass(frozen=True)
+class LoraModule:
+    """An adapter to serve: `--lora-modules NAME=PATH`, or vLLM's JSON form."""
+
+    name: str
+    path: str
+    base_model_name: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> LoraModule:
+        """NAME=PATH or '{"name": ..., "path": ..., "base_model_name": ...}'; ValueError saying what is wrong."""
+        if text.lstrip().startswith("{"):
+            try:
+                given = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"--lora-modules: {exc}") from None
+            unknown = sorted(set(given) - {"name", "path", "base_model_name"})
+            if unknown or not isinstance(given.get("name"), str) or not isinstance(given.get("path"), str):
+                raise ValueError("--lora-modules JSON needs string 'name' and 'path' (and may have "
+                                 f"'base_model_name'){f'; unknown: {unknown}' if unknown else ''}")
+            return cls(given["name"], given["path"], given.get("base_model_name") or "")
+        name, sep, path = text.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora-modules {text!r}: give NAME=PATH or a JSON object")
+        return cls(name, path)
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    modules: tuple[LoraModule, ...] = ()
+    max_loras: int = 4  # adapters resident at once
+    max_lora_rank: int = 64
 
 
 @dataclass
@@ -79,6 +116,7 @@ class EngineConfig:
     # A generation engine also answers Embed: each input a prefill-only sequence, pooled by its last token.
     enable_embeddings: bool = False
     speculative: SpeculativeConfig | None = None  # n-gram speculative decoding (core/speculation.py); None: off
+    lora: LoraConfig | None = None  # LoRA adapters (core/adapters.py); None: off
 
     @property
     def segments(self) -> Segments:

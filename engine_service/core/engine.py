@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from engine_service.core.adapters import Adapters
 from engine_service.core.admission import Admission
 from engine_service.core.block_manager import BlockManager
 from engine_service.core.choices import Choices
@@ -43,8 +44,9 @@ class Engine:
     """Safe from any thread but a signal handler's (submit, abort and drain take the inbox's lock)."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig, core: EngineCore, loop: EngineLoop,
-                 admission: Admission, grammars: GrammarCompiler) -> None:
+                 admission: Admission, grammars: GrammarCompiler, adapters: Adapters | None = None) -> None:
         self.loaded = loaded
+        self.adapters = adapters  # LoRA adapters by name (None: --enable-lora off)
         self.config = config
         self.core = core
         self.loop = loop
@@ -102,7 +104,12 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, metrics: EngineMetri
     kv_capacity_tokens = (num_blocks - 1) * config.block_size
     runner = ModelRunner(loaded.model, loaded.device, loaded.dtype, config.block_size, num_blocks, max_model_len,
                          config.quantization, config.deterministic, native_kernels=config.native_kernels,
-                         segments=config.segments)
+                         segments=config.segments, enable_lora=config.lora is not None)
+    adapters = None
+    if config.lora is not None:
+        adapters = Adapters(runner, config.lora, loaded.model_id)
+        for module in config.lora.modules:
+            adapters.load(module)
     blocks = BlockManager(num_blocks - 1,  # the runner keeps the last block for padding
                           config.block_size, runner.cache.copy_block, config.enable_prefix_caching,
                           config.segments)
@@ -133,4 +140,4 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, metrics: EngineMetri
         spec = config.speculative
         log.info("speculative decoding: n-gram, up to %d draft tokens, n-grams of %d-%d tokens, up to %d decode rows",
                  spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max, speculator.max_rows)
-    return Engine(loaded, config, core, loop, admission, grammars)
+    return Engine(loaded, config, core, loop, admission, grammars, adapters)

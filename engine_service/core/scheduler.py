@@ -46,12 +46,12 @@ class ScheduledBatch:
         seq_id) whose prompt chunks keep every logits row (prompt_logprobs.wanted); `wants_hidden`:
         those whose prompt's last token gives its hidden row (an Embed's inputs: `embedding_inputs`)."""
         decode = [DecodeRow(seq.seq_id, seq.token_ids[seq.num_cached], seq.num_cached, seq.block_table,
-                            self.drafts.get(seq.seq_id, []))
+                            self.drafts.get(seq.seq_id, []), seq.request.adapter_slot)
                   for seq in self.decode]
         prefill = [PromptChunk(seq.seq_id, seq.token_ids[seq.num_cached:seq.num_cached + length], seq.num_cached,
                                seq.block_table, ends_prompt=seq.num_cached + length == len(seq.token_ids),
                                keep_all_rows=seq.seq_id in wants_prompt_logprobs,
-                               wants_hidden=seq.seq_id in wants_hidden)
+                               wants_hidden=seq.seq_id in wants_hidden, adapter=seq.request.adapter_slot)
                    for seq, length in self.prefill]
         return StepInput(decode, prefill)
 

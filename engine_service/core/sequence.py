@@ -15,6 +15,7 @@ from engine_service.text.reasoning import Phase, ReasoningTokens
 from engine_service.text.tools import ToolSpec
 
 if TYPE_CHECKING:
+    from engine_service.core.adapters import Adapter
     from engine_service.text.constraints import Matcher
     from engine_service.text.output import OutputProcessor
 
@@ -44,6 +45,16 @@ class Request:
     # An Embed (generation engines with enable_embeddings): each input's ids, one prefill-only sequence
     # each (params.n of them), ending at the end of its prompt with its last token's hidden row.
     inputs: list[list[int]] | None = None
+    adapter: Adapter | None = None  # its LoRA adapter (core/adapters.py); None: the base model
+
+    @property
+    def cache_salt(self) -> bytes:
+        """What its prompt's first prefix-cache block hangs under: KV of one adapter serves no other."""
+        return b"" if self.adapter is None else self.adapter.cache_salt
+
+    @property
+    def adapter_slot(self) -> int:
+        return 0 if self.adapter is None else self.adapter.slot
 
     @property
     def embeds(self) -> bool:

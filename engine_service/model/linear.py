@@ -21,6 +21,7 @@ On other devices the model is left as it is.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from collections.abc import Callable
 
@@ -57,31 +58,45 @@ class RowGroups:
 
     `full` says per group whether low-bit linears run their full (bf16) copy: for prompt segments,
     and for more than `low_bit_max_rows` decode rows, where oneDNN's GEMM is faster. None: never
-    (deterministic: the low-bit kernel for every row, no copies kept)."""
+    (deterministic: the low-bit kernel for every row, no copies kept). `runs` are the rows of a LoRA
+    adapter (model/lora.py), each run within one group: one low-rank matmul pair per run."""
 
     def __init__(self, low_bit_max_rows: int | None = LOW_BIT_MAX_ROWS) -> None:
         self.low_bit_max_rows = low_bit_max_rows
         self.bounds = [0]  # group i is rows bounds[i]:bounds[i + 1]
         self.full: list[bool] = []
+        self.runs: list[tuple[int, int, int]] = []  # (first row, end row, adapter slot)
 
     @property
     def keeps_full_copies(self) -> bool:
         return self.low_bit_max_rows is not None
 
-    def set_for_step(self, groups: list[tuple[int, bool]]) -> None:
-        """The step's groups in row order, as (rows, is a prompt segment); empty ones are dropped."""
-        self.bounds, self.full = [0], []
+    def set_for_step(self, groups: list[tuple[int, bool]], runs: list[tuple[int, int, int]] = ()) -> None:
+        """The step's groups in row order, as (rows, is a prompt segment), empty ones dropped; and the
+        runs of rows with an adapter, as (first row, end row, adapter slot)."""
+        self.bounds, self.full, self.runs = [0], [], list(runs)
         for rows, prompt in groups:
             if rows:
                 self.bounds.append(self.bounds[-1] + rows)
                 self.full.append(self.keeps_full_copies and (prompt or rows > self.low_bit_max_rows))
 
-    def apply(self, compute: Callable[[torch.Tensor, bool], torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
-        """compute(group's rows, full) over each group, joined; [rows, features] in and out. Rows that
-        are not the step's (a model's layer over some of them) go in one call."""
-        if len(self.full) < 2 or rows.shape[0] != self.bounds[-1]:
-            return compute(rows, any(self.full))
-        return torch.cat([compute(rows[a:b], full) for a, b, full in zip(self.bounds, self.bounds[1:], self.full)])
+    def apply(self, compute: Callable[[torch.Tensor, bool], torch.Tensor], rows: torch.Tensor,
+              lora: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
+        """compute(group's rows, full) over each group, joined, plus each adapter run's low-rank part
+        from `lora` (slot -> (A, scale * B)); [rows, features] in and out. Rows that are not the step's
+        (a model's layer over some of them) go in one call, and cannot take an adapter."""
+        planned = rows.shape[0] == self.bounds[-1]
+        if len(self.full) < 2 or not planned:
+            out = compute(rows, any(self.full))
+        else:
+            out = torch.cat([compute(rows[a:b], full) for a, b, full in zip(self.bounds, self.bounds[1:], self.full)])
+        if lora and self.runs:
+            if not planned:
+                raise RuntimeError("a LoRA adapter on a layer that computes part of the step's rows")
+            for first, end, slot in self.runs:
+                if (pair := lora.get(slot)) is not None:
+                    out[first:end] += (rows[first:end] @ pair[0].T) @ pair[1].T
+        return out
 
 
 def resolve_quantization(requested: str | None, device: torch.device, dtype: torch.dtype,
@@ -121,6 +136,7 @@ class PackedLinear(torch.nn.Module):
                  rows: RowGroups | None = None) -> None:
         super().__init__()
         self.rows = rows
+        self.lora: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {}  # adapter slot -> (A, scale * B)
         self.out_features, self.in_features = weight.shape
         self.compute_dtype = weight.dtype if packable(weight.dtype) else torch.float32
         self.weight = torch.nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(
@@ -131,7 +147,7 @@ class PackedLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rows is None:
             return self.dense(x)
-        return self.rows.apply(self._dense_group, _flat(x)).view(*x.shape[:-1], self.out_features)
+        return self.rows.apply(self._dense_group, _flat(x), self.lora).view(*x.shape[:-1], self.out_features)
 
     def _dense_group(self, rows: torch.Tensor, full: bool) -> torch.Tensor:
         return self.dense(rows)
@@ -175,6 +191,7 @@ class LowBitLinear(torch.nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.rows = rows
+        self.lora: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {}  # adapter slot -> (A, scale * B)
         self.full: PackedLinear | Int8Panels | None = None
         # The copy's forward as a plain attribute: a decode step calls ~120 linears, and nn.Module's
         # attribute lookup for a submodule costs ~1 us each time.
@@ -187,11 +204,12 @@ class LowBitLinear(torch.nn.Module):
     def keep_full_copy(self, dequantized: torch.Tensor) -> None:
         if self.keeps_full_copy:
             self.full = PackedLinear(dequantized, self.bias)
+            self.full.lora = None  # this linear's adapters apply to both of its paths
             self._full_forward = self.full.forward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else _flat(x)  # the lean forward's [tokens, features]: no reshaping
-        y = self._group(rows, False) if self.rows is None else self.rows.apply(self._group, rows)
+        y = self._group(rows, False) if self.rows is None else self.rows.apply(self._group, rows, self.lora)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)  # not -1: a step may keep no rows
 
     def _group(self, rows: torch.Tensor, full: bool) -> torch.Tensor:
@@ -297,9 +315,33 @@ def quantize_linears(model: torch.nn.Module, quantization: str, rows: RowGroups 
     return swapped
 
 
+class RowLinear(torch.nn.Module):
+    """A linear off the CPU over the step's row groups (RowGroups), so LoRA adapters apply there too."""
+
+    def __init__(self, linear: torch.nn.Linear, rows: RowGroups) -> None:
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.rows = rows
+        self.lora: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = self.rows.apply(lambda group, full: F.linear(group, self.weight, self.bias), _flat(x), self.lora)
+        return rows.view(*x.shape[:-1], self.out_features)
+
+
+def row_linears(model: torch.nn.Module, rows: RowGroups, head_rows: RowGroups) -> None:
+    """Off the CPU (no quantize_linears there): every nn.Linear a RowLinear, the output head over `head_rows`."""
+    output_embeddings = getattr(model, "get_output_embeddings", lambda: None)()
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear:
+                setattr(parent, name, RowLinear(child, head_rows if child is output_embeddings else rows))
+
+
 def one_row_rounds_differently(model: torch.nn.Module) -> bool:
     """Whether a one-row decode step would round differently from the same row among others: true
     when some linear runs a dense kernel there (oneDNN, cuBLAS and torch's own take a GEMV path for one
     row); the low-bit kernels give each row the same result at any row count."""
     copies = {id(m.full) for m in model.modules() if isinstance(m, LowBitLinear)}
-    return any(isinstance(m, (torch.nn.Linear, PackedLinear)) and id(m) not in copies for m in model.modules())
+    return any(isinstance(m, (torch.nn.Linear, PackedLinear, RowLinear)) and id(m) not in copies for m in model.modules())

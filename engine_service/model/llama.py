@@ -78,6 +78,14 @@ def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
+def fused_parts(config: object) -> dict[str, list[tuple[str, int]]]:
+    """Each fused linear's pieces (fuse_projections) and their output sizes, in order."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv = config.num_key_value_heads * head_dim
+    return {"qkv_proj": [("q_proj", config.num_attention_heads * head_dim), ("k_proj", kv), ("v_proj", kv)],
+            "gate_up_proj": [("gate_proj", config.intermediate_size), ("up_proj", config.intermediate_size)]}
+
+
 def fuse_projections(model: torch.nn.Module) -> None:
     """Replace each layer's q/k/v and gate/up linears by one fused linear each (before quantizing:
     the fused linears are then quantized like the rest). transformers' own forward no longer runs

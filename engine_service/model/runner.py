@@ -14,7 +14,8 @@ import torch
 
 from engine_service.model import attention, llama, native
 from engine_service.model.linear import (RowGroups, low_bit_max_rows, one_row_rounds_differently, quantize_linears,
-                                         resolve_quantization)
+                                         resolve_quantization, row_linears)
+from engine_service.model.lora import LoraWeights, linear_pairs
 from engine_service.model.rotary import install_rotary_table
 from engine_service.model.kv_cache import CacheShape, KVCache
 from engine_service.model.step import DecodeRow, PromptChunk, Segments, StepInput, StepLogits
@@ -36,6 +37,7 @@ class PackedBatch:
     logits to keep and for whom."""
 
     input_ids: list[int] = field(default_factory=list)
+    adapters: list[int] = field(default_factory=list)  # each token's LoRA adapter slot (0: the base model)
     positions: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)  # flat cache slot of each token
     decode_tables: list[list[int]] = field(default_factory=list)  # one per decode row
@@ -47,8 +49,9 @@ class PackedBatch:
     prompt_rows: list[PromptRows] = field(default_factory=list)
     hidden_rows: dict[int, int] = field(default_factory=dict)  # seq_id -> kept row whose hidden state is wanted
 
-    def add(self, token: int, position: int, slot: int) -> None:
+    def add(self, token: int, position: int, slot: int, adapter: int = 0) -> None:
         self.input_ids.append(token)
+        self.adapters.append(adapter)
         self.positions.append(position)
         self.slots.append(slot)
 
@@ -57,20 +60,40 @@ class PackedBatch:
         return len(self.keep) - 1
 
 
+def adapter_runs(adapters: list[int], group_ends: list[int]) -> list[tuple[int, int, int]]:
+    """(first row, end row, adapter slot) of each run of rows with one adapter, cut at the groups' ends."""
+    runs: list[tuple[int, int, int]] = []
+    cuts = set(group_ends)
+    for row, slot in enumerate(adapters):
+        if not slot:
+            continue
+        if runs and runs[-1][1] == row and runs[-1][2] == slot and row not in cuts:
+            runs[-1] = (runs[-1][0], row + 1, slot)
+        else:
+            runs.append((row, row + 1, slot))
+    return runs
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
                  block_size: int, num_blocks: int, max_positions: int,
                  quantization: str | None = None, deterministic: bool = False, lean_forward: bool = True,
-                 native_kernels: bool = True, segments: Segments | None = None) -> None:
+                 native_kernels: bool = True, segments: Segments | None = None, enable_lora: bool = False) -> None:
         """quantization: see weight_formats.QUANTIZATIONS (None: the default for the device and dtype);
         deterministic: a sequence's results never depend on the batch it runs in;
         lean_forward: Llama models run model/llama.py's forward (False: transformers', for comparison);
         native_kernels: int8 linears, decode attention and the lean forward's add + RMSNorm run
         model/native.py's kernels where they build (False: torch's); segments: where prompt segments begin
-        (model/step.py; None: the default for block_size)."""
+        (model/step.py; None: the default for block_size); enable_lora: off the CPU, linears that take LoRA
+        adapters (on the CPU they always can)."""
         self.model = model
+        self.dtype = dtype
         install_rotary_table(model, max_positions, device)
+        # The base linears as transformers built them, which LoRA adapters name (model/lora.py).
+        self.linear_shapes = {name: (m.out_features, m.in_features) for name, m in model.named_modules()
+                              if isinstance(m, torch.nn.Linear)}
         lean = lean_forward and llama.supports(model)
+        self.fused_parts = llama.fused_parts(model.config) if lean else {}
         if lean:
             llama.fuse_projections(model)  # before quantizing: fused linears are quantized like the rest
         self.quantization = resolve_quantization(quantization, device, dtype, deterministic)
@@ -84,6 +107,8 @@ class ModelRunner:
         self.segments = segments or Segments.for_engine(block_size)
         if device.type == "cpu":
             quantize_linears(model, self.quantization, self.rows, native_int8, self.head_rows)
+        elif enable_lora:
+            row_linears(model, self.rows, self.head_rows)
         self.int8_kernel = "native" if native_int8 is not None else "torch"
         self.lean = llama.LeanLlama(model, kernels if dtype in native.DTYPES else None) if lean else None
         self.pads_single_rows = one_row_rounds_differently(model)
@@ -125,7 +150,7 @@ class ModelRunner:
     def prepare_decode(self, batch: PackedBatch, rows: list[DecodeRow]) -> None:
         """One token per decoding sequence, its last, not yet cached, token; then a row for each of its
         draft tokens, each over its own context (the tokens before it), as if decoded one by one."""
-        for row in rows:
+        for row in sorted(rows, key=lambda row: row.adapter):  # an adapter's rows together: one run each
             batch.next_token_rows[row.seq_id] = batch.keep_row(len(batch.input_ids))
             for offset, token in enumerate([row.token, *row.drafts]):
                 position = row.position + offset
@@ -133,7 +158,7 @@ class ModelRunner:
                     batch.draft_rows[row.seq_id] = (len(batch.keep), len(row.drafts))
                 if offset:
                     batch.keep_row(len(batch.input_ids))
-                batch.add(token, position, self._slot(row.block_table, position))
+                batch.add(token, position, self._slot(row.block_table, position), row.adapter)
                 batch.decode_tables.append(row.block_table)
                 batch.decode_lens.append(position + 1)
 
@@ -151,8 +176,9 @@ class ModelRunner:
         """The linears' groups: the decode rows (padding included), then each prompt segment; the
         output head's, the kept rows of each of those in turn."""
         num_decode = len(batch.decode_lens)
-        self.rows.set_for_step([(num_decode, False), *((chunk.length, True) for chunk in batch.prefills)])
         group_ends = [num_decode, *(chunk.start + chunk.length for chunk in batch.prefills)]
+        self.rows.set_for_step([(num_decode, False), *((chunk.length, True) for chunk in batch.prefills)],
+                               adapter_runs(batch.adapters, group_ends))
         kept: list[list] = []  # [kept rows, is a prompt segment] per group that keeps any (batch.keep ascends)
         group, last = 0, -1
         for row in batch.keep:
@@ -164,6 +190,16 @@ class ModelRunner:
             kept[-1][0] += 1
         self.head_rows.set_for_step([(count, prompt) for count, prompt in kept])
 
+    def load_adapter(self, slot: int, weights: LoraWeights) -> None:
+        """The adapter's low-rank pairs into the linears it targets, under `slot` (>= 1)."""
+        for module, pair in linear_pairs(self.model, weights, self.dtype, self.fused_parts).items():
+            module.lora[slot] = tuple(t.to(self.device) for t in pair)
+
+    def unload_adapter(self, slot: int) -> None:
+        for module in self.model.modules():
+            if getattr(module, "lora", None):
+                module.lora.pop(slot, None)
+
     def prepare_prefill(self, batch: PackedBatch, chunks: list[PromptChunk]) -> None:
         """Each prompt chunk after the decode rows; logits for the chunk's last token when it ends the
         prompt, or for all of its tokens when the prompt's logprobs are wanted."""
@@ -171,7 +207,7 @@ class ModelRunner:
             start, first, length = len(batch.input_ids), chunk.first_position, len(chunk.token_ids)
             context = first + length
             for position, token in enumerate(chunk.token_ids, first):
-                batch.add(token, position, self._slot(chunk.block_table, position))
+                batch.add(token, position, self._slot(chunk.block_table, position), chunk.adapter)
             table = torch.tensor(chunk.block_table[:-(-context // self.block_size)], dtype=torch.long,
                                  device=self.device)
             for segment_first, segment_length in self.segments.split(first, length):

@@ -64,6 +64,7 @@ class DecodeRow:
     block_table: list[int]  # the sequence's cache blocks (read during the step, not kept)
     # Draft tokens after `token` (core/speculation.py): a decode row each, at the positions after it.
     drafts: list[int] = field(default_factory=list)
+    adapter: int = 0  # the LoRA adapter's slot (model/lora.py); 0: the base model
 
 
 @dataclass(slots=True)
@@ -77,6 +78,7 @@ class PromptChunk:
     ends_prompt: bool  # its last token is the prompt's: its logits row picks the first output token
     keep_all_rows: bool = False  # every row's logits wanted (the prompt's logprobs)
     wants_hidden: bool = False  # an embedding: the final-normed hidden row of the prompt's last token
+    adapter: int = 0  # the LoRA adapter's slot (model/lora.py); 0: the base model
 
 
 @dataclass

@@ -100,9 +100,12 @@ class EngineServicer(pb_grpc.EngineServicer):
         self.engine.drain(deadline)
 
     async def _check_model(self, model: str, context: grpc.aio.ServicerContext) -> None:
-        if model and model != self.loaded.model_id:
+        """NOT_FOUND unless `model` is empty, the served model, or one of its LoRA adapters."""
+        adapters = self.engine.adapters
+        if model and model != self.loaded.model_id and (adapters is None or adapters.get(model) is None):
+            served = [self.loaded.model_id, *(a.name for a in adapters.all())] if adapters else [self.loaded.model_id]
             await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"model {model!r} is not served here; this engine serves {self.loaded.model_id!r}")
+                                f"model {model!r} is not served here; this engine serves {', '.join(map(repr, served))}")
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         # Responses echo request.request_id; logs use the caller's x-request-id when it sent one. Both
@@ -183,8 +186,10 @@ class EngineServicer(pb_grpc.EngineServicer):
         """The engine's request for a GenerateRequest, queued. Raises InvalidRequest, QueueFull or Draining."""
         params = request_params(request)
         ids, tools, grammar, answer = await self._off_loop(self._prepare, request, params.stopping.max_tokens)
+        adapter = self.engine.adapters.get(request.model) if self.engine.adapters and request.model else None
         job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
-                      max_tokens=0, sink=sink, grammar=grammar, answer_grammar=answer, tools=tools, log_id=log_id)
+                      max_tokens=0, sink=sink, grammar=grammar, answer_grammar=answer, tools=tools, log_id=log_id,
+                      adapter=adapter)
         self._reasoning(job, request)
         self.engine.submit(job)
         return job
@@ -244,11 +249,16 @@ class EngineServicer(pb_grpc.EngineServicer):
                 f"the tools cannot be enforced: {problem}", "chat.tools")
         return grammar, (answer if grammar is not None and not tools.forced else None)
 
-    def _model_info(self) -> pb.ModelInfo:
-        return pb.ModelInfo(
+    def _model_info(self, model: str = "") -> pb.ModelInfo:
+        """The served model's facts; a LoRA adapter's (`model`) are its base's, with its name, folder and parent."""
+        info = pb.ModelInfo(
             id=self.loaded.model_id, source=self.loaded.source, max_context_length=self.engine.max_model_len,
             vocab_size=self.engine.vocab_size, dtype=str(self.loaded.dtype).removeprefix("torch."),
             device=str(self.loaded.device), created=self.created, eos_token_ids=self.loaded.eos_token_ids)
+        adapter = self.engine.adapters.get(model) if self.engine.adapters and model else None
+        if adapter is not None:
+            info.id, info.source, info.parent = adapter.name, adapter.path, self.loaded.model_id
+        return info
 
     async def GetLoad(self, request: pb.GetLoadRequest, context) -> pb.LoadReport:
         load, config = self.engine.load, self.engine.config
@@ -259,11 +269,12 @@ class EngineServicer(pb_grpc.EngineServicer):
                              model=self.loaded.model_id)
 
     async def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
-        return pb.ListModelsResponse(models=[self._model_info()])
+        adapters = self.engine.adapters.all() if self.engine.adapters else []
+        return pb.ListModelsResponse(models=[self._model_info(), *(self._model_info(a.name) for a in adapters)])
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:
         await self._check_model(request.model, context)
-        return self._model_info()
+        return self._model_info(request.model)
 
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
         await self._check_model(request.model, context)
