@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from .embeddings.protocol import EMBEDDINGS_API
+from .files.protocol import FILES_API
 from .limits import RequestLimits
 from .messages.protocol import MESSAGES_API
 from .openai.protocol import OPENAI_API
@@ -22,7 +23,7 @@ from .service import SERVICE_API
 
 
 def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, Any]:
-    parts = [OPENAI_API, RESPONSES_API, MESSAGES_API, EMBEDDINGS_API, SERVICE_API]
+    parts = [OPENAI_API, RESPONSES_API, MESSAGES_API, EMBEDDINGS_API, FILES_API, SERVICE_API]
     paths: dict[str, Any] = {}
 
     schemas: dict[str, Schema] = {}
