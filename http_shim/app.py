@@ -37,6 +37,7 @@ from .openai import register_openai
 from .openapi_document import openapi_document
 from .playground import playground
 from .relay import Relay
+from .retrieval import DEFAULT_RETRIEVAL_MODEL, open_retrieval
 from .responses import RESPONSES_ROUTE, ResponseStore, StoreLimits, default_store_dir, register_responses
 from .routing import RoutingConfig
 from .service import register_service
@@ -72,6 +73,8 @@ class ShimConfig:
     routing: RoutingConfig = RoutingConfig()
     # The Files API's limits (files/); its files live beside the Responses store (none without one).
     files_limits: FileLimits = FileLimits()
+    # The embedding model vector stores and file_search embed with (retrieval/).
+    retrieval_model: str = DEFAULT_RETRIEVAL_MODEL
 
 
 def _error(error: APIError) -> Response:
@@ -105,6 +108,7 @@ def create_app(config: ShimConfig, connect: Connect) -> ObservedApp:
     register_embeddings(app, ctx)
     if files is not None:
         register_files(app, files)
+        open_retrieval(app, store_dir, files, models, config.retrieval_model)
     return ObservedApp(app, metrics, ctx)  # the server reaches the drain as `state.drain`
 
 

@@ -38,6 +38,7 @@ import subprocess
 import threading
 import time
 import types
+import zlib
 from pathlib import Path
 from typing import IO
 from collections.abc import AsyncIterator, Iterator
@@ -58,6 +59,9 @@ from engine_service.serving.many import ManyCalls
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_ID = "fake-model"
 MODEL_CREATED = 1_700_000_000
+EMBEDDER_ID = "fake-embedder"  # a fake serving this id embeds words (word_vector) and reads 64 tokens
+EMBEDDER_WINDOW = 64
+EMBEDDER_DIMENSIONS = 64
 REFUSED_INPUT = "refuse me"  # a text Embed refuses with INVALID_ARGUMENT naming its inputs[i]
 # For the playground's tests: Markdown to render, and markup that must show as text and never run.
 MARKDOWN_ANSWER = (
@@ -77,6 +81,15 @@ def _script_text(request: pb.GenerateRequest) -> str:
     if kind == "text":
         return request.text
     return "tokens"
+
+
+def word_vector(text: str) -> list[float]:
+    """A deterministic bag-of-words vector: each lower-cased word (letters and digits) adds 1 to the
+    dimension its CRC-32 picks, so texts sharing words are near, for retrieval tests without a model."""
+    values = [0.0] * EMBEDDER_DIMENSIONS
+    for word in re.findall(r"[a-z0-9]+", text.lower()):
+        values[zlib.crc32(word.encode()) % EMBEDDER_DIMENSIONS] += 1.0
+    return values
 
 
 def _logprob(token_id: int, token: str, value: float, top: int) -> pb.TokenLogprob:
@@ -155,11 +168,15 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                 context.set_trailing_metadata([(PARAM_METADATA_KEY, f"inputs[{i}]")])
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"inputs[{i}] is refused")
         sizes = [len(i.text.split()) if i.HasField("text") else len(i.token_ids.ids) for i in request.inputs]
+        if self.model_id == EMBEDDER_ID:
+            return pb.EmbedResponse(model=self.model_id, prompt_tokens=sum(sizes), embeddings=[
+                pb.Embedding(values=word_vector(i.text), prompt_tokens=n) for i, n in zip(request.inputs, sizes)])
         return pb.EmbedResponse(model=self.model_id, prompt_tokens=sum(sizes), embeddings=[
             pb.Embedding(values=[1.0, n / 10, 0.0, -1.0], prompt_tokens=n) for n in sizes])
 
     def _info(self) -> pb.ModelInfo:
-        return pb.ModelInfo(id=self.model_id, source="fake", max_context_length=2048, vocab_size=1000, created=MODEL_CREATED)
+        window = EMBEDDER_WINDOW if self.model_id == EMBEDDER_ID else 2048
+        return pb.ModelInfo(id=self.model_id, source="fake", max_context_length=window, vocab_size=1000, created=MODEL_CREATED)
 
     async def Generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateResponse]:
         # The metadata first: a test that sees the request finds its metadata.
