@@ -103,12 +103,13 @@ def create_app(config: ShimConfig, connect: Connect) -> ObservedApp:
     files = FileStore(store_dir, config.files_limits) if store_dir else None
     register_service(app, ctx, openapi_document(config.limits, bool(keys)))
     register_openai(app, ctx)
-    register_responses(app, ctx, store)
-    register_messages(app, ctx)
-    register_embeddings(app, ctx)
+    retrieval = None
     if files is not None:
         register_files(app, files)
-        open_retrieval(app, store_dir, files, models, config.retrieval_model)
+        retrieval = open_retrieval(app, store_dir, files, models, config.retrieval_model)
+    register_responses(app, ctx, store, retrieval)
+    register_messages(app, ctx)
+    register_embeddings(app, ctx)
     return ObservedApp(app, metrics, ctx)  # the server reaches the drain as `state.drain`
 
 

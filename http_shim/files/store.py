@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ..responses.objects import new_id
+from ..ids import new_id
 
 FILES_DB = "files.sqlite3"
 FILES_FOLDER = "files"

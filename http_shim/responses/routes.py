@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flask import Flask, Response, after_this_request, request
 
@@ -21,11 +21,16 @@ from ..engine_stream import EngineStream
 from ..errors import APIError, invalid
 from ..protocol.base import parse
 from ..web import json_response, read_body, request_id
+from ..auth import tenant
 from .events import CANCELLED_CODE, ResponseEvents
+from .file_search import SEARCH_NAME, FileSearchRun, SearchingStream
 from .objects import ResponseSkeleton, new_id
 from .protocol import MAX_LIST_LIMIT, ResponseRequest
 from .request import ResponsesRequest, build_request
 from .store import ResponseStore, StoredResponse
+
+if TYPE_CHECKING:
+    from ..retrieval import Retrieval
 
 log = logging.getLogger("http_shim")
 RESPONSES_ROUTE = "/v1/responses"
@@ -54,9 +59,10 @@ class ResponsesRoutes:
     """The routes' state: the store (None: nothing is kept, every `store: true` answer is forgotten and
     chains are refused) and the responses in flight in this process (for GET and cancel)."""
 
-    def __init__(self, ctx: ShimContext, store: ResponseStore | None) -> None:
+    def __init__(self, ctx: ShimContext, store: ResponseStore | None, retrieval: Retrieval | None = None) -> None:
         self.ctx = ctx
         self.store = store
+        self.retrieval = retrieval  # what file_search searches with (None: no store, no vector stores)
         self.in_flight: dict[str, _InFlight] = {}
 
     def stored(self, response_id: str, param: str | None = None) -> StoredResponse:
@@ -74,13 +80,21 @@ class ResponsesRoutes:
         parsed = build_request(request, request_id(), self.ctx.limits, inherited)
         if parsed.tools.not_offered:
             _add_header(NOT_OFFERED_HEADER, ", ".join(parsed.tools.not_offered))
+        searches = self._file_search(parsed)
+        chain = None
+        if searches is not None:
+            def chain(first: Any, start: Any) -> SearchingStream:
+                return SearchingStream(first, parsed.generate, searches, lambda r: start([r]))
         try:
-            model, stream = self.ctx.relay.open(parsed.model, [parsed.generate])
+            model, stream = self.ctx.relay.open(parsed.model, [parsed.generate], chain)
         except APIError as error:
             raise parsed.engine_error(error) from None
         skeleton = ResponseSkeleton(new_id("resp"), model, parsed.echo, parsed.tools.namespaced)
         self.in_flight[skeleton.id] = _InFlight(stream, skeleton)
-        writer = ResponseEvents(skeleton, parsed.logprobs, functools.partial(self._keep, parsed), parsed.engine_error)
+        writer = ResponseEvents(skeleton, parsed.logprobs, functools.partial(self._keep, parsed), parsed.engine_error,
+                                searches)
+        if searches is not None:
+            stream.round_items = writer.round_items
         try:
             if not parsed.stream:
                 return self._whole(parsed, stream, skeleton, writer)
@@ -90,6 +104,24 @@ class ResponsesRoutes:
         except APIError as error:
             self.in_flight.pop(skeleton.id, None)
             raise parsed.engine_error(error) from None
+
+    def _file_search(self, parsed: ResponsesRequest) -> FileSearchRun | None:
+        """The file_search tool's run, once its vector stores are known to be the caller's (404 else)."""
+        tool = parsed.tools.file_search
+        if tool is None:
+            return None
+        path = parsed.tools.paths[[t.name for t in parsed.tools.offered].index(SEARCH_NAME)] \
+            if SEARCH_NAME in [t.name for t in parsed.tools.offered] else "tools"
+        if self.retrieval is None:
+            raise invalid("The file_search tool needs vector stores, which this server keeps none of "
+                          "(--responses-store-dir '').", path)
+        for k, store_id in enumerate(tool.vector_store_ids):
+            if self.retrieval.catalog.store(tenant(), store_id) is None:
+                raise APIError(404, f"No vector store found with id '{store_id}'.", "invalid_request_error",
+                               f"{path}.vector_store_ids[{k}]", None)
+        users = [m.content for m in parsed.generate.chat.messages if m.role == "user"]
+        return FileSearchRun(self.retrieval, tool, parsed.include_results, parsed.max_tool_calls, request_id(),
+                             users[-1] if users else "")
 
     def _keep(self, parsed: ResponsesRequest, response: dict[str, Any]) -> None:
         """A finished response: out of the in-flight table, into the store when asked."""
@@ -163,8 +195,9 @@ class ResponsesRoutes:
         return json_response(running.skeleton.build("cancelled", []))
 
 
-def register_responses(app: Flask, ctx: ShimContext, store: ResponseStore | None) -> None:
-    routes = ResponsesRoutes(ctx, store)
+def register_responses(app: Flask, ctx: ShimContext, store: ResponseStore | None,
+                       retrieval: Retrieval | None = None) -> None:
+    routes = ResponsesRoutes(ctx, store, retrieval)
     app.post(RESPONSES_ROUTE)(routes.create_response)
     app.get(f"{RESPONSES_ROUTE}/<response_id>")(routes.get_response)
     app.delete(f"{RESPONSES_ROUTE}/<response_id>")(routes.delete_response)

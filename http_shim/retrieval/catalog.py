@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..responses.objects import new_id
+from ..ids import new_id
 
 CATALOG_DB = "vector_stores.sqlite3"
 IN_MEMORY = ":memory:"

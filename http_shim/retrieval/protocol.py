@@ -11,7 +11,7 @@ from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
 from ..protocol.base import ApiModel, Bool, NonEmptyStr, Str, by_type, fail, got, int_in, is_number, number_in, \
     one_of
 from ..protocol.openapi import ApiPart, Operation, answers, error_responses
-from ..responses.protocol import Metadata
+from ..protocol.metadata import Metadata
 from conduit.v1.contract import Range
 
 MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS = 100, 4096  # OpenAI's bounds on a static strategy
@@ -282,3 +282,16 @@ RETRIEVAL_BODILESS = {
     _STORES + "/{vector_store_id}/file_batches/{batch_id}/files": {
         "get": _get("A batch's files", "VectorStoreList", _STORE_ID, _BATCH_ID, *_LIST)},
 }
+
+
+# ------------------------------------------------------------------ the Responses API's file_search tool
+
+class FileSearchTool(ApiModel):
+    """`{"type": "file_search", "vector_store_ids", "max_num_results", "filters", "ranking_options"}` in a
+    /v1/responses request's tools. Kept as sent for the echo (responses/protocol.py wraps it)."""
+
+    type: one_of("file_search")
+    vector_store_ids: Annotated[list[NonEmptyStr], Field(min_length=1, max_length=10)]
+    max_num_results: int_in(1, MAX_RESULTS) | None = None
+    filters: Filter | None = None
+    ranking_options: RankingOptions | None = None
