@@ -42,7 +42,9 @@ def receive_upload(files: FileStore) -> ReceivedUpload:
     if length is not None and length > files.limits.max_file_bytes + 64 * 1024:
         raise _too_large(f"The upload is larger than this server's limit of {files.limits.max_file_bytes} bytes "
                          "per file.")
-    decoder = MultipartDecoder(options["boundary"].encode(), max_form_memory_size=MAX_FIELD_BYTES)
+    # No memory cap in the decoder: it counts its whole buffer, a piece of the file included; fields are
+    # capped below, and the file streams out as it comes.
+    decoder = MultipartDecoder(options["boundary"].encode())
     received = ReceivedUpload()
     current: str | None = None  # the field being read, or "\0file" while the file streams
     value = bytearray()
@@ -68,6 +70,8 @@ def receive_upload(files: FileStore) -> ReceivedUpload:
                     received.upload.write(event.data)
                 elif current is not None:
                     value += event.data
+                    if len(value) > MAX_FIELD_BYTES:
+                        raise ValueError("a form field past its cap")
                     if not event.more_data:
                         received.fields[current] = value.decode("utf-8", "replace")
             elif isinstance(event, Epilogue):

@@ -41,6 +41,7 @@ NOT_OFFERED_HEADER = "Conduit-Tools-Not-Offered"  # hosted tool types accepted a
 class _InFlight:
     stream: EngineStream
     skeleton: ResponseSkeleton
+    owner: str  # the tenant that created it: the only one that sees or cancels it
 
 
 def _not_found(response_id: str, param: str | None = None) -> APIError:
@@ -66,7 +67,7 @@ class ResponsesRoutes:
         self.in_flight: dict[str, _InFlight] = {}
 
     def stored(self, response_id: str, param: str | None = None) -> StoredResponse:
-        found = self.store.get(response_id) if self.store is not None else None
+        found = self.store.get(response_id, tenant()) if self.store is not None else None
         if found is None:
             raise _not_found(response_id, param)
         return found
@@ -90,8 +91,9 @@ class ResponsesRoutes:
         except APIError as error:
             raise parsed.engine_error(error) from None
         skeleton = ResponseSkeleton(new_id("resp"), model, parsed.echo, parsed.tools.namespaced)
-        self.in_flight[skeleton.id] = _InFlight(stream, skeleton)
-        writer = ResponseEvents(skeleton, parsed.logprobs, functools.partial(self._keep, parsed), parsed.engine_error,
+        self.in_flight[skeleton.id] = _InFlight(stream, skeleton, tenant())
+        writer = ResponseEvents(skeleton, parsed.logprobs, functools.partial(self._keep, parsed, tenant()),
+                                parsed.engine_error,
                                 searches)
         if searches is not None:
             stream.round_items = writer.round_items
@@ -123,11 +125,11 @@ class ResponsesRoutes:
         return FileSearchRun(self.retrieval, tool, parsed.include_results, parsed.max_tool_calls, request_id(),
                              users[-1] if users else "")
 
-    def _keep(self, parsed: ResponsesRequest, response: dict[str, Any]) -> None:
-        """A finished response: out of the in-flight table, into the store when asked."""
+    def _keep(self, parsed: ResponsesRequest, owner: str, response: dict[str, Any]) -> None:
+        """A finished response: out of the in-flight table, into the store (as `owner`'s) when asked."""
         self.in_flight.pop(response["id"], None)
         if parsed.store and self.store is not None:
-            self.store.put(response, parsed.context)
+            self.store.put(response, parsed.context, owner)
 
     def _whole(self, parsed: ResponsesRequest, stream: EngineStream, skeleton: ResponseSkeleton,
                writer: ResponseEvents) -> Response:
@@ -142,11 +144,15 @@ class ResponsesRoutes:
             if error.code != CANCELLED_CODE:
                 raise
             response = skeleton.build("cancelled", [])
-            self._keep(parsed, response)
+            self._keep(parsed, tenant(), response)
         return json_response(response)
 
+    def _running(self, response_id: str) -> _InFlight | None:
+        running = self.in_flight.get(response_id)
+        return running if running is not None and running.owner == tenant() else None
+
     def get_response(self, response_id: str) -> Response:
-        if response_id in self.in_flight:
+        if self._running(response_id) is not None:
             response = self.in_flight[response_id].skeleton.build("in_progress", [])
         else:
             response = self.stored(response_id).response
@@ -160,7 +166,7 @@ class ResponsesRoutes:
         return Response(body, 200, sse.HEADERS, content_type=sse.CONTENT_TYPE)
 
     def delete_response(self, response_id: str) -> Response:
-        if self.store is None or not self.store.delete(response_id):
+        if self.store is None or not self.store.delete(response_id, tenant()):
             raise _not_found(response_id)
         return json_response({"id": response_id, "object": "response", "deleted": True})
 
@@ -184,7 +190,7 @@ class ResponsesRoutes:
                               "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > len(page)})
 
     def cancel_response(self, response_id: str) -> Response:
-        running = self.in_flight.pop(response_id, None)
+        running = self._running(response_id) and self.in_flight.pop(response_id, None)
         if running is None:
             status = self.stored(response_id).response["status"]
             raise invalid(f"Cannot cancel response '{response_id}': only a response in progress can be cancelled; "

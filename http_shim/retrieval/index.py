@@ -80,14 +80,3 @@ class VectorIndex:
         top = top[np.argsort(-scores[top])]
         return [(int(packed.ids[k]), float(scores[k])) for k in top if np.isfinite(scores[k])]
 
-    def scores_of(self, store_id: str, queries: np.ndarray, chunk_ids: list[int]) -> dict[int, float]:
-        """The cosine of these chunks (those of this store) to their nearest query."""
-        packed = self._load(store_id)
-        if packed.vectors.size == 0 or not chunk_ids:
-            return {}
-        wanted = np.array(chunk_ids, np.int64)
-        rows = np.searchsorted(packed.ids, wanted)  # ids are ascending: read in order, appended in order
-        found = (rows < len(packed.ids)) & (packed.ids[np.minimum(rows, len(packed.ids) - 1)] == wanted)
-        rows, wanted = rows[found], wanted[found]
-        scores = (packed.vectors[rows] @ queries.T).max(axis=1)
-        return {int(c): float(s) for c, s in zip(wanted, scores)}

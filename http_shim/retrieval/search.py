@@ -1,9 +1,9 @@
 """Search over one or more vector stores: the queries' vectors against each store's chunks (index.py),
 the chunks' words against the queries' (SQLite FTS5, BM25), fused by weighted reciprocal rank (RRF, as
 OpenAI's `ranking_options.hybrid_search` names it), limited to the files whose attributes pass the
-filter. The score a result shows is its cosine similarity to the nearest query, clamped to [0, 1]
-(`score_threshold` applies to it); the order is the fused rank. `ranker: "none"` ranks by the vectors
-alone."""
+filter. A result's score is its fused value over the best possible one (first in both rankings: 1.0),
+so scores fall as results go down the page; `ranker: "none"` ranks by the vectors alone and scores by
+cosine similarity to the nearest query, clamped to [0, 1]. `score_threshold` applies to the score shown."""
 
 from __future__ import annotations
 
@@ -75,18 +75,18 @@ def search(catalog: Catalog, index: VectorIndex, embedder: Embedder, store_ids: 
         words = [c for c in words if c in chunks and (allowed is None or chunks[c][1] in allowed)][:CANDIDATES]
         for k, chunk_id in enumerate(words):
             fused[chunk_id] = fused.get(chunk_id, 0.0) + options.text_weight / (RRF_K + k + 1)
-        missing = [c for c in words if c not in cosine]
-        if missing:  # keyword hits beyond the vector candidates: their own cosine, for the score shown
-            for store_id in store_ids:
-                cosine.update(index.scores_of(store_id, queries, missing))
     order = sorted(fused, key=lambda c: (-fused[c], -cosine.get(c, 0.0)))
+    best = (options.embedding_weight + (options.text_weight if options.ranker != "none" else 0.0)) / (RRF_K + 1)
     texts = catalog.chunks(order[: options.max_num_results * 3])
     hits = []
     for chunk_id in order:
         if chunk_id not in texts or len(hits) == options.max_num_results:
             continue
         store_id, file_id, text = texts[chunk_id]
-        score = min(1.0, max(0.0, cosine.get(chunk_id, 0.0)))
+        if options.ranker == "none":
+            score = min(1.0, max(0.0, cosine.get(chunk_id, 0.0)))
+        else:
+            score = fused[chunk_id] / best if best > 0 else 0.0
         if score >= options.score_threshold and (store_id, file_id) in files:
             hits.append(Hit(files[(store_id, file_id)], text, score))
     return hits
