@@ -152,9 +152,10 @@ def stack_figures(stack: Stack, args: argparse.Namespace) -> dict:
         http.post(f"/vector_stores/{store}/files", json={"file_id": file_id})
         wait_completed(http, store, file_id)
         ingest_s = time.monotonic() - started
-        window = http.post("/tokenize", json={"model": EMBEDDING_MODEL, "prompt": "x"}).json()["max_model_len"]
+        tokenize = f"{stack.shim_url}/tokenize"  # vLLM's route, beside /v1
+        window = http.post(tokenize, json={"model": EMBEDDING_MODEL, "prompt": "x"}).json()["max_model_len"]
         chunks = [c.text for c in chunk_text(text, auto_sizes(window), lambda piece: http.post(
-            "/tokenize", json={"model": EMBEDDING_MODEL, "prompt": piece, "return_token_strs": True}).json()["token_strs"])]
+            tokenize, json={"model": EMBEDDING_MODEL, "prompt": piece, "return_token_strs": True}).json()["token_strs"])]
         started = time.monotonic()
         for k in range(0, len(chunks), 64):
             answer = http.post("/embeddings", json={"model": EMBEDDING_MODEL, "input": chunks[k:k + 64],
@@ -180,7 +181,7 @@ async def chat_phases(stack: Stack, chat_model: str, http: httpx.Client, args: a
         for phase in ("chat alone", "chat beside ingestion"):
             file_id = store = None
             if phase != "chat alone":
-                store, file_id = add_file(http, long_document(args.paragraphs * 2, 3), "busy.txt")
+                store, file_id = add_file(http, long_document(args.paragraphs * 5, 3), "busy.txt")
                 http.post(f"/vector_stores/{store}/files", json={"file_id": file_id})
             results = await chat_streams(target, 4, args.seconds, args.max_tokens)
             still = file_id is not None and http.get(
@@ -206,9 +207,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="per chat phase")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--skip-stack", action="store_true", help="search latency only")
+    parser.add_argument("--skip-search", action="store_true", help="the stack's figures only")
     parser.add_argument("--json", type=Path, default=OUT / "retrieval.json")
     args = parser.parse_args()
-    figures: dict = {"search": search_latency([int(s) for s in args.sizes.split(",")], args.runs)}
+    figures: dict = {}
+    if not args.skip_search:
+        figures["search"] = search_latency([int(s) for s in args.sizes.split(",")], args.runs)
     if not args.skip_stack:
         with Stack(embedding_model=EMBEDDING_MODEL, log_dir=OUT / "retrieval-stack",
                    shim_args=["--responses-store-dir", tempfile.mkdtemp(prefix="bench-retrieval-store-")]) as stack:
