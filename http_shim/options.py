@@ -148,8 +148,9 @@ def add_responses_store_args(parser: EnvArgumentParser) -> None:
                        help="largest file /v1/files accepts (413 past it, checked while the upload streams); files "
                             "live in the store folder's files/ (in memory with :memory:; no Files API with '')")
     group.add_argument("--retrieval-model", metavar="MODEL", default=DEFAULT_RETRIEVAL_MODEL,
-                       help="the served embedding model that vector stores and the file_search tool embed with "
-                            "(an engine of the shim must serve it)")
+                       help="the served embedding model that vector stores and the file_search tool embed with; "
+                            "auto: all-MiniLM-L6-v2 when served (make run-stack), else the first served model "
+                            "whose engine embeds")
     group.add_argument("--files-store-max-bytes", type=int, metavar="N", default=DEFAULT_MAX_STORE_BYTES,
                        help="most bytes of all files together")
 

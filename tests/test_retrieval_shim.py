@@ -366,3 +366,17 @@ def test_agents_sdk_file_search_tool_runs(shim: str, library: str) -> None:
     assert "starter" in result.final_output.lower()
     calls = [item.raw_item for item in result.new_items if getattr(item.raw_item, "type", "") == "file_search_call"]
     assert calls and calls[0].results[0].filename == "sourdough.txt"
+
+
+def test_the_retrieval_model_defaults_to_a_served_one_that_embeds(embedder: FakeEngineServer) -> None:
+    """--retrieval-model auto: not all-MiniLM-L6-v2 here, so the first model whose engine embeds."""
+    process, url = start_shim(embedder.address, "--responses-store-dir", ":memory:")
+    try:
+        with _client(url, "unused") as sdk:
+            store = sdk.vector_stores.create(name="auto")
+            batch = sdk.vector_stores.file_batches.upload_and_poll(
+                vector_store_id=store.id, files=[("auto.txt", b"automatic model choice")], poll_interval_ms=50)
+            assert batch.file_counts.completed == 1, batch
+            assert _search(sdk, store.id, "automatic choice")[0].filename == "auto.txt"
+    finally:
+        stop_process(process)

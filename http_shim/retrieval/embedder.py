@@ -1,6 +1,7 @@
 """The embedding model's engine, as retrieval uses it: its window, a text's token strings (for
-chunking) and vectors (for chunks and queries). The model is `--retrieval-model` (all-MiniLM-L6-v2 by
-default, the one `make run-stack` serves), routed like any request for it."""
+chunking) and vectors (for chunks and queries). The model is `--retrieval-model`, routed like any
+request for it; `auto` (the default) takes all-MiniLM-L6-v2 when it is served (what `make run-stack`
+starts), else the first served model whose engine embeds (so `EMBEDDING_MODEL=/a/folder` works too)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from conduit.v1.contract import REQUEST_ID_METADATA_KEY
 from ..errors import APIError, from_engine_error
 from ..models import ServedModels
 
-DEFAULT_RETRIEVAL_MODEL = "all-MiniLM-L6-v2"
+DEFAULT_RETRIEVAL_MODEL = "auto"
+PREFERRED_MODEL = "all-MiniLM-L6-v2"
 EMBED_BATCH = 64  # chunks per Embed call: the engine packs them into few forwards
 CALL_TIMEOUT_S = 120.0
 
@@ -24,15 +26,34 @@ class Embedder:
     def __init__(self, models: ServedModels, model: str) -> None:
         self.models = models
         self.model = model
+        self._chosen: str | None = None if model == DEFAULT_RETRIEVAL_MODEL else model
+
+    def _choose(self, metadata: list[tuple[str, str]]) -> str:
+        """`auto`: the preferred model if served, else the first whose engine answers Embed (a chat
+        engine refuses it); kept once found."""
+        if self._chosen is not None:
+            return self._chosen
+        served = [m.id for m in self.models.list(metadata=metadata)]
+        for name in sorted(served, key=lambda n: n != PREFERRED_MODEL):
+            try:
+                _, engine = self.models.route(name, metadata=metadata)
+                engine.embed(request=pb.EmbedRequest(model=name, inputs=[pb.EmbedInput(text="probe")]),
+                             timeout=CALL_TIMEOUT_S, metadata=metadata)
+            except (ConduitError, APIError):
+                continue
+            self._chosen = name
+            return name
+        return PREFERRED_MODEL  # none embeds: the 503 below names the model expected
 
     def _engine(self, request_id: str) -> tuple[pb.ModelInfo, object, list[tuple[str, str]]]:
         metadata = [(REQUEST_ID_METADATA_KEY, request_id)]
+        model = self._choose(metadata)
         try:
-            info, engine = self.models.route(self.model, metadata=metadata)
+            info, engine = self.models.route(model, metadata=metadata)
         except APIError as error:
             if error.code != "model_not_found":
                 raise
-            raise APIError(503, f"Retrieval needs the embedding model '{self.model}' (--retrieval-model), which no "
+            raise APIError(503, f"Retrieval needs an embedding model ('{model}', --retrieval-model), which no "
                            "engine of this server serves.", "server_error", None, "embedding_model_unavailable",
                            {"Retry-After": "5"}) from None
         return info, engine, metadata
