@@ -380,3 +380,19 @@ def test_the_retrieval_model_defaults_to_a_served_one_that_embeds(embedder: Fake
             assert _search(sdk, store.id, "automatic choice")[0].filename == "auto.txt"
     finally:
         stop_process(process)
+
+
+def test_an_expired_store_is_no_longer_searched(client, store_dir: Path) -> None:
+    import sqlite3
+
+    store = client.vector_stores.create(name="short-lived", expires_after={"anchor": "last_active_at", "days": 1})
+    assert store.expires_at == store.last_active_at + 86400 and store.status == "completed"
+    with sqlite3.connect(store_dir / "vector_stores.sqlite3") as db:  # two days pass
+        db.execute("UPDATE stores SET last_active_at = last_active_at - 2 * 86400 WHERE id = ?", (store.id,))
+    assert client.vector_stores.retrieve(store.id).status == "expired"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.vector_stores.search(store.id, query="anything")
+    assert caught.value.body["code"] == "vector_store_expired"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL_ID, input="x", tools=[_tool(store.id)])
+    assert caught.value.body["param"] == "tools[0].vector_store_ids[0]"

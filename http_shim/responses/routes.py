@@ -22,6 +22,7 @@ from ..errors import APIError, invalid
 from ..protocol.base import parse
 from ..web import json_response, read_body, request_id
 from ..auth import tenant
+from ..retrieval.routes import store_expired
 from .events import CANCELLED_CODE, ResponseEvents
 from .file_search import SEARCH_NAME, FileSearchRun, SearchingStream
 from .objects import ResponseSkeleton, new_id
@@ -118,9 +119,12 @@ class ResponsesRoutes:
             raise invalid("The file_search tool needs vector stores, which this server keeps none of "
                           "(--responses-store-dir '').", path)
         for k, store_id in enumerate(tool.vector_store_ids):
-            if self.retrieval.catalog.store(tenant(), store_id) is None:
+            store = self.retrieval.catalog.store(tenant(), store_id)
+            if store is None:
                 raise APIError(404, f"No vector store found with id '{store_id}'.", "invalid_request_error",
                                f"{path}.vector_store_ids[{k}]", None)
+            if store["status"] == "expired":
+                raise store_expired(store_id, f"{path}.vector_store_ids[{k}]")
         users = [m.content for m in parsed.generate.chat.messages if m.role == "user"]
         return FileSearchRun(self.retrieval, tool, parsed.include_results, parsed.max_tool_calls, request_id(),
                              users[-1] if users else "")

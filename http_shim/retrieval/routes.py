@@ -30,6 +30,12 @@ def store_not_found(store_id: str) -> APIError:
                     "vector_store_id", None)
 
 
+def store_expired(store_id: str, param: str) -> APIError:
+    """A store past its `expires_after`: kept (its files can be read), no longer searched."""
+    return APIError(400, f"Vector store '{store_id}' has expired (expires_after); create another or update its "
+                    "expires_after.", "invalid_request_error", param, "vector_store_expired")
+
+
 class RetrievalRoutes:
     def __init__(self, catalog: Catalog, index: VectorIndex, files: FileStore, embedder: Embedder,
                  ingestor: Ingestor) -> None:
@@ -179,7 +185,8 @@ class RetrievalRoutes:
     # ---------------------------------------------------------------- search
 
     def search(self, store_id: str) -> Response:
-        self._store(store_id)
+        if self._store(store_id)["status"] == "expired":
+            raise store_expired(store_id, "vector_store_id")
         body = parse(SearchRequest, read_body())
         options = SearchOptions.of(body.queries(), body.filters, body.max_num_results, body.ranking_options)
         self.catalog.touch(store_id)
