@@ -194,6 +194,12 @@ bench-embed: $(STAMP)
 bench-embed-mix: $(STAMP)
 	$(BIN)/python -m benchmarks.embed_mix $(EMBED_MIX_ARGS)
 
+# Vector stores (benchmarks/retrieval.py): search latency at 1k/10k/100k chunks, ingestion against
+# /v1/embeddings of the same chunks, chat streams' ITL beside an ingestion; ~4 min.
+.PHONY: bench-retrieval
+bench-retrieval: $(STAMP)
+	$(BIN)/python -m benchmarks.retrieval $(RETRIEVAL_ARGS)
+
 .PHONY: bench-step
 bench-step: $(STAMP)
 	$(BIN)/python -m benchmarks.step_time $(STEP_ARGS)

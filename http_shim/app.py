@@ -18,10 +18,12 @@ from conduit_common.bearer import BearerSecrets
 
 from .connection import ABANDON_BODY_KEY
 from .context import ShimContext
+from .auth import set_tenant
 from .cors import CorsPolicy, install_cors
 from .drain import Drain
 from .embeddings import register_embeddings
 from .embeddings.routes import EMBEDDINGS_ROUTE
+from .files import FileLimits, FileStore, register_files
 from .errors import APIError, from_engine_error, internal_error
 from .limits import DEFAULT_LIMITS, RequestLimits
 from .messages import is_anthropic_request, register_messages
@@ -35,6 +37,7 @@ from .openai import register_openai
 from .openapi_document import openapi_document
 from .playground import playground
 from .relay import Relay
+from .retrieval import DEFAULT_RETRIEVAL_MODEL, open_retrieval
 from .responses import RESPONSES_ROUTE, ResponseStore, StoreLimits, default_store_dir, register_responses
 from .routing import RoutingConfig
 from .service import register_service
@@ -68,6 +71,10 @@ class ShimConfig:
     responses_store_limits: StoreLimits = StoreLimits()
     # How calls are spread over several engine replicas of a model (routing/).
     routing: RoutingConfig = RoutingConfig()
+    # The Files API's limits (files/); its files live beside the Responses store (none without one).
+    files_limits: FileLimits = FileLimits()
+    # The embedding model vector stores and file_search embed with (retrieval/).
+    retrieval_model: str = DEFAULT_RETRIEVAL_MODEL
 
 
 def _error(error: APIError) -> Response:
@@ -93,9 +100,14 @@ def create_app(config: ShimConfig, connect: Connect) -> ObservedApp:
     _install_hooks(app, ctx, keys)
     store_dir = default_store_dir() if config.responses_store_dir is None else config.responses_store_dir
     store = ResponseStore(store_dir, config.responses_store_limits) if store_dir else None
+    files = FileStore(store_dir, config.files_limits) if store_dir else None
     register_service(app, ctx, openapi_document(config.limits, bool(keys)))
     register_openai(app, ctx)
-    register_responses(app, ctx, store)
+    retrieval = None
+    if files is not None:
+        register_files(app, files)
+        retrieval = open_retrieval(app, store_dir, files, models, config.retrieval_model)
+    register_responses(app, ctx, store, retrieval)
     register_messages(app, ctx)
     register_embeddings(app, ctx)
     return ObservedApp(app, metrics, ctx)  # the server reaches the drain as `state.drain`
@@ -149,7 +161,11 @@ def _install_hooks(app: Flask, ctx: ShimContext, keys: BearerSecrets) -> None:
         if not keys or not request.path.startswith("/v1"):
             return None
         authorization, api_key = request.headers.get("Authorization"), request.headers.get("x-api-key")
-        if keys.authorizes(authorization) or keys.matches(api_key):  # x-api-key: Anthropic's, a bare key
+        if keys.authorizes(authorization):
+            set_tenant(authorization.strip().partition(" ")[2].strip())  # each key is a tenant of its own
+            return None
+        if keys.matches(api_key):  # x-api-key: Anthropic's, a bare key
+            set_tenant(api_key)
             return None
         if not authorization and not api_key:
             message = (

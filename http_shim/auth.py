@@ -9,9 +9,12 @@ are (conduit_common.bearer): in the same time whichever key matched.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from flask import g
 
 from conduit_common.bearer import collect_secrets
 
@@ -29,3 +32,24 @@ def collect_keys(
     keys = collect_secrets(flags, files, "API key")
     return tuple(dict.fromkeys(keys + collect_secrets(from_env, (), "API key")))
 
+
+
+# ------------------------------------------------------------------ tenants
+
+_TENANT_KEY = "conduit_tenant"
+
+
+def tenant_of(api_key: str) -> str:
+    """The tenant a key names: a digest, so no key is ever stored (files, vector stores, responses and
+    batches record it as their owner)."""
+    return hashlib.sha256(api_key.encode()).hexdigest()[:32]
+
+
+def set_tenant(api_key: str | None) -> None:
+    """Called once the request's key is accepted (app.py); no keys configured: everyone is one tenant."""
+    g.conduit_tenant = tenant_of(api_key) if api_key else ""
+
+
+def tenant() -> str:
+    """The current request's tenant: '' where the shim has no API keys."""
+    return g.get(_TENANT_KEY, "")

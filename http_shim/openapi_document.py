@@ -12,6 +12,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from .embeddings.protocol import EMBEDDINGS_API
+from .files.protocol import FILES_API
+from .retrieval.protocol import RETRIEVAL_API, RETRIEVAL_BODILESS
 from .limits import RequestLimits
 from .messages.protocol import MESSAGES_API
 from .openai.protocol import OPENAI_API
@@ -22,7 +24,7 @@ from .service import SERVICE_API
 
 
 def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, Any]:
-    parts = [OPENAI_API, RESPONSES_API, MESSAGES_API, EMBEDDINGS_API, SERVICE_API]
+    parts = [OPENAI_API, RESPONSES_API, MESSAGES_API, EMBEDDINGS_API, FILES_API, RETRIEVAL_API, SERVICE_API]
     paths: dict[str, Any] = {}
 
     schemas: dict[str, Schema] = {}
@@ -30,6 +32,8 @@ def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, An
         paths.update({op.path: op.path_item() for op in part.operations})
         paths.update(part.paths)
         schemas.update(part.schemas)
+    for path, item in RETRIEVAL_BODILESS.items():  # beside the operations' post on the same paths
+        paths[path] = {**paths.get(path, {}), **item}
     schemas.update(request_schemas([op.request for part in parts for op in part.operations], limits))
     info = {"title": "Conduit OpenAI-compatible API", "version": "1",
             "description": "The OpenAI API subset the Conduit HTTP shim serves. Unknown request fields are ignored."}

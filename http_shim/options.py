@@ -22,6 +22,8 @@ from conduit.v1.contract import (ENGINE_TOKEN_ENV, KEEPALIVE_TIME_S, KEEPALIVE_T
 from .app import DEFAULT_MAX_BODY_BYTES, ShimConfig
 from .auth import KEY_ENV, KEYS_ENV, collect_keys
 from .cors import CorsPolicy, normal_origin
+from .files import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_STORE_BYTES, FileLimits
+from .retrieval import DEFAULT_RETRIEVAL_MODEL
 from .limits import DEFAULT_LIMITS, RequestLimits
 from .responses import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RESPONSES, IN_MEMORY, StoreLimits
 from .routing import (DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, DEFAULT_PREFIX_VIEW, POLICIES,
@@ -71,6 +73,8 @@ def shim_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sh
             responses_store_limits=StoreLimits(args.responses_store_max, args.responses_store_max_age),
             routing=RoutingConfig(args.routing, args.routing_balance_abs, args.routing_balance_rel,
                                   args.routing_prefix_view),
+            files_limits=FileLimits(args.files_max_bytes, args.files_store_max_bytes),
+            retrieval_model=args.retrieval_model,
         )
     except ValueError as error:
         parser.error(str(error))
@@ -140,6 +144,15 @@ def add_responses_store_args(parser: EnvArgumentParser) -> None:
                        help="most stored responses; the oldest are evicted first")
     group.add_argument("--responses-store-max-age", type=float, metavar="S", default=DEFAULT_MAX_AGE_S,
                        help="seconds a stored response is kept (default 30 days)")
+    group.add_argument("--files-max-bytes", type=int, metavar="N", default=DEFAULT_MAX_FILE_BYTES,
+                       help="largest file /v1/files accepts (413 past it, checked while the upload streams); files "
+                            "live in the store folder's files/ (in memory with :memory:; no Files API with '')")
+    group.add_argument("--retrieval-model", metavar="MODEL", default=DEFAULT_RETRIEVAL_MODEL,
+                       help="the served embedding model that vector stores and the file_search tool embed with; "
+                            "auto: all-MiniLM-L6-v2 when served (make run-stack), else the first served model "
+                            "whose engine embeds")
+    group.add_argument("--files-store-max-bytes", type=int, metavar="N", default=DEFAULT_MAX_STORE_BYTES,
+                       help="most bytes of all files together")
 
 
 def add_hardening_args(parser: EnvArgumentParser) -> None:

@@ -53,12 +53,22 @@ class Relay:
         self._heartbeat_s = heartbeat_s
         self._timeout_s = request_timeout_s
 
-    def open(self, model: str, requests: list[pb.GenerateRequest]) -> tuple[str, EngineStream]:
+    def open(self, model: str, requests: list[pb.GenerateRequest],
+             chain: Callable[[EngineStream, Callable[[list[pb.GenerateRequest]], EngineStream]], Any] | None = None,
+             ) -> tuple[str, Any]:
         """Starts the engine calls on the engines serving `model`; returns the model's id and the
-        stream, which the drain tracks until `close` (which `sse` and `collect` call)."""
-        metadata = engine_metadata()
+        stream, which the drain tracks until `close` (which `sse` and `collect` call). `chain(first,
+        start)`: a stream of several rounds (the Responses API's file_search) made of the first one and
+        more that `start` opens on the same engines; the drain tracks it."""
+        metadata, rid = engine_metadata(), request_id()
         info, engine = self._models.route(model, metadata=metadata)
-        stream = EngineStream(engine, requests, self._timeout_s, metadata, request_id())
+
+        def start(calls: list[pb.GenerateRequest]) -> EngineStream:
+            return EngineStream(engine, calls, self._timeout_s, metadata, rid)
+
+        stream = start(requests)
+        if chain is not None:
+            stream = chain(stream, start)
         self._drain.add(stream)  # until its last byte: a drain waits for it, or cuts it at the deadline
         return info.id, stream
 

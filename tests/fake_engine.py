@@ -12,6 +12,8 @@ The script is chosen by the input's last text (the last chat message, or the pro
   "slow:SECONDS"        PromptInfo, a pause, then the default answer
   "long:N"              N tokens, 20 ms apart (for disconnects mid-stream)
   "tools"               a streamed get_weather tool call, finish TOOL_CALLS ("tools:NAME": a call to NAME)
+  "search:QUERY"        a call to file_search with {"query": QUERY} (the Responses API's file_search tool);
+                        a tool answer of passages (the last message) is answered with its first passage's text
   "unicode"             multi-byte text
   "markdown"            MARKDOWN_ANSWER (Markdown, code blocks and HTML that must not run), in pieces
   anything else         "Hello from choice {i}." in five tokens, honouring max_tokens
@@ -38,6 +40,7 @@ import subprocess
 import threading
 import time
 import types
+import zlib
 from pathlib import Path
 from typing import IO
 from collections.abc import AsyncIterator, Iterator
@@ -58,6 +61,10 @@ from engine_service.serving.many import ManyCalls
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_ID = "fake-model"
 MODEL_CREATED = 1_700_000_000
+EMBEDDER_ID = "fake-embedder"  # a fake serving this id embeds words (word_vector) and reads 64 tokens
+EMBEDDER_WINDOW = 64
+EMBEDDER_DIMENSIONS = 64
+PASSAGES_ANSWER = "Passages from the user's files:"  # how the shim's file_search answers the model
 REFUSED_INPUT = "refuse me"  # a text Embed refuses with INVALID_ARGUMENT naming its inputs[i]
 # For the playground's tests: Markdown to render, and markup that must show as text and never run.
 MARKDOWN_ANSWER = (
@@ -77,6 +84,15 @@ def _script_text(request: pb.GenerateRequest) -> str:
     if kind == "text":
         return request.text
     return "tokens"
+
+
+def word_vector(text: str) -> list[float]:
+    """A deterministic bag-of-words vector: each lower-cased word (letters and digits) adds 1 to the
+    dimension its CRC-32 picks, so texts sharing words are near, for retrieval tests without a model."""
+    values = [0.0] * EMBEDDER_DIMENSIONS
+    for word in re.findall(r"[a-z0-9]+", text.lower()):
+        values[zlib.crc32(word.encode()) % EMBEDDER_DIMENSIONS] += 1.0
+    return values
 
 
 def _logprob(token_id: int, token: str, value: float, top: int) -> pb.TokenLogprob:
@@ -155,11 +171,15 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                 context.set_trailing_metadata([(PARAM_METADATA_KEY, f"inputs[{i}]")])
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"inputs[{i}] is refused")
         sizes = [len(i.text.split()) if i.HasField("text") else len(i.token_ids.ids) for i in request.inputs]
+        if self.model_id == EMBEDDER_ID:
+            return pb.EmbedResponse(model=self.model_id, prompt_tokens=sum(sizes), embeddings=[
+                pb.Embedding(values=word_vector(i.text), prompt_tokens=n) for i, n in zip(request.inputs, sizes)])
         return pb.EmbedResponse(model=self.model_id, prompt_tokens=sum(sizes), embeddings=[
             pb.Embedding(values=[1.0, n / 10, 0.0, -1.0], prompt_tokens=n) for n in sizes])
 
     def _info(self) -> pb.ModelInfo:
-        return pb.ModelInfo(id=self.model_id, source="fake", max_context_length=2048, vocab_size=1000, created=MODEL_CREATED)
+        window = EMBEDDER_WINDOW if self.model_id == EMBEDDER_ID else 2048
+        return pb.ModelInfo(id=self.model_id, source="fake", max_context_length=window, vocab_size=1000, created=MODEL_CREATED)
 
     async def Generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateResponse]:
         # The metadata first: a test that sees the request finds its metadata.
@@ -226,6 +246,11 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             for response in self._tool_call(rid, prompt_tokens, script[6:] or "get_weather"):
                 yield response
             return
+        if script.startswith("search:"):
+            arguments = json.dumps({"query": script[7:]})
+            for response in self._tool_call(rid, prompt_tokens, "file_search", arguments):
+                yield response
+            return
         for i in range(n):
             tokens = self._tokens(request, script, i)
             limit = request.stopping.max_tokens if request.stopping.HasField("max_tokens") else len(tokens)
@@ -272,19 +297,24 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             return [MARKDOWN_ANSWER[k : k + 16] for k in range(0, len(MARKDOWN_ANSWER), 16)]
         if script.startswith("long:"):
             return [f" t{k}" for k in range(int(script.split(":")[1]))]
+        if script.startswith(PASSAGES_ANSWER):  # quote the first passage (its line after "[1] NAME:")
+            passage = script.split("\n")[3] if script.count("\n") >= 3 else "nothing"
+            return [f"{word} " for word in passage.split()[:40]]
         return ["Hello", " from", " choice", f" {choice}", "."]
 
-    def _tool_call(self, rid: str, prompt_tokens: int, name: str) -> Iterator[pb.GenerateResponse]:
+    def _tool_call(self, rid: str, prompt_tokens: int, name: str,
+                   arguments: str = '{"city": "Paris"}') -> Iterator[pb.GenerateResponse]:
+        half = len(arguments) // 2
         pieces = [
-            pb.ToolCallDelta(index=0, id="call_fake1", name=name, arguments='{"city": '),
-            pb.ToolCallDelta(index=0, arguments='"Paris"}'),
+            pb.ToolCallDelta(index=0, id="call_fake1", name=name, arguments=arguments[:half]),
+            pb.ToolCallDelta(index=0, arguments=arguments[half:]),
         ]
         for k, piece in enumerate(pieces):
             yield pb.GenerateResponse(
                 request_id=rid,
                 chunk=pb.Chunk(index=0, tool_calls=[piece], prompt_tokens=prompt_tokens, completion_tokens=k + 1),
             )
-        call = pb.ToolCall(id="call_fake1", name=name, arguments='{"city": "Paris"}')
+        call = pb.ToolCall(id="call_fake1", name=name, arguments=arguments)
         yield pb.GenerateResponse(
             request_id=rid,
             final=pb.Final(

@@ -240,10 +240,12 @@ def test_allowed_tools_narrow_the_tools_offered(client: openai.OpenAI) -> None:
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
      "input[0].content[0].type"),
     ({"input": [{"type": "item_reference", "id": "rs_1"}]}, "input[0].type"),  # reasoning items: accepted (issue 44)
-    ({"input": "hi", "tools": [{"type": "file_search"}]}, "tools[0].type"),
+    ({"input": "hi", "tools": [{"type": "computer_use_preview"}]}, "tools[0].type"),
+    ({"input": "hi", "tools": [{"type": "file_search"}]}, "tools[0].vector_store_ids"),  # served: retrieval
     ({"input": "hi", "tools": [WEATHER, {"type": "namespace", "name": "n", "description": "",
                                          "tools": [{"type": "custom", "name": "x"}]}]}, "tools[1].tools[0].type"),
-    ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice.type"),
+    ({"input": "hi", "tool_choice": {"type": "computer_use_preview"}}, "tool_choice.type"),
+    ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice"),  # with no file_search tool
     ({"input": "hi", "tools": [{"type": "function", "name": {"x": 1}, "parameters": {}}]}, "tools[0].name"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "hi", "text": {"format": {"type": "yaml"}}}, "text.format.type"),

@@ -1,7 +1,9 @@
 """Embeddings end to end (issue 43): all-MiniLM-L6-v2 served by its own engine beside the chat model,
 as `make run-stack` serves it; vectors compared with sentence-transformers' own `encode` of the
 same model folder, through HTTP (float and base64), the openai SDK, gRPC (sync and async),
-LangChain and a vector store; bad inputs answered with 400s naming their `param`."""
+LangChain and a vector store; bad inputs answered with 400s naming their `param`. On the same stack,
+retrieval (issue 55): vector stores searched with paraphrased questions, and the Responses API's
+file_search tool with the chat model (forced, streamed, and from the Agents SDK)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 from clients import AsyncEngineClient, EngineClient
 from launcher.stack import Stack
 from clients.errors import ConduitError
+from common import MODEL as CHAT_MODEL
 from conftest import STARTUP_TIMEOUT_S
 from embedding_texts import varied_texts
 
@@ -277,3 +280,69 @@ def test_the_gateways_worker_protocol_embeds_the_models_own_ids_as_embed_does(em
             with pytest.raises(grpc.RpcError) as refused:
                 call()
             assert refused.value.code() == code, refused.value.details()
+
+
+# ------------------------------------------------------------------ retrieval (issue 55) on the real models
+
+@pytest.fixture(scope="module")
+def library(client) -> str:
+    """The six documents of tests/retrieval_docs.py (two of several chunks, one a PDF) in a vector store."""
+    from retrieval_docs import upload_files
+
+    store = client.vector_stores.create(name="library")
+    batch = client.vector_stores.file_batches.upload_and_poll(vector_store_id=store.id, files=upload_files(),
+                                                              poll_interval_ms=100)
+    assert batch.status == "completed" and batch.file_counts.completed == 6, batch
+    return store.id
+
+
+def test_paraphrased_questions_find_their_document_first(client, library: str) -> None:
+    from retrieval_docs import QUESTIONS
+
+    firsts = {question: client.vector_stores.search(library, query=question).data[0].filename
+              for question, _ in QUESTIONS}
+    right = [question for question, expected in QUESTIONS if firsts[question] == expected]
+    assert len(right) >= 5, firsts  # the issue's bar: 5 of 6
+    several = [f for f in client.vector_stores.files.list(library)
+               if f.usage_bytes > 4 * 384 * 4 + 2000]  # text plus more than four vectors
+    assert len(several) >= 2  # the two long documents were cut in several chunks
+    one = client.vector_stores.search(library, query=QUESTIONS[0][0], max_num_results=1,
+                                      filters={"type": "nin", "key": "missing", "value": ["x"]})
+    assert one.data == []  # a filter on an attribute no file has matches nothing
+    top = client.vector_stores.search(library, query=QUESTIONS[0][0], max_num_results=2,
+                                      ranking_options={"ranker": "none", "score_threshold": 0.3})
+    assert 1 <= len(top.data) <= 2 and all(hit.score >= 0.3 for hit in top.data)
+
+
+def test_responses_file_search_forced_streamed_and_the_agents_sdk(client, library: str, embedding_stack) -> None:
+    tool = {"type": "file_search", "vector_store_ids": [library], "max_num_results": 2}
+    forced = client.responses.create(model=CHAT_MODEL, input="How do I bake bread with a wild yeast starter?",
+                                     tools=[tool], tool_choice={"type": "file_search"}, max_output_tokens=40,
+                                     include=["file_search_call.results"], temperature=0)
+    call, answer = forced.output[0], forced.output[-1]
+    assert call.type == "file_search_call" and call.status == "completed" and call.queries[0]
+    assert call.results and call.results[0].filename == "sourdough.txt", call.results
+    assert answer.type == "message" and forced.output_text
+    with client.responses.stream(model=CHAT_MODEL, input="What keeps a satellite circling the planet?", tools=[tool],
+                                 tool_choice={"type": "file_search"}, max_output_tokens=30,
+                                 temperature=0) as stream:
+        events = list(stream)
+    kinds, final = [event.type for event in events], events[-1].response  # completed, or incomplete at the cap
+    searched = [k for k in kinds if k.startswith("response.file_search_call.")]
+    assert searched == ["response.file_search_call.in_progress", "response.file_search_call.searching",
+                        "response.file_search_call.completed"]
+    assert final.output[0].results is None and kinds[-1] in ("response.completed", "response.incomplete")
+
+    import agents
+
+    agents.set_tracing_disabled(True)
+    model = agents.OpenAIResponsesModel(model=CHAT_MODEL, openai_client=openai.AsyncOpenAI(
+        base_url=embedding_stack.base_url, api_key="unused", max_retries=0, timeout=300))
+    # An answer the output cap cuts is `incomplete`, which the Agents SDK raises: a short greedy answer, room for it.
+    agent = agents.Agent(name="librarian", instructions="Answer in one short sentence from the user's files.",
+                         model=model, model_settings=agents.ModelSettings(tool_choice="file_search", max_tokens=160,
+                                                                          temperature=0),
+                         tools=[agents.FileSearchTool(vector_store_ids=[library], max_num_results=2)])
+    result = agents.Runner.run_sync(agent, "Where did improvised saxophone music start?")
+    assert result.final_output
+    assert any(getattr(i.raw_item, "type", "") == "file_search_call" for i in result.new_items)

@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conduit.v1 import engine_pb2 as pb
+from conduit_common.results import Usage
 
 from .. import sse
 from ..errors import APIError
 from ..protocol.logprobs import token_logprobs
 from ..stream_fold import (ChoiceEnd, Event, Finish, ReasoningDelta, StreamFold, TextDelta, ToolCallArguments,
                            ToolCallStart)
+from .file_search import SEARCH_NAME, SEARCHED, SEARCHING, FileSearchRun
 from .objects import (ResponseSkeleton, function_call_item, message_item, new_id, reasoning_item, text_part,
                       usage_object)
 
@@ -56,8 +58,13 @@ class ResponseEvents:
 
     def __init__(self, skeleton: ResponseSkeleton, logprobs: bool,
                  on_end: Callable[[dict[str, Any]], None] = lambda _: None,
-                 named: Callable[[APIError], APIError] = lambda error: error) -> None:
+                 named: Callable[[APIError], APIError] = lambda error: error,
+                 searches: FileSearchRun | None = None) -> None:
+        """`searches`: the file_search tool's run, when the request has the tool (file_search.py)."""
         self._skeleton = skeleton
+        self._searches = searches
+        self._earlier_usage: list[Usage] = []  # of the rounds before a search (file_search.py)
+        self._round_start = 0  # the first item of the current round
         self._named = named
         self._logprobs = logprobs
         self._on_end = on_end
@@ -104,6 +111,8 @@ class ResponseEvents:
         out = []
         for entry in [self._open.pop(key) for key in keys if key in self._open]:
             item, text = entry.item, "".join(entry.pieces)
+            if item["type"] == "file_search_call":
+                continue  # searched between rounds, then done (_searched)
             if item["type"] == "function_call":
                 entry.item = {**item, "arguments": text, "status": status}
                 out.append(self._event("response.function_call_arguments.done", item_id=item["id"],
@@ -113,9 +122,12 @@ class ResponseEvents:
                     entry.item = reasoning_item(item["id"], status, text, self._skeleton.summarized)
                     fields = {}
                 else:
-                    entry.item = message_item(item["id"], status, [text_part(text, entry.logprobs)])
+                    cited = self._searches.citations(text) if self._searches is not None else []
+                    entry.item = message_item(item["id"], status, [text_part(text, entry.logprobs, cited)])
                     fields = {"logprobs": entry.logprobs}
                 part, where = entry.item["content"][0], self._where(entry)
+                out += [self._event("response.output_text.annotation.added", **where, annotation_index=k,
+                                    annotation=annotation) for k, annotation in enumerate(part.get("annotations") or [])]
                 out += [self._event(f"response.{part['type']}.done", **where, text=text, **fields),
                         self._event("response.content_part.done", **where, part=part)]
             entry.done = True
@@ -148,9 +160,50 @@ class ResponseEvents:
         return out + self._add(index, function_call_item(item_id or new_id("fc"), call_id, name, "", "in_progress",
                                                          namespace))
 
+    def _open_search(self, index: int, call_id: str) -> list[bytes]:
+        """The model called the file_search function: a file_search_call item, whose arguments (the query)
+        are gathered, not streamed."""
+        out = self._close("completed", *self._open)
+        item = self._searches.begin(call_id)
+        out += self._add(index, item)
+        return out + [self._event("response.file_search_call.in_progress", item_id=item["id"],
+                                  output_index=self._open[index].output_index)]
+
+    def _search_step(self, marker: int) -> list[bytes]:
+        """Between two rounds: each pending search's `searching`, or (once searched) `completed` and its
+        item done; then the next round starts on a fresh fold."""
+        entries = [e for e in self._items if e.item["type"] == "file_search_call" and not e.done]
+        if marker == SEARCHING:
+            return [self._event("response.file_search_call.searching", item_id=e.item["id"],
+                                output_index=e.output_index) for e in entries]
+        out = []
+        for entry in entries:
+            entry.done = True
+            entry.item = dict(entry.item)
+            # `completed` whatever the outcome (OpenAI's events have no failed one): the item's status says.
+            out += [self._event("response.file_search_call.completed", item_id=entry.item["id"],
+                                output_index=entry.output_index),
+                    self._event("response.output_item.done", output_index=entry.output_index, item=entry.item)]
+        self._earlier_usage.append(self._fold.usage())
+        self._fold = StreamFold()
+        self._round_start = len(self._items)
+        return out
+
+    def round_items(self) -> list[dict[str, Any]]:
+        """The items of the current round (file_search.py replays them to the model)."""
+        return [e.item for e in self._items[self._round_start:]]
+
+    def _usage(self) -> dict[str, Any]:
+        rounds = [*self._earlier_usage, self._fold.usage()]
+        return usage_object(Usage(sum(u.prompt_tokens for u in rounds), sum(u.completion_tokens for u in rounds),
+                                  sum(u.cached_tokens for u in rounds), sum(u.reasoning_tokens for u in rounds)))
+
     def _call_delta(self, index: int, arguments: str) -> list[bytes]:
         entry = self._open[index]
         entry.pieces.append(arguments)
+        if entry.item["type"] == "file_search_call":
+            self._searches.call_of(entry.item["id"]).arguments.append(arguments)
+            return []
         return [self._event("response.function_call_arguments.delta", item_id=entry.item["id"],
                             output_index=entry.output_index, delta=arguments)]
 
@@ -180,6 +233,8 @@ class ResponseEvents:
 
     def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[bytes]:
         out = self._start()
+        if prompt_index in (SEARCHING, SEARCHED):
+            return out + self._search_step(prompt_index)
         for e in self._fold.on_response(prompt_index, response):
             out += self._write(e)
         return out
@@ -197,6 +252,8 @@ class ResponseEvents:
                 self._unwritten += logprobs
         if isinstance(e, ToolCallStart):
             self._unwritten = []  # the call's own tokens: a function call item has no logprobs
+            if self._searches is not None and e.name == SEARCH_NAME:
+                return self._open_search(e.index, e.id)
             return self._open_call(e.index, e.id, *self._skeleton.call_name(e.name))
         if isinstance(e, ToolCallArguments) and e.arguments:
             return self._call_delta(e.index, e.arguments)
@@ -207,11 +264,11 @@ class ResponseEvents:
 
     def finish(self) -> list[bytes]:
         out = self._start() + self._close_items(self._status)
-        return out + self._end(self._status, usage_object(self._fold.usage()))
+        return out + self._end(self._status, self._usage())
 
     def fail(self, error: APIError) -> list[bytes]:
         status = "cancelled" if error.code == CANCELLED_CODE else "failed"
-        return self._start() + self._end(status, usage_object(self._fold.usage()), error)
+        return self._start() + self._end(status, self._usage(), error)
 
     @classmethod
     def replay(cls, response: dict[str, Any]) -> list[bytes]:
@@ -229,6 +286,14 @@ class ResponseEvents:
                 if part.get("text"):
                     out += writer._text_delta(part["text"], part.get("logprobs") or [])
                 out += writer._close_items(item["status"])
+            elif item["type"] == "file_search_call":
+                added = {**item, "status": "in_progress", "results": None}
+                where = {"item_id": item["id"], "output_index": k}
+                out += [writer._event("response.output_item.added", output_index=k, item=added)]
+                out += [writer._event(f"response.file_search_call.{step}", **where)
+                        for step in ("in_progress", "searching", "completed")]
+                out += [writer._event("response.output_item.done", output_index=k, item=item)]
+                writer._items.append(_Item(k, item, done=True))
             elif item["type"] == "function_call":
                 out += writer._open_call(k, item["call_id"], item["name"], item.get("namespace"), item["id"])
                 if item["arguments"]:

@@ -4,20 +4,17 @@ as it streams; a whole answer is that stream's final object)."""
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 from conduit_common.results import Usage
 
 from ..errors import APIError
+from ..ids import new_id
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
-def text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+def text_part(text: str, logprobs: list[dict[str, Any]], annotations: list[dict[str, Any]] | None = None,
+              ) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": annotations or [], "logprobs": logprobs}
 
 
 def message_item(item_id: str, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:

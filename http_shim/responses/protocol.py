@@ -17,14 +17,15 @@ from conduit.v1.contract import MAX_TOP_LOGPROBS
 from ..protocol.base import ApiModel, Bool, Count, ModelId, NonEmptyStr, Object, Str, by_type, fail, got, int_in, \
     one_of, text_or
 from ..protocol.chat import ReasoningEffort, ToolName, mode_or, schema_text
+from ..protocol.metadata import Metadata
 from ..protocol.openapi import ApiPart, Operation, answers, error_responses
 from ..protocol.sampling import MaxTokens, SamplingFields, StoppingFields
+from ..retrieval.protocol import FileSearchTool
 
 # Hosted tools accepted and not offered to the model (request.py's docstring says why).
 NOT_OFFERED_TOOLS = ("web_search", "web_search_preview")
 TEXT_PARTS = ("input_text", "output_text", "text")
 MAX_LIST_LIMIT = 100  # input items listed per page
-METADATA_MAX_KEYS, METADATA_MAX_KEY_CHARS, METADATA_MAX_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
 
 
 class Sent(ApiModel):
@@ -65,23 +66,6 @@ JsonSchema = Annotated[Any, PlainValidator(_checked_schema), WithJsonSchema({"ty
                                                                              "description": "a JSON Schema"})]
 
 
-def _metadata(value: Any) -> dict[str, str]:
-    if not isinstance(value, dict):
-        raise fail("'{param}' must be an object.")
-    if len(value) > METADATA_MAX_KEYS:
-        raise fail("'{param}' may hold at most {cap} keys, got {got}.", cap=METADATA_MAX_KEYS, got=len(value))
-    if any(len(key) > METADATA_MAX_KEY_CHARS for key in value):
-        raise fail("'{param}' keys may be at most {cap} characters.", cap=METADATA_MAX_KEY_CHARS)
-    if not all(isinstance(v, str) and len(v) <= METADATA_MAX_VALUE_CHARS for v in value.values()):
-        raise fail("'{param}' values must be strings of at most {cap} characters.", cap=METADATA_MAX_VALUE_CHARS)
-    return value
-
-
-Metadata = Annotated[dict[str, str], PlainValidator(_metadata), WithJsonSchema({
-    "type": "object", "maxProperties": METADATA_MAX_KEYS,
-    "additionalProperties": {"type": "string", "maxLength": METADATA_MAX_VALUE_CHARS}})]
-
-
 class TextPart(Sent):
     type: one_of(*TEXT_PARTS)
     text: Str
@@ -116,6 +100,14 @@ class FunctionCallOutputItem(Sent):
     output: Content
 
 
+class FileSearchCallItem(Sent):
+    """An earlier response's file search, given back: accepted; its answer (the message after it) carries
+    what it found into the prompt."""
+
+    type: one_of("file_search_call")
+    queries: list[Str] = []
+
+
 class ReasoningItem(Sent):
     """An earlier turn's thinking, given back: accepted, left out of the prompt."""
 
@@ -124,7 +116,8 @@ class ReasoningItem(Sent):
 
 
 InputItem = by_type({"message": MessageItem, "function_call": FunctionCallItem,
-                     "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem},
+                     "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem,
+                     "file_search_call": FileSearchCallItem},
                     UnsupportedItem, default="message")
 
 
@@ -145,14 +138,18 @@ class NamespaceTool(Sent):
     tools: Annotated[list[by_type({"function": FunctionTool}, UnsupportedTool)], Field(min_length=1)]
 
 
+class FileSearch(Sent, FileSearchTool):
+    """Run by this server (responses/file_search.py): the model gets a search function, the shim searches."""
+
+
 class HostedTool(Sent):
     """Web search: accepted, not offered to the model."""
 
     type: one_of(*NOT_OFFERED_TOOLS)
 
 
-Tool = by_type({"function": FunctionTool, "namespace": NamespaceTool, **dict.fromkeys(NOT_OFFERED_TOOLS, HostedTool)},
-               UnsupportedTool)
+Tool = by_type({"function": FunctionTool, "namespace": NamespaceTool, "file_search": FileSearch,
+                **dict.fromkeys(NOT_OFFERED_TOOLS, HostedTool)}, UnsupportedTool)
 
 
 class FunctionChoice(Sent):
@@ -168,8 +165,15 @@ class AllowedTools(Sent):
     tools: list[by_type({"function": FunctionChoice}, UnsupportedTool)]
 
 
-ToolChoice = mode_or(by_type({"function": FunctionChoice, "allowed_tools": AllowedTools}, UnsupportedChoice),
-                     FunctionChoice, AllowedTools)
+class FileSearchChoice(Sent):
+    """Forces a file search (the model writes the query)."""
+
+    type: one_of("file_search")
+
+
+ToolChoice = mode_or(by_type({"function": FunctionChoice, "allowed_tools": AllowedTools,
+                              "file_search": FileSearchChoice}, UnsupportedChoice),
+                     FunctionChoice, AllowedTools, FileSearchChoice)
 
 
 class TextFormat(Sent):
@@ -212,6 +216,7 @@ class ResponseRequest(SamplingFields, StoppingFields):
     user: Str | None = None
     chat_template_kwargs: Object | None = None  # vendor fields, as the chat route reads them
     max_reasoning_tokens: Count | None = None
+    max_tool_calls: int_in(1, 64) | None = None  # file searches this server runs for one response
 
 
 # ------------------------------------------------------------------ /openapi.json

@@ -23,10 +23,13 @@ from ..protocol.chat import TOOL_NAME, chat_prompt_chars, check_prompt_chars, re
     tool_choice
 from ..protocol.sampling import sampling_params, stopping_params
 from .objects import new_id
-from .protocol import (AllowedTools, FunctionCallItem, FunctionCallOutputItem, FunctionChoice, FunctionTool,
-                       HostedTool, InputItem, MessageItem, NamespaceTool, ResponseRequest, Sent, TextPart)
+from .file_search import SEARCH_FUNCTION
+from .protocol import (AllowedTools, FileSearch, FileSearchChoice, FunctionCallItem, FunctionCallOutputItem,
+                       FunctionChoice, FunctionTool, HostedTool, InputItem, MessageItem, NamespaceTool, ResponseRequest,
+                       Sent, TextPart)
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+RESULTS_INCLUDE = "file_search_call.results"  # a file_search_call item shows its results only when asked
 _NAMESPACE_JOIN = "__"  # NAMESPACE__NAME: the name the model sees for a function in a namespace
 _ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 # The engine's errors name chat fields (errors.openai_param); these are the Responses fields they come from.
@@ -43,6 +46,7 @@ class Tools:
     paths: list[str] = field(default_factory=list)  # each offered tool's place in the request (for errors)
     not_offered: list[str] = field(default_factory=list)  # hosted tool types accepted, not offered
     namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)  # NAMESPACE__NAME -> (namespace, name)
+    file_search: FileSearch | None = None  # the hosted tool this server runs (responses/file_search.py)
 
 
 @dataclass
@@ -57,6 +61,8 @@ class ResponsesRequest:
     store: bool
     logprobs: bool  # include asks for output_text logprobs
     tools: Tools
+    include_results: bool = False  # include asks for file_search_call.results
+    max_tool_calls: int | None = None
 
     def engine_error(self, error: APIError) -> APIError:
         """An engine error with the Responses name of the field at fault."""
@@ -138,6 +144,14 @@ def offered_tools(tools: list[Sent]) -> Tools:
         if isinstance(tool, HostedTool):
             out.not_offered.append(tool.type)
             continue
+        if isinstance(tool, FileSearch):
+            if out.file_search is not None:
+                raise invalid("'tools' may hold one file_search tool (it searches several vector stores).",
+                              f"tools[{k}]")
+            out.file_search = tool
+            out.offered.append(SEARCH_FUNCTION)
+            out.paths.append(f"tools[{k}]")
+            continue
         grouped = tool.tools if isinstance(tool, NamespaceTool) else [tool]
         for j, function in enumerate(grouped):
             param = f"tools[{k}].tools[{j}]" if isinstance(tool, NamespaceTool) else f"tools[{k}]"
@@ -152,6 +166,10 @@ def offered_tools(tools: list[Sent]) -> Tools:
 
 def chosen_tools(choice: Any, offered: list[pb.Tool]) -> tuple[pb.ToolChoice, list[pb.Tool]]:
     """(the engine's tool choice, the tools offered): `allowed_tools` narrows the tools."""
+    if isinstance(choice, FileSearchChoice):
+        if SEARCH_FUNCTION not in offered:
+            raise invalid("'tool_choice' is file_search, but 'tools' holds no file_search tool.", "tool_choice")
+        return tool_choice(None, SEARCH_FUNCTION.name, offered), offered
     if isinstance(choice, FunctionChoice):
         return tool_choice(None, choice.name, offered), offered
     if isinstance(choice, AllowedTools):
@@ -209,6 +227,7 @@ def _echo(request: ResponseRequest) -> dict[str, Any]:
         "store": request.store is not False,
         "reasoning": {"effort": reasoning and reasoning.effort, "summary": reasoning and reasoning.summary},
         "background": False,
+        "max_tool_calls": request.max_tool_calls,
         "service_tier": "default",
     }
 
@@ -227,4 +246,5 @@ def build_request(request: ResponseRequest, request_id: str, limits: RequestLimi
         max_reasoning_tokens=request.max_reasoning_tokens, constraint=constraint(request))
     stored = list(inherited or []) + [stored_item(item) for item in new]
     return ResponsesRequest(request.model, generate, stored, _echo(request), bool(request.stream),
-                            request.store is not False, logprobs, tools)
+                            request.store is not False, logprobs, tools, RESULTS_INCLUDE in (request.include or []),
+                            request.max_tool_calls)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flask import Flask, Response, after_this_request, request
 
@@ -21,11 +21,17 @@ from ..engine_stream import EngineStream
 from ..errors import APIError, invalid
 from ..protocol.base import parse
 from ..web import json_response, read_body, request_id
+from ..auth import tenant
+from ..retrieval.routes import store_expired
 from .events import CANCELLED_CODE, ResponseEvents
+from .file_search import SEARCH_NAME, FileSearchRun, SearchingStream
 from .objects import ResponseSkeleton, new_id
 from .protocol import MAX_LIST_LIMIT, ResponseRequest
 from .request import ResponsesRequest, build_request
 from .store import ResponseStore, StoredResponse
+
+if TYPE_CHECKING:
+    from ..retrieval import Retrieval
 
 log = logging.getLogger("http_shim")
 RESPONSES_ROUTE = "/v1/responses"
@@ -36,6 +42,7 @@ NOT_OFFERED_HEADER = "Conduit-Tools-Not-Offered"  # hosted tool types accepted a
 class _InFlight:
     stream: EngineStream
     skeleton: ResponseSkeleton
+    owner: str  # the tenant that created it: the only one that sees or cancels it
 
 
 def _not_found(response_id: str, param: str | None = None) -> APIError:
@@ -54,13 +61,14 @@ class ResponsesRoutes:
     """The routes' state: the store (None: nothing is kept, every `store: true` answer is forgotten and
     chains are refused) and the responses in flight in this process (for GET and cancel)."""
 
-    def __init__(self, ctx: ShimContext, store: ResponseStore | None) -> None:
+    def __init__(self, ctx: ShimContext, store: ResponseStore | None, retrieval: Retrieval | None = None) -> None:
         self.ctx = ctx
         self.store = store
+        self.retrieval = retrieval  # what file_search searches with (None: no store, no vector stores)
         self.in_flight: dict[str, _InFlight] = {}
 
     def stored(self, response_id: str, param: str | None = None) -> StoredResponse:
-        found = self.store.get(response_id) if self.store is not None else None
+        found = self.store.get(response_id, tenant()) if self.store is not None else None
         if found is None:
             raise _not_found(response_id, param)
         return found
@@ -74,13 +82,22 @@ class ResponsesRoutes:
         parsed = build_request(request, request_id(), self.ctx.limits, inherited)
         if parsed.tools.not_offered:
             _add_header(NOT_OFFERED_HEADER, ", ".join(parsed.tools.not_offered))
+        searches = self._file_search(parsed)
+        chain = None
+        if searches is not None:
+            def chain(first: Any, start: Any) -> SearchingStream:
+                return SearchingStream(first, parsed.generate, searches, lambda r: start([r]))
         try:
-            model, stream = self.ctx.relay.open(parsed.model, [parsed.generate])
+            model, stream = self.ctx.relay.open(parsed.model, [parsed.generate], chain)
         except APIError as error:
             raise parsed.engine_error(error) from None
         skeleton = ResponseSkeleton(new_id("resp"), model, parsed.echo, parsed.tools.namespaced)
-        self.in_flight[skeleton.id] = _InFlight(stream, skeleton)
-        writer = ResponseEvents(skeleton, parsed.logprobs, functools.partial(self._keep, parsed), parsed.engine_error)
+        self.in_flight[skeleton.id] = _InFlight(stream, skeleton, tenant())
+        writer = ResponseEvents(skeleton, parsed.logprobs, functools.partial(self._keep, parsed, tenant()),
+                                parsed.engine_error,
+                                searches)
+        if searches is not None:
+            stream.round_items = writer.round_items
         try:
             if not parsed.stream:
                 return self._whole(parsed, stream, skeleton, writer)
@@ -91,11 +108,32 @@ class ResponsesRoutes:
             self.in_flight.pop(skeleton.id, None)
             raise parsed.engine_error(error) from None
 
-    def _keep(self, parsed: ResponsesRequest, response: dict[str, Any]) -> None:
-        """A finished response: out of the in-flight table, into the store when asked."""
+    def _file_search(self, parsed: ResponsesRequest) -> FileSearchRun | None:
+        """The file_search tool's run, once its vector stores are known to be the caller's (404 else)."""
+        tool = parsed.tools.file_search
+        if tool is None:
+            return None
+        path = parsed.tools.paths[[t.name for t in parsed.tools.offered].index(SEARCH_NAME)] \
+            if SEARCH_NAME in [t.name for t in parsed.tools.offered] else "tools"
+        if self.retrieval is None:
+            raise invalid("The file_search tool needs vector stores, which this server keeps none of "
+                          "(--responses-store-dir '').", path)
+        for k, store_id in enumerate(tool.vector_store_ids):
+            store = self.retrieval.catalog.store(tenant(), store_id)
+            if store is None:
+                raise APIError(404, f"No vector store found with id '{store_id}'.", "invalid_request_error",
+                               f"{path}.vector_store_ids[{k}]", None)
+            if store["status"] == "expired":
+                raise store_expired(store_id, f"{path}.vector_store_ids[{k}]")
+        users = [m.content for m in parsed.generate.chat.messages if m.role == "user"]
+        return FileSearchRun(self.retrieval, tool, parsed.include_results, parsed.max_tool_calls, request_id(),
+                             users[-1] if users else "")
+
+    def _keep(self, parsed: ResponsesRequest, owner: str, response: dict[str, Any]) -> None:
+        """A finished response: out of the in-flight table, into the store (as `owner`'s) when asked."""
         self.in_flight.pop(response["id"], None)
         if parsed.store and self.store is not None:
-            self.store.put(response, parsed.context)
+            self.store.put(response, parsed.context, owner)
 
     def _whole(self, parsed: ResponsesRequest, stream: EngineStream, skeleton: ResponseSkeleton,
                writer: ResponseEvents) -> Response:
@@ -110,11 +148,15 @@ class ResponsesRoutes:
             if error.code != CANCELLED_CODE:
                 raise
             response = skeleton.build("cancelled", [])
-            self._keep(parsed, response)
+            self._keep(parsed, tenant(), response)
         return json_response(response)
 
+    def _running(self, response_id: str) -> _InFlight | None:
+        running = self.in_flight.get(response_id)
+        return running if running is not None and running.owner == tenant() else None
+
     def get_response(self, response_id: str) -> Response:
-        if response_id in self.in_flight:
+        if self._running(response_id) is not None:
             response = self.in_flight[response_id].skeleton.build("in_progress", [])
         else:
             response = self.stored(response_id).response
@@ -128,7 +170,7 @@ class ResponsesRoutes:
         return Response(body, 200, sse.HEADERS, content_type=sse.CONTENT_TYPE)
 
     def delete_response(self, response_id: str) -> Response:
-        if self.store is None or not self.store.delete(response_id):
+        if self.store is None or not self.store.delete(response_id, tenant()):
             raise _not_found(response_id)
         return json_response({"id": response_id, "object": "response", "deleted": True})
 
@@ -152,7 +194,7 @@ class ResponsesRoutes:
                               "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > len(page)})
 
     def cancel_response(self, response_id: str) -> Response:
-        running = self.in_flight.pop(response_id, None)
+        running = self._running(response_id) and self.in_flight.pop(response_id, None)
         if running is None:
             status = self.stored(response_id).response["status"]
             raise invalid(f"Cannot cancel response '{response_id}': only a response in progress can be cancelled; "
@@ -163,8 +205,9 @@ class ResponsesRoutes:
         return json_response(running.skeleton.build("cancelled", []))
 
 
-def register_responses(app: Flask, ctx: ShimContext, store: ResponseStore | None) -> None:
-    routes = ResponsesRoutes(ctx, store)
+def register_responses(app: Flask, ctx: ShimContext, store: ResponseStore | None,
+                       retrieval: Retrieval | None = None) -> None:
+    routes = ResponsesRoutes(ctx, store, retrieval)
     app.post(RESPONSES_ROUTE)(routes.create_response)
     app.get(f"{RESPONSES_ROUTE}/<response_id>")(routes.get_response)
     app.delete(f"{RESPONSES_ROUTE}/<response_id>")(routes.delete_response)

@@ -83,18 +83,23 @@ class ResponseStore:
             " seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, stored_at REAL NOT NULL,"
             " response TEXT NOT NULL, context TEXT NOT NULL)"
         )
+        columns = [row[1] for row in db.execute("PRAGMA table_info(responses)")]
+        if "owner" not in columns:  # a file from before tenants: its responses belong to no key ('')
+            db.execute("ALTER TABLE responses ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
         # A write of what is there: a file that can only be read fails here, not at the first answer stored.
         (version,) = db.execute("PRAGMA user_version").fetchone()
         db.execute(f"PRAGMA user_version = {int(version)}")
         return db
 
-    def put(self, response: dict[str, Any], context: list[dict[str, Any]]) -> None:
-        """Stores (or replaces) a response, then evicts the oldest past the bounds."""
-        row = (response["id"], time.time(), json.dumps(response), json.dumps(context))
+    def put(self, response: dict[str, Any], context: list[dict[str, Any]], owner: str = "") -> None:
+        """Stores (or replaces) a response, then evicts the oldest past the bounds. `owner`: the tenant
+        (auth.tenant), the only one that reads it back."""
+        row = (response["id"], time.time(), json.dumps(response), json.dumps(context), owner)
         with self._lock, self._db:  # the connection commits, or rolls back on any exception
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM responses WHERE id = ?", row[:1])
-            self._db.execute("INSERT INTO responses (id, stored_at, response, context) VALUES (?, ?, ?, ?)", row)
+            self._db.execute("INSERT INTO responses (id, stored_at, response, context, owner) VALUES (?, ?, ?, ?, ?)",
+                             row)
             self._evict()
 
     def _evict(self) -> None:
@@ -104,14 +109,15 @@ class ResponseStore:
             (self.limits.max_responses,),
         )
 
-    def get(self, response_id: str) -> StoredResponse | None:
+    def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
         with self._lock:
             row = self._db.execute(
-                "SELECT response, context FROM responses WHERE id = ? AND stored_at >= ?",
-                (response_id, time.time() - self.limits.max_age_s),
+                "SELECT response, context FROM responses WHERE id = ? AND owner = ? AND stored_at >= ?",
+                (response_id, owner, time.time() - self.limits.max_age_s),
             ).fetchone()
         return None if row is None else StoredResponse(json.loads(row[0]), json.loads(row[1]))
 
-    def delete(self, response_id: str) -> bool:
+    def delete(self, response_id: str, owner: str = "") -> bool:
         with self._lock:
-            return self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
+            return self._db.execute("DELETE FROM responses WHERE id = ? AND owner = ?",
+                                    (response_id, owner)).rowcount > 0
