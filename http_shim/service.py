@@ -29,6 +29,9 @@ def _model_object(info: pb.ModelInfo, started: int) -> dict[str, Any]:
         "created": info.created or started,
         "owned_by": "conduit",
         "max_model_len": info.max_context_length,
+        # vLLM's: a LoRA adapter's base model and folder (gateways find adapters by `parent`).
+        "root": info.source,
+        "parent": info.parent or None,
     }
 
 
@@ -117,7 +120,8 @@ SERVICE_API = ApiPart(
                            "param": _NULLABLE_STRING, "code": _NULLABLE_STRING}}}},
         "Model": {"type": "object", "required": ["id", "object", "created", "owned_by"], "properties": {
             "id": {"type": "string"}, "object": {"type": "string", "enum": ["model"]}, "created": {"type": "integer"},
-            "owned_by": {"type": "string"}, "max_model_len": {"type": "integer"}}},
+            "owned_by": {"type": "string"}, "max_model_len": {"type": "integer"}, "root": {"type": "string"},
+            "parent": {"type": ["string", "null"], "description": "a LoRA adapter's base model; null for a base"}}},
         "ModelList": {"type": "object", "required": ["object", "data"], "properties": {
             "object": {"type": "string", "enum": ["list"]}, "data": {"type": "array", "items": ref("Model")}}},
         "Health": {"type": "object", "required": ["status"], "properties": {

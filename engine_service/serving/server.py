@@ -137,8 +137,9 @@ class EngineServicer(pb_grpc.EngineServicer):
             return
         asked = job.params.stopping.max_tokens
         capped = f" (capped from {asked}: what the context leaves)" if (asked or 0) > job.max_tokens else ""
-        log.info("generate: %d prompt tokens, n=%d, max_tokens=%d%s%s", len(job.prompt_ids), job.params.n,
-                 job.max_tokens, capped, f" (request_id {request_id})" if request_id != log_id else "")
+        log.info("generate: %d prompt tokens, n=%d, max_tokens=%d%s%s%s", len(job.prompt_ids), job.params.n,
+                 job.max_tokens, capped, f", LoRA adapter {job.adapter.name}" if job.adapter else "",
+                 f" (request_id {request_id})" if request_id != log_id else "")
         encoder = EventEncoder(request_id, self.engine.token_table, echo=job.params.echo,
                                decode=self.engine.tokenizer.decode)
         remaining = job.params.n
