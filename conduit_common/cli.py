@@ -116,7 +116,7 @@ class EnvArgumentParser(_EnvFlags, argparse.ArgumentParser):
 
 
 def _repeatable(action: argparse.Action) -> bool:
-    return isinstance(action, argparse._AppendAction)
+    return isinstance(action, argparse._AppendAction) or action.nargs in ("+", "*")
 
 
 def _help_with_env(action: argparse.Action) -> str:
