@@ -110,13 +110,13 @@ def build_parser() -> EnvArgumentParser:
     p.add_argument("--threads", metavar="N", type=bounded("threads"), default=0,
                    help="torch CPU threads; default: all cores")
     p.add_argument("--core-share", metavar="FILE",
-                   help="share the cores by demand with another engine on this host through FILE (created when "
-                        "missing; conduit-stack makes one for its chat and embedding engines): an embedding "
-                        "engine marks there while it has work, and a generation engine runs its steps on "
-                        "--core-share-threads meanwhile, on --threads otherwise (docs/embeddings.md)")
+                   help="share this host's cores by demand with another engine through FILE (created when missing; "
+                        "conduit-stack gives one to its chat and embedding engines, docs/embeddings.md): an "
+                        "embedding engine marks in it while it has work, and a generation engine then runs its "
+                        "steps on --core-share-threads, on --threads otherwise")
     p.add_argument("--core-share-threads", metavar="N", type=bounded("threads"), default=0,
                    help="a generation engine's torch threads while the engine sharing --core-share has work; "
-                        "default: --threads less a quarter, one less at least (one thread at least)")
+                        "default: --threads less a quarter of them (at least one thread less, one thread at least)")
     p.add_argument("--log-level", default="INFO", help="Python logging level")
     p.add_argument("--log-format", default="text", choices=LOG_FORMATS,
                    help="text, or json: one object per line (ts, level, logger, msg, request_id: null for lines about "
