@@ -16,8 +16,10 @@ other round:
 - `alone`: no embedding engine (`EMBEDDING_MODEL=none`); phases without embedding traffic only.
 
 Figures per phase: the chat streams' inter-token latency (p50, p99: gaps between text chunks, as
-make bench counts them), their output tokens/s, and the embeddings per second beside them; then each
-case's median over the rounds. The spread between rounds of one case is the noise a difference must beat.
+make bench counts them), their output tokens/s, the embeddings per second beside them, and the CPU the
+rest of the machine took meanwhile (benchmarks/cpu.py: every process but the stacks' and this one's).
+Then each case's median over its quiet rounds (--quiet), and its tokens/s in every round: on a shared
+machine, an engine on every core collapses while other work takes a core (OpenMP's waits again).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from benchmarks.cpu import CpuMeter
 from benchmarks.embed import MODEL as EMBEDDING_MODEL
 from benchmarks.embed import OUT, load, workloads
 from benchmarks.stats import RequestResult, percentile
@@ -63,7 +66,10 @@ def phase_name(embed_load: str, args: argparse.Namespace) -> str:
             "queries": "chat + 1 client of short queries"}[embed_load]
 
 
-async def phase(target: OpenAITarget, url: str, args: argparse.Namespace, streams: int, embed_load: str) -> dict:
+async def phase(target: OpenAITarget, url: str, args: argparse.Namespace, streams: int, embed_load: str,
+                pids: list[int]) -> dict:
+    """One phase; `pids`: every stack's processes, so what the rest of the machine took is known."""
+    meter = CpuMeter(pids)
     started = time.monotonic()
     chat = chat_streams(target, streams, args.seconds, args.max_tokens)
     pools = workloads()
@@ -74,13 +80,14 @@ async def phase(target: OpenAITarget, url: str, args: argparse.Namespace, stream
                           else (pools["short queries"], 1))
         results, (embedded, _) = await asyncio.gather(chat, load(url, texts, clients, args.seconds))
     elapsed = time.monotonic() - started
+    cpu = meter.stop()
     good = [r for r in results if r.ok]
     gaps = [(b - a) * 1000 for r in good for a, b in zip(r.text_times, r.text_times[1:])]
     return {"phase": phase_name(embed_load, args), "embed_load": embed_load, "streams": streams,
             "requests": len(results), "failed": len(results) - len(good),
             "itl_p50_ms": percentile(gaps, 50), "itl_p99_ms": percentile(gaps, 99),
             "chat_tokens_per_s": sum(r.completion_tokens for r in good) / elapsed,
-            "embeddings_per_s": embedded / elapsed, "load_avg": os.getloadavg()[0]}
+            "embeddings_per_s": embedded / elapsed, "load_avg": os.getloadavg()[0], "other_cpu_pct": cpu.other}
 
 
 async def open_target(stack: Stack, embedding: bool, max_tokens: int) -> OpenAITarget:
@@ -103,6 +110,7 @@ async def run(stacks: dict[str, Stack], args: argparse.Namespace) -> list[dict]:
     targets = {arm: await open_target(stack, stack.embedding_model is not None, args.max_tokens)
                for arm, stack in stacks.items()}
     urls = {arm: f"{stack.base_url}/embeddings" for arm, stack in stacks.items()}
+    pids = [proc.pid for stack in stacks.values() for proc in (*stack.engines, stack.embedder, stack.shim) if proc]
     try:
         for arm, target in targets.items():  # warm up every engine
             await chat_streams(target, max(args.streams), 3.0, args.max_tokens)
@@ -117,36 +125,40 @@ async def run(stacks: dict[str, Stack], args: argparse.Namespace) -> list[dict]:
                         if embed_load != "none" and stacks[arm].embedding_model is None:
                             continue
                         row = {"arm": arm, "round": round_,
-                               **await phase(targets[arm], urls[arm], args, streams, embed_load)}
+                               **await phase(targets[arm], urls[arm], args, streams, embed_load, pids)}
                         rows.append(row)
                         print(f"round {round_} | {arm:>7} | {streams} streams | {row['phase']:>32} | ITL p50 "
                               f"{row['itl_p50_ms']:6.1f} ms p99 {row['itl_p99_ms']:7.1f} ms | chat "
                               f"{row['chat_tokens_per_s']:6.1f} tok/s | {row['embeddings_per_s']:5.1f} embeddings/s | "
-                              f"{row['failed']} failed | load {row['load_avg']:.1f}", flush=True)
+                              f"{row['failed']} failed | others {row['other_cpu_pct']:3.0f}% CPU", flush=True)
         return rows
     finally:
         for target in targets.values():
             await target.close()
 
 
-def table(rows: list[dict]) -> str:
-    """Each case's median over the rounds (and the rounds' range of chat tokens/s)."""
-    lines = ["| arm | streams | phase | rounds | ITL p50 ms | ITL p99 ms | chat tokens/s (range) | embeddings/s "
-             "| failed | load |",
-             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+def table(rows: list[dict], quiet: float) -> str:
+    """Each case's median over its quiet rounds (the rest of the machine took under `quiet`% of a core
+    meanwhile; all rounds where none was quiet), with chat tokens/s over every round beside it."""
+    lines = ["| arm | streams | phase | quiet rounds | ITL p50 ms | ITL p99 ms | chat tokens/s | embeddings/s "
+             "| chat tokens/s, every round | others' CPU % | failed |",
+             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     cases: dict[tuple, list[dict]] = {}
     for r in rows:
         cases.setdefault((r["streams"], r["embed_load"], r["arm"]), []).append(r)
     for (streams, _, arm), group in sorted(cases.items(), key=lambda item: (
             item[0][0], EMBED_LOADS.index(item[0][1]), ARMS.index(item[0][2]))):
-        def med(key: str) -> float:
-            return statistics.median(r[key] for r in group)
+        calm = [r for r in group if r["other_cpu_pct"] < quiet] or group
 
-        rates = [r["chat_tokens_per_s"] for r in group]
-        lines.append(f"| {arm} | {streams} | {group[0]['phase']} | {len(group)} | {med('itl_p50_ms'):.1f} | "
-                     f"{med('itl_p99_ms'):.1f} | {med('chat_tokens_per_s'):.1f} ({min(rates):.1f}-{max(rates):.1f}) | "
-                     f"{med('embeddings_per_s'):.1f} | {sum(r['failed'] for r in group)} | "
-                     f"{min(r['load_avg'] for r in group):.1f}-{max(r['load_avg'] for r in group):.1f} |")
+        def med(key: str, of: list[dict] = calm) -> float:
+            return statistics.median(r[key] for r in of)
+
+        every = " / ".join(f"{r['chat_tokens_per_s']:.1f}" for r in group)
+        others = " / ".join(f"{r['other_cpu_pct']:.0f}" for r in group)
+        counted = f"0 of {len(group)} (all counted)" if calm is group else f"{len(calm)} of {len(group)}"
+        lines.append(f"| {arm} | {streams} | {group[0]['phase']} | {counted} | {med('itl_p50_ms'):.1f} | "
+                     f"{med('itl_p99_ms'):.1f} | {med('chat_tokens_per_s'):.1f} | {med('embeddings_per_s'):.1f} | "
+                     f"{every} | {others} | {sum(r['failed'] for r in group)} |")
     return "\n".join(lines)
 
 
@@ -178,6 +190,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--embedding-engine-args", default="", help="extra flags for the embedding engine")
+    parser.add_argument("--quiet", type=float, default=25.0,
+                        help="the table's medians count the rounds where the rest of the machine took under this "
+                             "percent of a core (all rounds where none did)")
     parser.add_argument("--json", type=Path, default=OUT / "embed_mix.json")
     args = parser.parse_args()
     arms = args.arms.split(",")
@@ -193,7 +208,7 @@ def main() -> None:
     args.json.write_text(json.dumps(rows, indent=1))
     print()
     print(f"CPU: {cpu_name()}, {len(os.sched_getaffinity(0))} cores")
-    print(table(rows))
+    print(table(rows, args.quiet))
 
 
 def cpu_name() -> str:
