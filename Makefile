@@ -189,7 +189,8 @@ bench-embed: $(STAMP)
 	$(BIN)/python -m benchmarks.embed $(EMBED_ARGS)
 
 # Chat streams' inter-token latency alone and beside embedding traffic, on one stack as run-stack starts it
-# (benchmarks/embed_mix.py): 4 streams, 8 embedding clients, alternating 20 s phases; ~2 min.
+# (benchmarks/embed_mix.py): 4 streams, 8 embedding clients, alternating 20 s phases; ~2 min. EMBED_MIX_ARGS="--arms
+# default,split,static,alone --streams 1,4,8" compares ways of sharing the cores (RESULTS.md, "Embeddings").
 .PHONY: bench-embed-mix
 bench-embed-mix: $(STAMP)
 	$(BIN)/python -m benchmarks.embed_mix $(EMBED_MIX_ARGS)

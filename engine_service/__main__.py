@@ -17,6 +17,11 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine_service.core.engine_loop import EngineLoop
+    from engine_service.core.metrics import EngineMetrics
 
 if __name__ == "__main__":
     # First, before torch loads: a launcher killed meanwhile must not leave this engine running.
@@ -120,6 +125,14 @@ def build_parser() -> EnvArgumentParser:
                       help="the highest rank an adapter may have")
     p.add_argument("--threads", metavar="N", type=bounded("threads"), default=0,
                    help="torch CPU threads; default: all cores")
+    p.add_argument("--core-share", metavar="FILE",
+                   help="share this host's cores by demand with another engine through FILE (created when missing; "
+                        "conduit-stack gives one to its chat and embedding engines, docs/embeddings.md): an "
+                        "embedding engine marks in it while it has work, and a generation engine then runs its "
+                        "steps on --core-share-threads, on --threads otherwise")
+    p.add_argument("--core-share-threads", metavar="N", type=bounded("threads"), default=0,
+                   help="a generation engine's torch threads while the engine sharing --core-share has work; "
+                        "default: --threads less a quarter of them (at least one thread less, one thread at least)")
     p.add_argument("--log-level", default="INFO", help="Python logging level")
     p.add_argument("--log-format", default="text", choices=LOG_FORMATS,
                    help="text, or json: one object per line (ts, level, logger, msg, request_id: null for lines about "
@@ -280,6 +293,7 @@ def main() -> None:
     if metrics is not None:
         metrics.serve(args.metrics_port, args.metrics_host)
         logging.getLogger(__name__).info("metrics on http://%s:%d/metrics", args.metrics_host, args.metrics_port)
+    share_cores(engine.loop, args, metrics)
     servicer = DecoderEmbedServicer(engine) if args.config.enable_embeddings else EngineServicer(engine)
     server = BackgroundServer(servicer, args.host, args.port, security=args.security, description=loaded.model_id,
                               companions=[VllmWorker(servicer).add_to],  # the Shepherd gateway's protocol
@@ -287,6 +301,27 @@ def main() -> None:
     server.start()
 
     serve_until_drained(engine.loop.run, server, args.drain_seconds)
+
+
+def share_cores(loop: EngineLoop, args: argparse.Namespace, metrics: EngineMetrics | None) -> None:
+    """A generation engine's torch threads: --threads, or with --core-share, fewer while the engine
+    sharing the cores has work (core/core_share.py)."""
+    import torch
+
+    from engine_service.core.core_share import CoreShare, YieldingThreads
+
+    threads = torch.get_num_threads()
+    if not args.core_share:
+        logging.getLogger(__name__).info("torch threads: %d", threads)
+        if metrics is not None:
+            metrics.cpu_threads.set(threads)
+        return
+    shared = args.core_share_threads or max(1, threads - max(1, threads // 4))
+    yielding = YieldingThreads(CoreShare(args.core_share), threads, shared,
+                               metrics.cpu_threads if metrics is not None else None)
+    loop.before_step = yielding.before_step
+    logging.getLogger(__name__).info("torch threads: %d, %d while the engine sharing the cores (%s) has work",
+                                     threads, yielding.shared_threads, args.core_share)
 
 
 def embeds(args: argparse.Namespace) -> bool:
@@ -297,7 +332,10 @@ def embeds(args: argparse.Namespace) -> bool:
 
 def serve_embeddings(args: argparse.Namespace) -> None:
     """An embedding model's engine (core/embedding_engine.py), served by serving/embed.py."""
+    import torch
+
     from conduit_common.memory import release_freed_memory
+    from engine_service.core.core_share import CoreShare
     from engine_service.core.embedding_engine import EmbeddingEngine
     from engine_service.core.metrics import EngineMetrics
     from engine_service.model.encoder import load_embedding_model
@@ -311,7 +349,13 @@ def serve_embeddings(args: argparse.Namespace) -> None:
     metrics = EngineMetrics(loaded.model_id) if args.metrics_port else None
     engine = EmbeddingEngine(loaded, args.config, metrics)
     release_freed_memory()
+    threads = torch.get_num_threads()
+    if args.core_share:
+        engine.core_share = CoreShare(args.core_share)
+    logging.getLogger(__name__).info("torch threads: %d%s", threads,
+                                     f"; marks its work in {args.core_share}" if args.core_share else "")
     if metrics is not None:
+        metrics.cpu_threads.set(threads)
         metrics.serve(args.metrics_port, args.metrics_host)
     servicer = EmbeddingServicer(engine)
     server = BackgroundServer(servicer, args.host, args.port, security=args.security, description=loaded.model_id,

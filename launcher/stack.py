@@ -96,16 +96,30 @@ def ensure_port_free(host: str, port: int) -> None:
             raise StackError(f"{host}:{port} is already in use ({error.strerror})") from None
 
 
-def thread_shares(cores: int, chat_engines: int, embedding: bool) -> tuple[int, int] | None:
-    """torch threads for each chat engine and for the embedding engine when several engines share
-    this host's cores; None for one engine alone (it takes them all). Torch's OpenMP threads wait for
-    each other after every op, so two engines whose threads outnumber the cores stall each other at
-    those waits: on 2 cores a chat stream's longest token gap went from ~30 ms to 1.3 s beside
-    embedding traffic (benchmarks/RESULTS.md). The shares add up to the cores, one thread at least."""
+@dataclass(frozen=True)
+class ThreadShares:
+    """Torch threads of each engine of a stack whose engines share this host's cores (thread_shares)."""
+
+    chat: int  # each chat engine's, while the embedding engine is idle (or absent)
+    chat_beside_embedding: int  # each chat engine's while the embedding engine has work
+    embedding: int  # the embedding engine's (0: none)
+
+
+def thread_shares(cores: int, chat_engines: int, embedding: bool) -> ThreadShares | None:
+    """How engines sharing this host's cores take them; None for one engine alone (it takes them all).
+
+    Torch's OpenMP threads wait for each other after every op, so engines whose threads together
+    outnumber the cores stall each other at those waits: on 2 cores a chat stream's longest token gap
+    went from ~30 ms to 1.3 s beside embedding traffic (benchmarks/RESULTS.md). Chat replicas split the
+    cores between them. The embedding engine keeps a quarter (one thread at least), and the chat engines
+    give it up only while it has work (--core-share, engine_service/core/core_share.py): an idle
+    embedding engine costs chat nothing. Busy or not, the threads add up to the cores at most (one
+    thread each at least)."""
     if chat_engines + embedding <= 1:
         return None
     embed = max(1, cores // 4) if embedding else 0
-    return max(1, (cores - embed) // chat_engines), embed
+    chat = max(1, cores // chat_engines)
+    return ThreadShares(chat, max(1, (cores - embed) // chat_engines) if embedding else chat, embed)
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -158,10 +172,11 @@ class Stack:
     `metrics_port + i`.
 
     `embedding_model` (e.g. all-MiniLM-L6-v2) starts one more engine serving it beside the others,
-    on `embedding_port` (0: a free port), behind the same shim. A process of its own rather than a
-    second model in one engine: an engine serves one model, the shim already routes by model over
-    several engines, and the embedding engine's loop (its own thread of torch work) then never
-    shares a step with chat. Off by default, so tests that need no embeddings start nothing more.
+    on `embedding_port` (0: a free port), behind the same shim, with `embedding_args` after its
+    flags. A process of its own rather than a second model in one engine: an engine serves one
+    model, the shim already routes by model over several engines, and the embedding engine's loop
+    (its own thread of torch work) then never shares a step with chat. Off by default, so tests that
+    need no embeddings start nothing more. The engines share the cores by demand (thread_shares).
     """
 
     def __init__(self, *, model: str | None = None, host: str = "127.0.0.1", engine_port: int = 0,
@@ -170,7 +185,7 @@ class Stack:
                  token: str | None = None, tls: TLSFiles | None = None,
                  engine_env: Mapping[str, str] | None = None, shim_env: Mapping[str, str] | None = None,
                  replicas: int = 1, metrics_port: int = 0, embedding_model: str | None = None,
-                 embedding_port: int = 0) -> None:
+                 embedding_port: int = 0, embedding_args: Sequence[str] = ()) -> None:
         if replicas < 1:
             raise ValueError("replicas must be at least 1")
         self.model = model
@@ -193,10 +208,13 @@ class Stack:
         self.embedding_model = embedding_model
         self.embedding_port = (embedding_port or free_port(host)) if embedding_model else 0
         self.embedder: subprocess.Popen[bytes] | None = None
+        self.embedding_args = list(embedding_args)
         # A --threads of the caller's (engine_args, or CONDUIT_THREADS) is kept: then no share is given.
         chosen = "--threads" in self.engine_args or {**os.environ, **self.engine_env}.get("CONDUIT_THREADS")
         self.threads = None if chosen else thread_shares(len(os.sched_getaffinity(0)), replicas,
                                                          bool(embedding_model))
+        # Where the embedding engine marks that it has work, for the chat engines to yield it threads.
+        self.core_share = self.log_dir / "core-share" if self.threads and self.threads.embedding else None
 
     @property
     def engine(self) -> subprocess.Popen[bytes] | None:
@@ -249,11 +267,13 @@ class Stack:
     def embedding_command(self) -> list[str]:
         """The embedding engine: the stack's security; 8192-token steps (an encoder's step is one padded
         forward with no KV cache to budget, and bigger batches embed more per second on a CPU); its
-        share of the cores (thread_shares)."""
+        share of the cores (thread_shares), and the file where it marks its work for the chat engines."""
         tls = self.tls.engine_args() if self.tls else []
+        threads = ["--threads", str(self.threads.embedding), "--core-share", str(self.core_share)] if (
+            self.threads and self.core_share) else []
         return [sys.executable, "-m", "engine_service", "--host", self.host, "--port", str(self.embedding_port),
-                "--model", str(self.embedding_model), "--max-step-tokens", "8192", *tls,
-                *(["--threads", str(self.threads[1])] if self.threads else [])]
+                "--model", str(self.embedding_model), "--max-step-tokens", "8192", *tls, *threads,
+                *self.embedding_args]
 
     @property
     def shim_log(self) -> Path:
@@ -263,7 +283,10 @@ class Stack:
         tls = self.tls.engine_args() if self.tls else []
         metrics = (["--metrics-port", str(self.metrics_port + index), "--metrics-host", self.host]
                    if self.metrics_port else [])
-        threads = ["--threads", str(self.threads[0])] if self.threads else []
+        threads = ["--threads", str(self.threads.chat)] if self.threads else []
+        if self.core_share and self.threads:
+            threads += ["--core-share", str(self.core_share),
+                        "--core-share-threads", str(self.threads.chat_beside_embedding)]
         command = [sys.executable, "-m", "engine_service", "--host", self.host,
                    "--port", str(self.engine_ports[index]), *metrics, *tls, *threads, *self.engine_args]
         return command + ["--model", self.model] if self.model else command
@@ -297,6 +320,9 @@ class Stack:
         """Start all processes and block until all are ready; StackError (all stopped) if not."""
         for port in (*self.engine_ports, self.shim_port, *([self.embedding_port] if self.embedding_model else [])):
             ensure_port_free(self.host, port)
+        if self.core_share:  # no mark left by an earlier stack in the same folder
+            self.core_share.parent.mkdir(parents=True, exist_ok=True)
+            self.core_share.write_bytes(bytes(8))
         try:
             for index in range(len(self.engines)):
                 self.engines[index] = spawn(self.engine_command(index), self.replica_log(index),

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from launcher import stack as launch
-from launcher.stack import Stack, StackError, ephemeral_port_range, free_port, thread_shares
+from launcher.stack import Stack, StackError, ThreadShares, ephemeral_port_range, free_port, thread_shares
 
 
 def test_taken_port_fails_before_starting_anything() -> None:
@@ -55,22 +55,36 @@ def test_dead_engine_is_reported_with_its_log(tmp_path) -> None:
     assert stack.shim is not None and stack.shim.poll() is not None  # the shim was stopped too
 
 
-def test_engines_sharing_the_cores_split_them(monkeypatch) -> None:
+def test_engines_sharing_the_cores_share_them_by_demand(monkeypatch) -> None:
     """Engines whose torch threads outnumber the cores stall each other at OpenMP's waits (a chat
-    stream's longest gap went from ~30 ms to 1.3 s beside embedding traffic): shares of the cores."""
+    stream's longest gap went from ~30 ms to 1.3 s beside embedding traffic), but an idle embedding
+    engine needs none: the chat engine takes every core and gives the embedding engine its share only
+    while it has work, through the file both are given (--core-share)."""
     assert thread_shares(2, 1, False) is None  # one engine alone takes them all
-    assert thread_shares(2, 1, True) == (1, 1)
-    assert thread_shares(16, 1, True) == (12, 4)
-    assert thread_shares(16, 2, True) == (6, 4)
-    assert thread_shares(2, 3, True) == (1, 1)  # one thread at least
+    assert thread_shares(2, 1, True) == ThreadShares(chat=2, chat_beside_embedding=1, embedding=1)
+    assert thread_shares(16, 1, True) == ThreadShares(chat=16, chat_beside_embedding=12, embedding=4)
+    assert thread_shares(16, 2, True) == ThreadShares(chat=8, chat_beside_embedding=6, embedding=4)
+    assert thread_shares(4, 2, False) == ThreadShares(chat=2, chat_beside_embedding=2, embedding=0)  # replicas
+    assert thread_shares(1, 1, True) == ThreadShares(chat=1, chat_beside_embedding=1, embedding=1)
+    assert thread_shares(2, 3, True) == ThreadShares(chat=1, chat_beside_embedding=1, embedding=1)  # one at least
     monkeypatch.delenv("CONDUIT_THREADS", raising=False)  # conftest's choice for the tests' engines
     stack = Stack(model="m", embedding_model="e")
-    cores = len(os.sched_getaffinity(0))
-    chat, embed = thread_shares(cores, 1, True)
-    assert stack.engine_command()[stack.engine_command().index("--threads") + 1] == str(chat)
-    assert stack.embedding_command()[stack.embedding_command().index("--threads") + 1] == str(embed)
+    shares = thread_shares(len(os.sched_getaffinity(0)), 1, True)
+
+    def flag(command: list[str], name: str) -> str | None:
+        return command[command.index(name) + 1] if name in command else None
+
+    chat, embedder = stack.engine_command(), stack.embedding_command()
+    assert flag(chat, "--threads") == str(shares.chat) == str(len(os.sched_getaffinity(0)))  # every core
+    assert flag(chat, "--core-share-threads") == str(shares.chat_beside_embedding)
+    assert flag(embedder, "--threads") == str(shares.embedding)
+    assert flag(chat, "--core-share") == flag(embedder, "--core-share") == str(stack.log_dir / "core-share")
     assert "--threads" not in Stack(model="m").engine_command()
-    own = Stack(model="m", embedding_model="e", engine_args=["--threads", "3"]).engine_command()
-    assert own.count("--threads") == 1 and own[own.index("--threads") + 1] == "3"
+    assert "--core-share" not in Stack(model="m", replicas=2).engine_command()  # no embedding engine to yield to
+    own = Stack(model="m", embedding_model="e", engine_args=["--threads", "3"])
+    assert own.engine_command().count("--threads") == 1 and flag(own.engine_command(), "--threads") == "3"
+    assert "--core-share" not in own.engine_command() + own.embedding_command()
     monkeypatch.setenv("CONDUIT_THREADS", "2")
     assert "--threads" not in Stack(model="m", embedding_model="e").engine_command()
+    assert Stack(model="m", embedding_model="e", embedding_args=["--threads", "2"]).embedding_command()[-2:] == [
+        "--threads", "2"]

@@ -27,6 +27,7 @@ import torch
 
 from conduit_common.logs import request_extra
 from engine_service.core.config import EngineConfig
+from engine_service.core.core_share import CoreShare
 from engine_service.core.events import FinishReason
 from engine_service.core.inbox import Inbox
 from engine_service.core.metrics import EngineMetrics, Load, StepRecorder
@@ -79,6 +80,10 @@ class EmbeddingEngine:
         self._finished: list[Callable[[], None]] = []  # sink calls due at the end of this step
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # --core-share: where this engine marks that it has work, so a chat engine sharing the cores
+        # runs on fewer threads meanwhile (core_share.py)
+        self.core_share: CoreShare | None = None
+        self._marked = False
         if metrics is not None:
             metrics.cache_config(0, 0, False)
         log.info("embedding engine: %d-token steps of up to %d inputs, inputs up to %d tokens",
@@ -96,9 +101,11 @@ class EmbeddingEngine:
             if not self._jobs:
                 self._send()
                 self._publish(None)
+                self._mark(False)
                 self.inbox.wait(1.0)
                 continue
             started = time.perf_counter()
+            self._mark(True)
             self.step()
             self._send()
             self._publish(time.perf_counter() - started)
@@ -108,6 +115,18 @@ class EmbeddingEngine:
             self._end(job, FinishReason.SHUTDOWN)
         self._send()
         self._publish(None)
+        if self.core_share is not None:
+            self.core_share.mark(0.0)  # gone: nothing to yield to
+
+    def _mark(self, working: bool) -> None:
+        """The mark in --core-share's file: renewed at every step, and once when the work runs out."""
+        if self.core_share is None or (not working and not self._marked):
+            return
+        if working:
+            self.core_share.working()
+        else:
+            self.core_share.idle()
+        self._marked = working
 
     @staticmethod
     def deliver(calls: list[Callable[[], None]]) -> None:

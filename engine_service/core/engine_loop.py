@@ -29,6 +29,8 @@ class EngineLoop:
         self.on_outputs = on_outputs  # called on this loop's thread, once a step
         self.recorder = recorder
         self.load = Load(0, 0, 0.0)  # as of the last step (or idle wake)
+        # Called on this loop's thread before each step (core_share.YieldingThreads: the torch threads).
+        self.before_step: Callable[[], None] | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -62,6 +64,8 @@ class EngineLoop:
         """What was submitted meanwhile joins, then one step of the core; returns its outputs (for a
         caller that steps the engine itself, without run())."""
         self._take_inbox()
+        if self.before_step is not None:
+            self.before_step()
         return self.core.step()
 
     def start(self) -> None:

@@ -121,6 +121,9 @@ class EngineMetrics:
                              "Time from arrival to a choice's end.", E2E_BUCKETS)
         self.step = histogram("conduit:step_duration_seconds",
                               "Time of one engine step (schedule, forward, sample, send).", STEP_BUCKETS)
+        self.cpu_threads = gauge("conduit:cpu_threads",
+                                 "Torch CPU threads the engine's steps run on now (fewer than --threads while "
+                                 "another engine sharing the cores has work: --core-share).")
 
     def cache_config(self, block_size: int, num_blocks: int, prefix_caching: bool) -> None:
         """vLLM's info gauge of the cache layout (value 1, the facts in labels), which the Kubernetes
