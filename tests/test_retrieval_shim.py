@@ -396,3 +396,19 @@ def test_an_expired_store_is_no_longer_searched(client, store_dir: Path) -> None
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model=MODEL_ID, input="x", tools=[_tool(store.id)])
     assert caught.value.body["param"] == "tools[0].vector_store_ids[0]"
+
+
+def test_a_store_made_with_files_and_a_chunking_strategy_ingests_them(client) -> None:
+    """The strategy given beside file_ids (a 500 once: the parsed strategy was parsed again as JSON)."""
+    import openai
+
+    uploaded = client.files.create(file=("short.txt", b"Chunked by the store's own strategy."), purpose="assistants")
+    strategy = {"type": "static", "static": {"max_chunk_size_tokens": 100, "chunk_overlap_tokens": 50}}
+    store = client.vector_stores.create(file_ids=[uploaded.id], chunking_strategy=strategy)
+    assert client.vector_stores.files.retrieve(uploaded.id, vector_store_id=store.id).chunking_strategy.static \
+        .max_chunk_size_tokens == 100
+    batch = client.vector_stores.file_batches.create(vector_store_id=store.id, file_ids=[uploaded.id],
+                                                     chunking_strategy={"type": "auto"})
+    assert batch.file_counts.total == 1
+    with pytest.raises(openai.NotFoundError):
+        client.vector_stores.create(file_ids=["file-none"], chunking_strategy={"type": "auto"})

@@ -64,6 +64,8 @@ class EmbedJob:
 class EmbeddingEngine:
     """Served by serving/embed.py. Runs on the thread that calls run() (the main thread, as Engine)."""
 
+    adapters = None  # an encoder serves no LoRA adapters (the servicers ask, as of Engine)
+
     def __init__(self, loaded: EmbeddingModel, config: EngineConfig, metrics: EngineMetrics | None = None) -> None:
         self.loaded = loaded
         self.config = config

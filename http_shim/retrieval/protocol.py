@@ -178,8 +178,8 @@ class FileBatchCreate(ApiModel):
     def entries(self) -> list[BatchFile]:
         if self.files is not None:
             return list(self.files)
-        return [BatchFile(file_id=f, attributes=self.attributes, chunking_strategy=self.chunking_strategy)
-                for f in self.file_ids or []]
+        return [BatchFile.model_construct(file_id=f, attributes=self.attributes,  # fields validated already
+                                          chunking_strategy=self.chunking_strategy) for f in self.file_ids or []]
 
 
 class HybridWeights(ApiModel):

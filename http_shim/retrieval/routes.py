@@ -72,7 +72,9 @@ class RetrievalRoutes:
 
     def create_store(self) -> Response:
         body = parse(VectorStoreCreate, read_body())
-        entries = [BatchFile(file_id=f, chunking_strategy=body.chunking_strategy) for f in body.file_ids or []]
+        # Built from fields validated already: a chunking strategy's model is not its JSON form again.
+        entries = [BatchFile.model_construct(file_id=f, chunking_strategy=body.chunking_strategy)
+                   for f in body.file_ids or []]
         for k, entry in enumerate(entries):  # checked before the store exists
             if self.files.get(tenant(), entry.file_id) is None:
                 raise file_not_found(entry.file_id, f"file_ids[{k}]")
