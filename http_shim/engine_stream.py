@@ -22,6 +22,7 @@ from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
 
 from .errors import APIError, from_engine_error
+from .live_generation import LIVE_GENERATION
 
 _END = object()
 Item = tuple[int, pb.GenerateResponse]
@@ -44,12 +45,15 @@ class EngineStream:
             gevent.spawn(self._drain, i, stream)
 
     def _drain(self, prompt_index: int, stream: AttemptedCall | GenerateStream) -> None:
+        LIVE_GENERATION.enter()
         try:
             for response in stream:
                 self._queue.put((prompt_index, response))
             self._queue.put((prompt_index, _END))
         except Exception as error:  # noqa: BLE001 - `next` raises it in the handler (500, logged)
             self._queue.put((prompt_index, error))
+        finally:
+            LIVE_GENERATION.leave()
 
     def next(self, timeout_s: float) -> Item | object | None:
         """The next (prompt_index, response); IDLE after timeout_s of silence; None once all calls ended.

@@ -6,6 +6,7 @@ retrieval is tests/test_retrieval_stack.py's."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -412,3 +413,32 @@ def test_a_store_made_with_files_and_a_chunking_strategy_ingests_them(client) ->
     assert batch.file_counts.total == 1
     with pytest.raises(openai.NotFoundError):
         client.vector_stores.create(file_ids=["file-none"], chunking_strategy={"type": "auto"})
+
+
+def test_ingestion_embeds_a_few_chunks_at_a_time_while_chat_streams(client, fake: FakeEngineServer,
+                                                                    embedder: FakeEngineServer) -> None:
+    """Ingestion is paced while a Generate call is open (http_shim/retrieval/ingest.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from http_shim.retrieval.ingest import PACED_CHUNKS
+
+    text = " ".join(f"word{k}" for k in range(6000)).encode()  # 60 chunks of 100 words
+    strategy = {"type": "static", "static": {"max_chunk_size_tokens": 100, "chunk_overlap_tokens": 0}}
+
+    def ingest() -> list[int]:
+        before = len(embedder.engine.embed_calls)
+        uploaded = client.files.create(file=("paced.txt", text), purpose="assistants")
+        store = client.vector_stores.create(file_ids=[uploaded.id], chunking_strategy=strategy)
+        while client.vector_stores.files.retrieve(uploaded.id, vector_store_id=store.id).status == "in_progress":
+            time.sleep(0.05)
+        return embedder.engine.embed_calls[before:]
+
+    running = fake.engine.running
+    with ThreadPoolExecutor(1) as pool:
+        chat = pool.submit(client.chat.completions.create, model=MODEL_ID,
+                           messages=[{"role": "user", "content": "slow:1"}])
+        while fake.engine.running == running:
+            time.sleep(0.01)
+        calls = ingest()
+        chat.result()
+    assert len(calls) >= 60 // PACED_CHUNKS and max(calls) <= PACED_CHUNKS, calls

@@ -9,6 +9,7 @@ mid-way) are queued again: nothing stays in progress forever.
 from __future__ import annotations
 
 import logging
+import time
 
 import gevent
 import numpy as np
@@ -16,6 +17,7 @@ from gevent.queue import Queue
 
 from ..errors import APIError
 from ..files import FileStore
+from ..live_generation import LIVE_GENERATION
 from .catalog import Catalog
 from .chunking import ChunkSizes, auto_sizes, chunk_text
 from .embedder import EMBED_BATCH, Embedder
@@ -24,6 +26,11 @@ from .index import VectorIndex
 
 log = logging.getLogger("http_shim.retrieval")
 WORKERS = 2  # files ingested at once: one's text is cut while the other's chunks are embedded
+# While chat streams run, ingestion embeds a few chunks at a time and then waits as long as that took: the
+# embedding engine's work takes the chat engine's cores from it (engine_service/core/core_share.py), so
+# without the pauses chat's inter-token gaps doubled for the whole ingestion (benchmarks/RESULTS.md).
+PACED_CHUNKS = 16  # ~1 s of the embedding engine on its one thread, longer than core sharing's linger
+PACED_WORK_SHARE = 0.5  # of the wall time, while any Generate call is open
 
 
 def _in_thread(function, *args):
@@ -114,8 +121,15 @@ class Ingestor:
 
     def _embed(self, store_id: str, file_id: str, chunks: list[str], request_id: str) -> np.ndarray:
         parts = []
-        for start in range(0, len(chunks), EMBED_BATCH * 4):
+        start = 0
+        while start < len(chunks):
             if not self.catalog.still_wanted(store_id, file_id):
                 raise _Dropped()
-            parts.append(self.embedder.embed(chunks[start:start + EMBED_BATCH * 4], request_id))
+            paced = LIVE_GENERATION.active()
+            size = PACED_CHUNKS if paced else EMBED_BATCH * 4
+            began = time.monotonic()
+            parts.append(self.embedder.embed(chunks[start:start + size], request_id))
+            start += size
+            if paced and start < len(chunks):
+                gevent.sleep((time.monotonic() - began) * (1 - PACED_WORK_SHARE) / PACED_WORK_SHARE)
         return np.vstack(parts) if parts else np.zeros((0, 0), np.float32)
