@@ -149,6 +149,13 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench --json benchmarks/out/results.json --write-results benchmarks/RESULTS.md $(BENCH_ARGS)
 	$(BIN)/python -m benchmarks.bench --workload short-chat --skip-peer --concurrency 32 --prefix-samples 0 \
 		--json benchmarks/out/short_chat.json
+	$(BIN)/python -m benchmarks.lora $(LORA_ARGS)
+
+# LoRA adapters (benchmarks/lora.py): 8 and 32 streams on the base model, then spread over 4 adapters, on one
+# stack; one stream on the base model against one on an adapter. ~4 min.
+.PHONY: bench-lora
+bench-lora: $(STAMP)
+	$(BIN)/python -m benchmarks.lora $(LORA_ARGS)
 
 # Routing policies side by side (benchmarks/routing.py): two replicas with small KV caches, 16 shared
 # ~1,000-token system prompts; cache_aware (by the engines' KV events, and by text) vs round_robin vs least_load.

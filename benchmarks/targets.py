@@ -58,6 +58,7 @@ class OpenAITarget:
         self.session: aiohttp.ClientSession | None = None
         self.failures: tuple[type[BaseException], ...] = ()  # what a failed request raises
         self.model = ""
+        self.extra_body: dict = {}  # more fields for every request (e.g. vLLM's ignore_eos)
 
     async def open(self) -> None:
         # Imported here: the fast tier imports this module (tests/test_bench_turns.py) from the offline
@@ -94,6 +95,7 @@ class OpenAITarget:
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
+            **self.extra_body,
         }
         start = time.perf_counter()
         result = RequestResult(ok=False)

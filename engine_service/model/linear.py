@@ -83,8 +83,9 @@ class RowGroups:
     def apply(self, compute: Callable[[torch.Tensor, bool], torch.Tensor], rows: torch.Tensor,
               lora: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
         """compute(group's rows, full) over each group, joined, plus each adapter run's low-rank part
-        from `lora` (slot -> (A, scale * B)); [rows, features] in and out. Rows that are not the step's
-        (a model's layer over some of them) go in one call, and cannot take an adapter."""
+        from `lora` (slot -> (A.T, (scale * B).T), model/lora.py), computed in the pair's dtype; [rows, features]
+        in and out. Rows that are not the step's (a model's layer over some of them) go in one call, and cannot
+        take an adapter."""
         planned = rows.shape[0] == self.bounds[-1]
         if len(self.full) < 2 or not planned:
             out = compute(rows, any(self.full))
@@ -95,7 +96,8 @@ class RowGroups:
                 raise RuntimeError("a LoRA adapter on a layer that computes part of the step's rows")
             for first, end, slot in self.runs:
                 if (pair := lora.get(slot)) is not None:
-                    out[first:end] += (rows[first:end] @ pair[0].T) @ pair[1].T
+                    a_t, b_t = pair
+                    out[first:end] += ((rows[first:end].to(a_t.dtype) @ a_t) @ b_t).to(out.dtype)
         return out
 
 
@@ -136,7 +138,7 @@ class PackedLinear(torch.nn.Module):
                  rows: RowGroups | None = None) -> None:
         super().__init__()
         self.rows = rows
-        self.lora: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {}  # adapter slot -> (A, scale * B)
+        self.lora: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {}  # adapter slot -> (A.T, (scale * B).T)
         self.out_features, self.in_features = weight.shape
         self.compute_dtype = weight.dtype if packable(weight.dtype) else torch.float32
         self.weight = torch.nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(
@@ -191,7 +193,7 @@ class LowBitLinear(torch.nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.rows = rows
-        self.lora: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {}  # adapter slot -> (A, scale * B)
+        self.lora: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {}  # adapter slot -> (A.T, (scale * B).T)
         self.full: PackedLinear | Int8Panels | None = None
         # The copy's forward as a plain attribute: a decode step calls ~120 linears, and nn.Module's
         # attribute lookup for a submodule costs ~1 us each time.

@@ -109,8 +109,9 @@ def _check_config(config: dict, max_rank: int) -> tuple[int, float]:
 
 def linear_pairs(model: torch.nn.Module, weights: LoraWeights, dtype: torch.dtype,
                  fused_parts: dict[str, list[tuple[str, int]]]) -> dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
-    """The adapter's (A, scale * B) for each linear of `model` as it runs (projections fused or not):
-    `fused_parts` maps a fused linear's name ("qkv_proj") to its pieces and their output sizes."""
+    """The adapter's (A.T [in, r], (scale * B).T [r, out]) for each linear of `model` as it runs (projections
+    fused or not), contiguous in `dtype` (what the low-rank products compute in): `fused_parts` maps a fused
+    linear's name ("qkv_proj") to its pieces and their output sizes."""
     out, used = {}, set()
     for name, module in model.named_modules():
         if getattr(module, "lora", None) is None:  # not a linear that takes adapters (or a linear's copy)
@@ -130,7 +131,7 @@ def linear_pairs(model: torch.nn.Module, weights: LoraWeights, dtype: torch.dtyp
                 block[row:row + size] = pair[1]
                 b = torch.cat([b, block], dim=1)
             row += size
-        out[module] = (torch.cat(a_rows).to(dtype).contiguous(), b.to(dtype).contiguous())
+        out[module] = (torch.cat(a_rows).T.to(dtype).contiguous(), b.T.to(dtype).contiguous())
     missing = sorted(set(weights.pairs) - used)
     if missing:
         raise AdapterError(f"the adapter targets {missing[:3]}, which this engine does not run as its linears")

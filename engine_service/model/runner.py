@@ -191,8 +191,11 @@ class ModelRunner:
         self.head_rows.set_for_step([(count, prompt) for count, prompt in kept])
 
     def load_adapter(self, slot: int, weights: LoraWeights) -> None:
-        """The adapter's low-rank pairs into the linears it targets, under `slot` (>= 1)."""
-        for module, pair in linear_pairs(self.model, weights, self.dtype, self.fused_parts).items():
+        """The adapter's low-rank pairs into the linears it targets, under `slot` (>= 1). On the CPU they compute
+        in float32: torch's bf16 matmuls of a few rows by rank 8 cost ~50 us each against ~10 in float32, and
+        a step runs two per linear (benchmarks/RESULTS.md, LoRA)."""
+        lora_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        for module, pair in linear_pairs(self.model, weights, lora_dtype, self.fused_parts).items():
             module.lora[slot] = tuple(t.to(self.device) for t in pair)
 
     def unload_adapter(self, slot: int) -> None:
