@@ -4,6 +4,10 @@ resident adapter costs a batch-1 step).
 
     python -m benchmarks.lora                                  # 8 and 32 streams, 20 s a phase, rank 8
     python -m benchmarks.lora --concurrency 8 --seconds 10 --rounds 1
+    python -m benchmarks.lora --step --threads 1               # in process: the decode step alone
+
+`--step` times the engine's ModelRunner alone (benchmarks/step_time.py's harness, int8 weights): a decode step at
+batch 1 and 8 on the base model, then with its rows on one adapter, then spread over all of them.
 
 The adapters are written here (seeded, rank `--rank` on every attention and MLP projection, small weights as
 a trained adapter's are) for the default model; the stack is the default one (int8 weights on the CPU) with
@@ -124,6 +128,38 @@ async def run(stack: Stack, adapters: list[str], args: argparse.Namespace) -> di
     return out
 
 
+def step_cost(folder: Path, adapters: list[str], args: argparse.Namespace) -> dict:
+    """Decode step times (ms, median of interleaved rounds) with rows on the base model, on one adapter, and
+    spread over every adapter."""
+    from benchmarks import step_time
+    from engine_service.model.lora import read_adapter
+
+    torch.set_num_threads(args.threads)
+    runner = step_time.build_runner("int8", deterministic=False, num_blocks=1024)
+    for slot, name in enumerate(adapters, 1):
+        runner.load_adapter(slot, read_adapter(folder / name, runner.linear_shapes, 64))
+    out = {}
+    for batch in (1, 8):
+        steps = {}
+        for label, slots in (("base", [0]), ("one adapter", [1]),
+                             (f"{len(adapters)} adapters", list(range(1, len(adapters) + 1)))):
+            step = step_time.decode_batch(batch, 128)
+            for k, row in enumerate(step.decode):
+                row.adapter = slots[k % len(slots)]
+            steps[label] = step
+        times: dict[str, list[float]] = {label: [] for label in steps}
+        for label, step in steps.items():
+            runner.run(step)  # warm-up
+        for round_ in range(args.repeats):
+            for label, step in steps.items() if round_ % 2 == 0 else reversed(steps.items()):
+                started = time.perf_counter()
+                runner.run(step)
+                times[label].append((time.perf_counter() - started) * 1000)
+        out[batch] = {label: statistics.median(t) for label, t in times.items()}
+        print(f"batch {batch}: " + ", ".join(f"{label} {ms:.2f} ms" for label, ms in out[batch].items()), flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
@@ -132,10 +168,16 @@ def main() -> None:
     parser.add_argument("--adapters", type=int, default=4)
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--step", action="store_true", help="time the decode step in process instead")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for --step")
+    parser.add_argument("--repeats", type=int, default=40, help="rounds for --step")
     parser.add_argument("--json", type=Path, default=OUT / "lora.json")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="bench-lora-"))
     adapters = write_adapters(folder, args.adapters, args.rank)
+    if args.step:
+        step_cost(folder, adapters, args)
+        return
     engine_args = ["--enable-lora", "--max-loras", str(args.adapters), "--lora-modules",
                    *(f"{name}={folder / name}" for name in adapters)]
     with Stack(engine_args=engine_args, log_dir=OUT / "lora-stack") as stack:

@@ -94,10 +94,12 @@ class RowGroups:
         if lora and self.runs:
             if not planned:
                 raise RuntimeError("a LoRA adapter on a layer that computes part of the step's rows")
+            wide = None  # the rows in the pairs' dtype, converted once for every run
             for first, end, slot in self.runs:
                 if (pair := lora.get(slot)) is not None:
                     a_t, b_t = pair
-                    out[first:end] += ((rows[first:end].to(a_t.dtype) @ a_t) @ b_t).to(out.dtype)
+                    wide = rows.to(a_t.dtype) if wide is None else wide
+                    out[first:end] += (wide[first:end] @ a_t) @ b_t  # added in the pairs' dtype, rounded once
         return out
 
 
