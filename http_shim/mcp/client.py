@@ -17,43 +17,15 @@ mcp_protocol_error, mcp_tool_execution_error). Headers (the caller's secrets) ar
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from gevent import Timeout
 from gevent.threadpool import ThreadPool
 
-from .allowlist import UrlPrefix
+from .server import McpFailure, McpServer, http_failure
 
 POOL_THREADS = 8  # MCP operations running at once; more wait for a thread
 GRACE_S = 5.0  # past an operation's limit, the waiting greenlet stops waiting for its thread
-
-
-@dataclass(frozen=True)
-class McpServer:
-    """A server the request names, once allowed: `prefix` is the allowlist entry all its requests keep to."""
-
-    label: str
-    url: str
-    prefix: UrlPrefix
-    headers: dict[str, str] = field(default_factory=dict, repr=False)  # secrets: never in a repr or a log
-
-
-class McpFailure(Exception):
-    """An operation that failed: `error` in OpenAI's shape, `outcome` for the metrics."""
-
-    def __init__(self, outcome: str, error: dict[str, Any]) -> None:
-        super().__init__(error.get("message") or outcome)
-        self.outcome = outcome
-        self.error = error
-
-    @property
-    def message(self) -> str:
-        return str(self)
-
-
-def http_failure(outcome: str, code: int, message: str) -> McpFailure:
-    return McpFailure(outcome, {"type": "http_error", "code": code, "message": message})
 
 
 class McpClient:

@@ -18,7 +18,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from conduit.v1 import engine_pb2 as pb
 
@@ -26,18 +26,24 @@ from ..errors import invalid
 from ..metrics import ShimMetrics
 from . import ALLOWED_URLS_ENV, ALLOWED_URLS_FLAG, McpConfig
 from .allowlist import AllowedUrls, NotAllowed
-from .client import McpClient, McpFailure, McpServer, http_failure
+from .client import McpClient
+from .server import McpFailure, McpServer, http_failure
 from .items import approval_request_item, call_item, list_tools_item
 from .protocol import McpApprovalRequestItem, McpApprovalResponseItem, McpListToolsItem, McpTool
-
-if TYPE_CHECKING:
-    from ..responses.budget import CallBudget
 
 log = logging.getLogger("http_shim")
 KIND = "mcp"  # its calls' kind in the budget
 DENIED = "The user did not approve this call; it was not made."
 MAX_METRIC_LABELS = 50  # distinct server_label values the metrics keep apart; more count as "other"
 _NOT_NAME = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+class CallBudget(Protocol):
+    """The response's budget of hosted tool calls (responses/budget.py)."""
+
+    def left(self, kind: str) -> bool: ...
+
+    def spend(self, kind: str) -> None: ...
 
 
 @dataclass

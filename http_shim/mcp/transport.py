@@ -20,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import PaginatedRequestParams
 
 from .allowlist import NotAllowed, parse_url
-from .client import McpFailure, McpServer, http_failure
+from .server import McpFailure, McpServer, http_failure
 
 log = logging.getLogger("http_shim")
 # httpx2 logs each request (and its URL) at INFO: not the shim's story to tell.
