@@ -76,12 +76,15 @@ def start_mcp_servers(specs: dict[str, tuple[str, str | None]], folder: Path) ->
 
 
 class Listener:
-    """A listening loopback socket that accepts (and closes) connections, counting them."""
+    """A listening loopback socket that accepts connections, counting them, and closes them (`hold`: keeps
+    them open and never answers, as a hung server does)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold: bool = False) -> None:
         self.socket = socket.create_server(("127.0.0.1", 0))
         self.port = self.socket.getsockname()[1]
         self.accepted = 0
+        self.held: list[socket.socket] = []
+        self.hold = hold
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -91,10 +94,15 @@ class Listener:
             except OSError:
                 return
             self.accepted += 1
-            connection.close()
+            if self.hold:
+                self.held.append(connection)
+            else:
+                connection.close()
 
     def close(self) -> None:
         self.socket.close()
+        for connection in self.held:
+            connection.close()
 
 
 def _server(calls_file: Path):

@@ -262,6 +262,20 @@ def test_a_server_gone_mid_conversation_is_a_call_error(client, servers) -> None
     assert second.output[0].error.type == "http_error" and second.output[0].error.code == 502
 
 
+def test_a_hung_server_times_out_and_the_response_completes(fake: FakeEngineServer) -> None:
+    hung = Listener(hold=True)
+    process, url = start_shim(fake.address, "--responses-store-dir", ":memory:", "--mcp-call-timeout", "1",
+                              env={"CONDUIT_MCP_ALLOWED_URLS": f"http://127.0.0.1:{hung.port}/"})
+    try:
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60) as sdk:
+            response = _create(sdk, "hello", [mcp_tool(f"http://127.0.0.1:{hung.port}/mcp")])
+    finally:
+        stop_process(process)
+        hung.close()
+    assert hung.accepted >= 1 and response.status == "completed"
+    assert _types(response) == ["mcp_list_tools", "message"] and "in time" in response.output[0].error
+
+
 def test_a_long_output_is_cut_with_a_note(client, servers) -> None:
     response = _create(client, "call:big:{}", [mcp_tool(servers["http"])])
     output = response.output[1].output
@@ -334,20 +348,3 @@ def test_secrets_reach_the_server_only(shim: str, client, servers, shim_log: Pat
     metrics = httpx.get(f"{shim}/metrics", timeout=30).text
     assert 'conduit:mcp_calls_total{operation="call_tool",outcome="ok",server_label="tools"}' in metrics
     assert TOKEN not in shim_log.read_text() and HEADER_SECRET not in shim_log.read_text()
-
-
-# ------------------------------------------------------------------ the Agents SDK
-
-def test_the_agents_sdk_hosted_mcp_tool(shim: str, servers) -> None:
-    import agents
-
-    agents.set_tracing_disabled(True)
-    model = agents.OpenAIResponsesModel(MODEL_ID, openai.AsyncOpenAI(base_url=f"{shim}/v1", api_key="unused",
-                                                                      max_retries=0))
-    tool = agents.HostedMCPTool(tool_config={"type": "mcp", "server_label": "tools", "server_url": servers["http"].url,
-                                             "require_approval": "never"})
-    agent = agents.Agent(name="calc", instructions="Use the tools.", model=model, tools=[tool])
-    result = agents.Runner.run_sync(agent, ADD)
-    kinds = [item.type for item in result.new_items]
-    assert "mcp_list_tools_item" in kinds and "tool_call_item" in kinds
-    assert result.final_output == "The tool said: 5"

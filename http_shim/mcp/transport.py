@@ -126,29 +126,45 @@ MAX_REMEMBERED = 256
 
 
 async def _run(server: McpServer, timeout_s: float, op: Callable[[ClientSession], Awaitable[T]]) -> T:
-    """`op` on a session with the server: streamable HTTP, else SSE (see the module's docstring)."""
-    with anyio.fail_after(timeout_s):
-        if server.url not in _SSE_ONLY:
-            attempt = _Attempt()
-            try:
-                return await _streamable(server, timeout_s, op, attempt)
-            except McpFailure:
-                raise
-            except BaseException as error:  # noqa: BLE001 - anyio's groups; classified below
-                if attempt.first_status not in NOT_STREAMABLE:
-                    raise _failure(error, attempt) from None
+    """`op` on a session with the server within `timeout_s`: streamable HTTP, else SSE (the module's docstring)."""
+    try:
+        with anyio.fail_after(timeout_s):
+            return await _transports(server, timeout_s, op)
+    except TimeoutError:
+        raise http_failure("timeout", 504, "The MCP server did not answer in time.") from None
+
+
+def _cancelled(error: BaseException) -> bool:
+    """The time limit's cancellation (fail_after turns it into TimeoutError), not a failure to classify."""
+    return any(isinstance(leaf, asyncio.CancelledError) for leaf in _leaves(error))
+
+
+async def _transports(server: McpServer, timeout_s: float, op: Callable[[ClientSession], Awaitable[T]]) -> T:
+    if server.url not in _SSE_ONLY:
         attempt = _Attempt()
         try:
-            result = await _sse(server, timeout_s, op, attempt)
+            return await _streamable(server, timeout_s, op, attempt)
         except McpFailure:
             raise
-        except BaseException as error:  # noqa: BLE001
-            _SSE_ONLY.pop(server.url, None)
-            raise _failure(error, attempt) from None
-        if len(_SSE_ONLY) >= MAX_REMEMBERED:
-            _SSE_ONLY.clear()
-        _SSE_ONLY[server.url] = None
-        return result
+        except BaseException as error:  # noqa: BLE001 - anyio's groups; classified below
+            if _cancelled(error):
+                raise
+            if attempt.first_status not in NOT_STREAMABLE:
+                raise _failure(error, attempt) from None
+    attempt = _Attempt()
+    try:
+        result = await _sse(server, timeout_s, op, attempt)
+    except McpFailure:
+        raise
+    except BaseException as error:  # noqa: BLE001
+        if _cancelled(error):
+            raise
+        _SSE_ONLY.pop(server.url, None)
+        raise _failure(error, attempt) from None
+    if len(_SSE_ONLY) >= MAX_REMEMBERED:
+        _SSE_ONLY.clear()
+    _SSE_ONLY[server.url] = None
+    return result
 
 
 def _tool_entry(tool: Any) -> dict[str, Any]:
