@@ -105,6 +105,37 @@ class Listener:
             connection.close()
 
 
+class Redirector:
+    """An HTTP server on loopback that answers every request with a 307 to `location` (counting them)."""
+
+    def __init__(self, location: str) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _redirect(self) -> None:
+                outer.requests += 1
+                self.send_response(307)
+                self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_POST = _redirect
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+        self.requests = 0
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/mcp"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def _server(calls_file: Path):
     from mcp.server import MCPServer
 

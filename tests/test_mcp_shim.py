@@ -17,7 +17,7 @@ import pytest
 from common import lazy_module
 from fake_engine import MODEL_ID, FakeEngineServer, start_shim, stop_process
 from launcher.stack import free_port
-from mcp_servers import BIG_CHARS, STATS, Listener, McpServerProcess, start_mcp_servers
+from mcp_servers import BIG_CHARS, STATS, Listener, McpServerProcess, Redirector, start_mcp_servers
 from test_responses_shim import check_framing, parse_sse
 
 openai = lazy_module("openai")
@@ -45,6 +45,13 @@ def listener() -> Iterator[Listener]:
 
 
 @pytest.fixture(scope="module")
+def redirector(listener: Listener) -> Iterator[Redirector]:
+    server = Redirector(f"http://127.0.0.1:{listener.port}/mcp")  # off the list: never to be followed
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
 def dead_url() -> str:
     return f"http://127.0.0.1:{free_port()}/mcp"  # allowed; nothing listens there
 
@@ -56,9 +63,9 @@ def shim_log() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def shim(fake: FakeEngineServer, servers: dict[str, McpServerProcess], dead_url: str,
+def shim(fake: FakeEngineServer, servers: dict[str, McpServerProcess], dead_url: str, redirector: Redirector,
          tmp_path_factory: pytest.TempPathFactory, shim_log: Path) -> Iterator[str]:
-    allowed = ",".join([*(s.url for s in servers.values()), dead_url])
+    allowed = ",".join([*(s.url for s in servers.values()), dead_url, redirector.url])
     with shim_log.open("w") as log:
         process, url = start_shim(fake.address, "--responses-store-dir", str(tmp_path_factory.mktemp("store")),
                                   "--log-level", "DEBUG", stderr=log, env={"CONDUIT_MCP_ALLOWED_URLS": allowed})
@@ -154,6 +161,13 @@ def test_a_server_off_the_list_is_refused_without_a_connection(shim: str, listen
     assert listener.accepted == 0
 
 
+def test_a_redirect_is_not_followed(client, redirector: Redirector, listener: Listener) -> None:
+    response = _create(client, "hello", [mcp_tool(redirector.url)])
+    assert response.status == "completed" and _types(response) == ["mcp_list_tools", "message"]
+    assert redirector.requests >= 1 and listener.accepted == 0
+    assert "redirect" in response.output[0].error
+
+
 def test_bad_mcp_tools_are_400(shim: str, servers) -> None:
     for tool, param in (({"type": "mcp", "server_label": "x"}, "tools[0].server_url"),
                         ({**mcp_tool(servers["http"]), "server_label": "bad label"}, "tools[0].server_label"),
@@ -235,7 +249,10 @@ def test_max_tool_calls_bounds_the_calls(client, servers, fake: FakeEngineServer
 
 
 def test_a_failing_tool_is_an_mcp_call_error(client, servers) -> None:
-    response = _create(client, "call:boom:{}", [mcp_tool(servers["http"])])
+    with client.responses.stream(model=MODEL_ID, input="call:boom:{}", tools=[mcp_tool(servers["http"])]) as stream:
+        kinds = [e.type for e in stream]
+        response = stream.get_final_response()
+    assert "response.mcp_call.failed" in kinds and "response.mcp_call.completed" not in kinds
     assert response.status == "completed" and _types(response) == ["mcp_list_tools", "mcp_call", "message"]
     call = response.output[1]
     assert call.status == "failed" and call.output is None
