@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from common import lazy_module
-from fake_engine import MODEL_ID, FakeEngineServer, start_shim, stop_process
+from fake_engine import EMBEDDER_ID, MODEL_ID, FakeEngineServer, start_shim, stop_process
 from launcher.stack import free_port
 from mcp_servers import BIG_CHARS, STATS, Listener, McpServerProcess, Redirector, start_mcp_servers
 from test_responses_shim import check_framing, parse_sse
@@ -57,17 +57,25 @@ def dead_url() -> str:
 
 
 @pytest.fixture(scope="module")
+def embedder() -> Iterator[FakeEngineServer]:
+    server = FakeEngineServer(model_id=EMBEDDER_ID).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
 def shim_log() -> Iterator[Path]:
     with tempfile.TemporaryDirectory() as folder:
         yield Path(folder) / "shim.log"
 
 
 @pytest.fixture(scope="module")
-def shim(fake: FakeEngineServer, servers: dict[str, McpServerProcess], dead_url: str, redirector: Redirector,
-         tmp_path_factory: pytest.TempPathFactory, shim_log: Path) -> Iterator[str]:
+def shim(fake: FakeEngineServer, embedder: FakeEngineServer, servers: dict[str, McpServerProcess], dead_url: str,
+         redirector: Redirector, tmp_path_factory: pytest.TempPathFactory, shim_log: Path) -> Iterator[str]:
     allowed = ",".join([*(s.url for s in servers.values()), dead_url, redirector.url])
     with shim_log.open("w") as log:
-        process, url = start_shim(fake.address, "--responses-store-dir", str(tmp_path_factory.mktemp("store")),
+        process, url = start_shim(f"{fake.address},{embedder.address}", "--retrieval-model", EMBEDDER_ID,
+                                  "--responses-store-dir", str(tmp_path_factory.mktemp("store")),
                                   "--log-level", "DEBUG", stderr=log, env={"CONDUIT_MCP_ALLOWED_URLS": allowed})
         yield url
         stop_process(process)
@@ -238,6 +246,25 @@ def test_mcp_beside_a_function_tool(client, servers, fake: FakeEngineServer) -> 
     assert _types(response) == ["mcp_list_tools", "function_call"]  # the client's call ends the response
     sent = fake.engine.requests[-1].chat
     assert [t.name for t in sent.tools] == ["get_weather", "add"]
+
+
+def test_mcp_beside_file_search_shares_max_tool_calls(client, servers, fake: FakeEngineServer) -> None:
+    store = client.vector_stores.create(name="lights")
+    batch = client.vector_stores.file_batches.upload_and_poll(
+        vector_store_id=store.id, files=[("keepers.txt", b"The lighthouse keeper climbs the tower stairs at dusk.")],
+        poll_interval_ms=50)
+    assert batch.file_counts.completed == 1
+    weather = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+    tools = [{"type": "file_search", "vector_store_ids": [store.id]}, mcp_tool(servers["http"], allowed_tools=["add"]),
+             weather]
+    searched = _create(client, "search:lighthouse keeper tower", tools, max_tool_calls=1)
+    assert _types(searched) == ["mcp_list_tools", "file_search_call", "message"]
+    assert "lighthouse" in searched.output_text
+    first, after = fake.engine.requests[-2].chat, fake.engine.requests[-1].chat
+    assert [t.name for t in first.tools] == ["file_search", "add", "get_weather"]
+    assert [t.name for t in after.tools] == ["get_weather"]  # one hosted call allowed: MCP's tools went too
+    called = _create(client, ADD, tools, previous_response_id=searched.id)
+    assert _types(called) == ["mcp_call", "message"] and called.output[0].output == "5"
 
 
 def test_max_tool_calls_bounds_the_calls(client, servers, fake: FakeEngineServer) -> None:
