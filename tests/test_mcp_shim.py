@@ -306,18 +306,26 @@ def test_a_server_gone_mid_conversation_is_a_call_error(client, servers) -> None
     assert second.output[0].error.type == "http_error" and second.output[0].error.code == 502
 
 
-def test_a_hung_server_times_out_and_the_response_completes(fake: FakeEngineServer) -> None:
+def test_a_hung_server_times_out_and_a_slow_call_keeps_the_stream_alive(fake: FakeEngineServer, servers) -> None:
     hung = Listener(hold=True)
-    process, url = start_shim(fake.address, "--responses-store-dir", ":memory:", "--mcp-call-timeout", "1",
-                              env={"CONDUIT_MCP_ALLOWED_URLS": f"http://127.0.0.1:{hung.port}/"})
+    allowed = f"http://127.0.0.1:{hung.port}/,{servers['http'].url}"
+    process, url = start_shim(fake.address, "--responses-store-dir", ":memory:", "--mcp-call-timeout", "2.5",
+                              "--heartbeat-interval", "0.25", env={"CONDUIT_MCP_ALLOWED_URLS": allowed})
     try:
         with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60) as sdk:
             response = _create(sdk, "hello", [mcp_tool(f"http://127.0.0.1:{hung.port}/mcp")])
+        slow = httpx.post(f"{url}/v1/responses", timeout=60, json={
+            "model": MODEL_ID, "stream": True, "input": 'call:sleepy:{"seconds": 1}',
+            "tools": [mcp_tool(servers["http"], allowed_tools=["sleepy"])]}).text
     finally:
         stop_process(process)
         hung.close()
     assert hung.accepted >= 1 and response.status == "completed"
     assert _types(response) == ["mcp_list_tools", "message"] and "in time" in response.output[0].error
+    # While the call runs, heartbeats (SSE comments) keep the stream alive.
+    running = slow[slow.index("response.mcp_call_arguments.done"):slow.index("event: response.mcp_call.completed")]
+    assert "\n:" in running or running.startswith(":")
+    check_framing(parse_sse(slow))
 
 
 def test_a_long_output_is_cut_with_a_note(client, servers) -> None:

@@ -2,7 +2,8 @@
 
 The model's call of a hosted tool is not the end of the response: when a round's stream ends with calls
 pending, `next` yields the marker RUNNING (the writer's "the calls run now" events), runs them, yields
-RAN (their results' events), then opens the next round: the same request with the round's answer and
+RAN (their results' events; while they run, `next` gives IDLE each timeout, so the relay writes heartbeats
+and notices a client that left), then opens the next round: the same request with the round's answer and
 calls and each call's result as a tool message. A run whose calls are spent stops being offered; a
 forced tool is forced in the first round only. A round that has a function call (for the client) or an
 MCP approval request ends the response. So streamed and whole answers, the drain, a client leaving and
@@ -17,8 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import gevent
+
 from conduit.v1 import engine_pb2 as pb
 
+from ..engine_stream import IDLE
 from ..errors import APIError
 
 RUNNING, RAN = -2, -3  # the markers' prompt indexes (an engine's are >= 0)
@@ -39,13 +43,19 @@ class ToolRounds:
         self._step: int | None = None  # RUNNING, RAN: the marker to answer next
         self._rounds = 0
         self._interrupted: APIError | None = None
+        self._running: gevent.Greenlet | None = None  # the calls of this round, running
 
     def next(self, timeout_s: float) -> Any:
         if self._interrupted is not None:
             raise self._interrupted
         if self._step == RUNNING:
-            for run in self.runs:
-                run.run_pending()
+            if self._running is None:
+                self._running = gevent.spawn(self._run_pending)
+            self._running.join(timeout_s)
+            if not self._running.ready():
+                return IDLE
+            self._running.get()  # raises what it raised (a bug: the relay's 500 path)
+            self._running = None
             self._step = RAN
             return RAN, None
         if self._step == RAN:
@@ -57,6 +67,10 @@ class ToolRounds:
             self._step = RUNNING
             return RUNNING, None
         return item
+
+    def _run_pending(self) -> None:
+        for run in self.runs:
+            run.run_pending()
 
     def _next_round(self) -> bool:
         """The next round's stream, with the calls' results; False when the round ends the response."""
