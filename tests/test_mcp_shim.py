@@ -378,6 +378,11 @@ def test_an_unknown_approval_is_400(shim: str, servers) -> None:
         "input": [{"type": "mcp_approval_response", "approval_request_id": "mcpr_nope", "approve": True}]},
         timeout=30)
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "input[0].approval_request_id"
+    without = httpx.post(f"{shim}/v1/responses", json={
+        "model": MODEL_ID, "previous_response_id": first["id"],
+        "input": [{"type": "mcp_approval_response", "approval_request_id": "mcpr_nope", "approve": True}]},
+        timeout=30)
+    assert without.status_code == 400 and without.json()["error"]["param"] == "input[0]"
 
 
 # ------------------------------------------------------------------ secrets

@@ -1,6 +1,7 @@
 """Remote MCP tools in /v1/responses (`{"type": "mcp", "server_url": ...}`), run by this server:
-the allowlist (allowlist.py), the client (client.py), the tool's types (protocol.py), one response's
-listings, calls and approvals (run.py) and their items and events (items.py). docs/mcp.md."""
+the allowlist (allowlist.py), the client (client.py: the gevent side; transport.py: the asyncio side;
+server.py: a server and a failure), the tool's types (protocol.py), one response's listings, calls and
+approvals (run.py) and their items and events (items.py). docs/mcp.md."""
 
 from __future__ import annotations
 

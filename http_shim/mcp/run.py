@@ -122,7 +122,6 @@ class McpRun:
         self.prelude: list[dict[str, Any]] = []  # items before the model's: listings, approved calls
         self.calls: list[McpCall] = []
         self.pending: list[McpCall] = []  # called in this round, not yet run
-        self.approvals_asked = False
 
     def _allowed(self, k: int, tool: McpTool) -> McpServer:
         if not self.settings.allowed:
@@ -236,7 +235,6 @@ class McpRun:
         function = self.functions[model_name]
         label = function.tool.server_label
         if function.tool.needs_approval(function.name, function.entry.get("annotations")):
-            self.approvals_asked = True
             self.settings.count(label, "call_tool", "approval_requested")
             return approval_request_item(label, function.name, "")
         call = McpCall(call_item(label, function.name, ""), call_id, function)

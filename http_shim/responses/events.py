@@ -53,7 +53,6 @@ class _Item:
     pieces: list[str] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False
-    shown: bool = True  # its added event was written (an MCP approval request's waits for its arguments)
 
 
 class ResponseEvents:
@@ -118,7 +117,7 @@ class ResponseEvents:
              shown: bool = True) -> list[bytes]:
         """A new output item, open under `key`: its added event (unless not `shown` yet), then its content
         part's when it has one."""
-        entry = self._open[key] = _Item(len(self._items), item, shown=shown)
+        entry = self._open[key] = _Item(len(self._items), item)
         self._items.append(entry)
         if not shown:
             return []
@@ -205,9 +204,9 @@ class ResponseEvents:
         shown once its arguments are whole."""
         out = self._close("completed", *self._open)
         item = self._mcp.begin(call_id, name)
+        out += self._add(index, item, shown=False)  # a call's added event is mcp/items.py's, with in_progress
         if item["type"] == "mcp_approval_request":
-            return out + self._add(index, item, shown=False)
-        out += self._add(index, item, shown=False)
+            return out
         return out + mcp_items.call_started_events(self._event, self._open[index].output_index, item)
 
     def _hosted_step(self, marker: int) -> list[bytes]:

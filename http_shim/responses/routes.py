@@ -24,7 +24,7 @@ from ..web import json_response, read_body, request_id
 from ..auth import tenant
 from ..retrieval.routes import store_expired
 from .events import CANCELLED_CODE, ResponseEvents
-from ..mcp.protocol import McpTool
+from ..mcp.protocol import McpApprovalResponseItem, McpTool
 from ..mcp.run import McpRun, McpSettings
 from .budget import CallBudget
 from .file_search import SEARCH_NAME, FileSearchRun
@@ -121,6 +121,10 @@ class ResponsesRoutes:
         taken from the conversation, approved calls run (mcp/run.py)."""
         tools = [(k, t) for k, t in enumerate(request.tools or []) if isinstance(t, McpTool)]
         if not tools:
+            answers = [k for k, i in enumerate(new_items(request)) if isinstance(i, McpApprovalResponseItem)]
+            if answers:
+                raise invalid("An mcp_approval_response needs the mcp tool of its server in 'tools'.",
+                              f"input[{answers[0]}]")
             return None
         if self.mcp is None:
             raise invalid("MCP tools are not served here.", f"tools[{tools[0][0]}]")
