@@ -242,10 +242,18 @@ def test_a_conversation_reuses_its_listing(client, servers) -> None:
 
 def test_mcp_beside_a_function_tool(client, servers, fake: FakeEngineServer) -> None:
     weather = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
-    response = _create(client, "tools:get_weather", [weather, mcp_tool(servers["http"], allowed_tools=["add"])])
-    assert _types(response) == ["mcp_list_tools", "function_call"]  # the client's call ends the response
+    tools = [weather, mcp_tool(servers["http"], "a", allowed_tools=["add"]),
+             mcp_tool(servers["sse"], "b", allowed_tools=["add", "facts"], server_description="census data")]
+    response = _create(client, "tools:get_weather", tools)
+    # Both servers listed (at once), in the tools' order; the client's call ends the response.
+    assert _types(response) == ["mcp_list_tools", "mcp_list_tools", "function_call"]
+    assert [i.server_label for i in response.output[:2]] == ["a", "b"]
     sent = fake.engine.requests[-1].chat
-    assert [t.name for t in sent.tools] == ["get_weather", "add"]
+    assert [t.name for t in sent.tools] == ["get_weather", "add", "b__add", "facts"]  # a clash: LABEL__NAME
+    assert sent.tools[3].description.startswith("(b: census data) ")
+    called = _create(client, 'call:b__add:{"a": 1, "b": 1}', tools)
+    assert called.output[2].type == "mcp_call" and called.output[2].server_label == "b"
+    assert called.output[2].name == "add" and called.output[2].output == "2"
 
 
 def test_mcp_beside_file_search_shares_max_tool_calls(client, servers, fake: FakeEngineServer) -> None:

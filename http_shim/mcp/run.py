@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import gevent
+
 from conduit.v1 import engine_pb2 as pb
 
 from ..errors import invalid
@@ -142,14 +144,19 @@ class McpRun:
     # ------------------------------------------------------------------ before the first round
 
     def prepare(self, inherited: list[Any], new: list[Any]) -> None:
-        """Tools from the conversation or listed now; the approved calls run (see the module's docstring)."""
+        """Tools from the conversation or listed now (the servers at once); the approved calls run (see the
+        module's docstring)."""
+        known = {i.server_label: i.tools for i in inherited if isinstance(i, McpListToolsItem) and not i.error}
+        listing = {label: gevent.spawn(self._list, tool, server)
+                   for label, (_, tool, server) in self.servers.items() if label not in known}
+        gevent.joinall(list(listing.values()))
         for label, (_, tool, server) in self.servers.items():
-            listed = [i for i in inherited if isinstance(i, McpListToolsItem) and i.server_label == label
-                      and not i.error]
-            if listed:
-                entries = listed[-1].tools
+            if label in listing:
+                item = listing[label].get()
+                self.prelude.append(item)
+                entries = item["tools"]
             else:
-                entries = self._list(tool, server)
+                entries = known[label]
             for entry in entries:
                 if isinstance(entry, dict) and isinstance(entry.get("name"), str) \
                         and tool.allows(entry["name"], entry.get("annotations")):
@@ -159,7 +166,8 @@ class McpRun:
             if isinstance(item, McpApprovalResponseItem):
                 self._answer(k, item, requests.get(item.approval_request_id))
 
-    def _list(self, tool: McpTool, server: McpServer) -> list[dict[str, Any]]:
+    def _list(self, tool: McpTool, server: McpServer) -> dict[str, Any]:
+        """The server's `mcp_list_tools` item: the tools `allowed_tools` lets through, or the error."""
         try:
             timeout = self._time_left()
             if timeout <= 0:
@@ -169,11 +177,9 @@ class McpRun:
         except McpFailure as failure:
             self.settings.count(server.label, "list_tools", failure.outcome)
             log.info("MCP server %s: listing failed (%s)", server.label, failure.outcome)
-            self.prelude.append(list_tools_item(server.label, [], failure.message))
-            return []
-        allowed = [t for t in listed if tool.allows(t["name"], t.get("annotations"))]
-        self.prelude.append(list_tools_item(server.label, allowed, None))
-        return allowed
+            return list_tools_item(server.label, [], failure.message)
+        return list_tools_item(server.label, [t for t in listed if tool.allows(t["name"], t.get("annotations"))],
+                               None)
 
     def _offer(self, tool: McpTool, server: McpServer, entry: dict[str, Any]) -> None:
         name = _NOT_NAME.sub("_", entry["name"])[:64] or "tool"
