@@ -26,6 +26,8 @@ from .embeddings.routes import EMBEDDINGS_ROUTE
 from .files import FileLimits, FileStore, register_files
 from .errors import APIError, from_engine_error, internal_error
 from .limits import DEFAULT_LIMITS, RequestLimits
+from .mcp import McpConfig
+from .mcp.run import McpSettings
 from .messages import is_anthropic_request, register_messages
 from .messages.routes import GENERATION_ROUTES as MESSAGES_ROUTES
 from .messages.routes import anthropic_error
@@ -75,6 +77,8 @@ class ShimConfig:
     files_limits: FileLimits = FileLimits()
     # The embedding model vector stores and file_search embed with (retrieval/).
     retrieval_model: str = DEFAULT_RETRIEVAL_MODEL
+    # The mcp tool of /v1/responses (mcp/): the servers it may reach (none by default) and its limits.
+    mcp: McpConfig = McpConfig()
 
 
 def _error(error: APIError) -> Response:
@@ -107,7 +111,7 @@ def create_app(config: ShimConfig, connect: Connect) -> ObservedApp:
     if files is not None:
         register_files(app, files)
         retrieval = open_retrieval(app, store_dir, files, models, config.retrieval_model)
-    register_responses(app, ctx, store, retrieval)
+    register_responses(app, ctx, store, retrieval, McpSettings(config.mcp, metrics))
     register_messages(app, ctx)
     register_embeddings(app, ctx)
     return ObservedApp(app, metrics, ctx)  # the server reaches the drain as `state.drain`

@@ -29,6 +29,11 @@ class ShimMetrics:
         self.streams_in_flight = gauge("conduit:http_streams_in_flight", "Server-sent event streams open.")
         self.client_disconnects = counter("conduit:http_client_disconnects", "Clients that left before their answer "
                                           "was complete (their engine calls were cancelled).", ["route"])
+        self.mcp_calls = counter(
+            "conduit:mcp_calls", "MCP operations the Responses API's mcp tool ran, by server_label (the first 50 "
+            "seen; later ones as other), operation (list_tools, call_tool) and outcome: ok, tool_error, timeout, "
+            "unreachable, http_error, protocol_error, refused (a redirect or URL off the allowlist), "
+            "approval_requested, denied, bad_arguments, max_tool_calls.", ["server_label", "operation", "outcome"])
         self.draining = gauge("conduit:http_draining",
                               "1 once the shim was asked to stop and refuses new generations, else 0.")
         # Routing over engine replicas (routing/): only with several engines or a dns:/// target.

@@ -25,6 +25,9 @@ from .cors import CorsPolicy, normal_origin
 from .files import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_STORE_BYTES, FileLimits
 from .retrieval import DEFAULT_RETRIEVAL_MODEL
 from .limits import DEFAULT_LIMITS, RequestLimits
+from .mcp import (ALLOWED_URLS_ENV, ALLOWED_URLS_FLAG, DEFAULT_CALL_TIMEOUT_S, DEFAULT_MAX_RESULT_CHARS,
+                  DEFAULT_REQUEST_TIMEOUT_S, McpConfig)
+from .mcp.allowlist import AllowedUrls
 from .responses import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RESPONSES, IN_MEMORY, StoreLimits
 from .routing import (DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, DEFAULT_PREFIX_VIEW, POLICIES,
                       PREFIX_VIEWS, RoutingConfig)
@@ -75,9 +78,18 @@ def shim_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sh
                                   args.routing_prefix_view),
             files_limits=FileLimits(args.files_max_bytes, args.files_store_max_bytes),
             retrieval_model=args.retrieval_model,
+            mcp=mcp_config(parser, args),
         )
     except ValueError as error:
         parser.error(str(error))
+
+
+def mcp_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> McpConfig:
+    allowed = AllowedUrls.of(args.mcp_allowed_urls)  # a bad entry: a ValueError naming it (a usage error)
+    if args.mcp_call_timeout <= 0 or args.mcp_request_timeout <= 0 or args.mcp_max_result_chars < 1:
+        parser.error("--mcp-call-timeout, --mcp-request-timeout and --mcp-max-result-chars must be positive")
+    return McpConfig(tuple(str(p) for p in allowed.prefixes), args.mcp_call_timeout, args.mcp_request_timeout,
+                     args.mcp_max_result_chars)
 
 
 def build_parser() -> EnvArgumentParser:
@@ -104,7 +116,24 @@ def build_parser() -> EnvArgumentParser:
     add_engine_keepalive_args(parser)
     add_responses_store_args(parser)
     add_routing_args(parser)
+    add_mcp_args(parser)
     return parser
+
+
+def add_mcp_args(parser: EnvArgumentParser) -> None:
+    """Which MCP servers the Responses API's mcp tool may reach, and its limits (docs/mcp.md)."""
+    group = parser.add_argument_group("remote MCP tools (docs/mcp.md)")
+    group.add_argument(ALLOWED_URLS_FLAG, action="append", default=[], metavar="URLS", env=ALLOWED_URLS_ENV,
+                       help="URL prefixes of the MCP servers the mcp tool may reach, comma-separated or repeated "
+                            "(http://127.0.0.1:8931/,https://mcp.example.com/tools); compared as scheme, host, port "
+                            "and whole path segments; default none: the mcp tool is refused (400)")
+    group.add_argument("--mcp-call-timeout", type=float, metavar="S", default=DEFAULT_CALL_TIMEOUT_S,
+                       help="seconds one MCP listing or call may take, connecting included (else it fails, and the "
+                            "response goes on)")
+    group.add_argument("--mcp-request-timeout", type=float, metavar="S", default=DEFAULT_REQUEST_TIMEOUT_S,
+                       help="seconds all of one response's MCP listings and calls may take together")
+    group.add_argument("--mcp-max-result-chars", type=int, metavar="N", default=DEFAULT_MAX_RESULT_CHARS,
+                       help="longest tool output kept and shown to the model; the rest is cut, with a note")
 
 
 def _engine_proxy(value: str) -> str:

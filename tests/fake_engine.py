@@ -14,6 +14,8 @@ The script is chosen by the input's last text (the last chat message, or the pro
   "tools"               a streamed get_weather tool call, finish TOOL_CALLS ("tools:NAME": a call to NAME)
   "search:QUERY"        a call to file_search with {"query": QUERY} (the Responses API's file_search tool);
                         a tool answer of passages (the last message) is answered with its first passage's text
+  "call:NAME:ARGS"      a call to NAME with the arguments ARGS (JSON); any other tool answer (the last message,
+                        from a tool) is answered "The tool said: " and its text (the MCP tests')
   "unicode"             multi-byte text
   "markdown"            MARKDOWN_ANSWER (Markdown, code blocks and HTML that must not run), in pieces
   anything else         "Hello from choice {i}." in five tokens, honouring max_tokens
@@ -246,6 +248,11 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             for response in self._tool_call(rid, prompt_tokens, script[6:] or "get_weather"):
                 yield response
             return
+        if script.startswith("call:"):
+            _, name, arguments = script.split(":", 2)
+            for response in self._tool_call(rid, prompt_tokens, name, arguments):
+                yield response
+            return
         if script.startswith("search:"):
             arguments = json.dumps({"query": script[7:]})
             for response in self._tool_call(rid, prompt_tokens, "file_search", arguments):
@@ -300,6 +307,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         if script.startswith(PASSAGES_ANSWER):  # quote the first passage (its line after "[1] NAME:")
             passage = script.split("\n")[3] if script.count("\n") >= 3 else "nothing"
             return [f"{word} " for word in passage.split()[:40]]
+        if request.WhichOneof("input") == "chat" and request.chat.messages[-1].role == "tool":
+            return ["The tool said: ", script]
         return ["Hello", " from", " choice", f" {choice}", "."]
 
     def _tool_call(self, rid: str, prompt_tokens: int, name: str,

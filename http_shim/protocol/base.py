@@ -119,6 +119,15 @@ def token_ids(ids: list, field: int | None = None) -> list[int]:
     return ids
 
 
+class Sent(ApiModel):
+    """A part of the request kept as sent (stored, echoed): fields this server does not read stay."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def as_sent(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
 def one_of(*values: str, wording: str = "'{param}' must be one of {values}; got {got}.") -> Any:
     """A string among `values` (an enum in the document). `wording` names them as {values} ("a, b, c") or
     as {words} ("'a', 'b' or 'c'", the Messages API's spelling)."""

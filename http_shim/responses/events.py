@@ -7,6 +7,7 @@ read it (DESIGN.md, "The agent APIs"):
   per message item: output_item.added, content_part.added, output_text.delta..., output_text.done,
                     content_part.done, output_item.done
   per function call: output_item.added, function_call_arguments.delta..., .done, output_item.done
+  per hosted tool's item (file_search_call; MCP's: mcp/items.py): theirs, the calls run between rounds
   one terminal event: response.completed | response.incomplete | (error, then response.failed)
 
 Items come one at a time (each done before the next is added) in the order the model wrote them: a
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conduit.v1 import engine_pb2 as pb
 from conduit_common.results import Usage
@@ -30,9 +31,14 @@ from ..errors import APIError
 from ..protocol.logprobs import token_logprobs
 from ..stream_fold import (ChoiceEnd, Event, Finish, ReasoningDelta, StreamFold, TextDelta, ToolCallArguments,
                            ToolCallStart)
-from .file_search import SEARCH_NAME, SEARCHED, SEARCHING, FileSearchRun
+from ..mcp import items as mcp_items
+from .file_search import FileSearchRun
+from .tool_rounds import RAN, RUNNING
 from .objects import (ResponseSkeleton, function_call_item, message_item, new_id, reasoning_item, text_part,
                       usage_object)
+
+if TYPE_CHECKING:
+    from ..mcp.run import McpRun
 
 # The code of the error a cancel (POST /v1/responses/{id}/cancel) ends a generation with.
 CANCELLED_CODE = "response_cancelled"
@@ -59,10 +65,11 @@ class ResponseEvents:
     def __init__(self, skeleton: ResponseSkeleton, logprobs: bool,
                  on_end: Callable[[dict[str, Any]], None] = lambda _: None,
                  named: Callable[[APIError], APIError] = lambda error: error,
-                 searches: FileSearchRun | None = None) -> None:
-        """`searches`: the file_search tool's run, when the request has the tool (file_search.py)."""
+                 searches: FileSearchRun | None = None, mcp: McpRun | None = None) -> None:
+        """`searches`, `mcp`: the runs of the hosted tools the request has (file_search.py, mcp/run.py)."""
         self._skeleton = skeleton
         self._searches = searches
+        self._mcp = mcp
         self._earlier_usage: list[Usage] = []  # of the rounds before a search (file_search.py)
         self._round_start = 0  # the first item of the current round
         self._named = named
@@ -89,17 +96,31 @@ class ResponseEvents:
             return []
         self._started = True
         snapshot = self._skeleton.build("in_progress", [])
-        return [self._event("response.created", response=snapshot),
-                self._event("response.in_progress", response=snapshot)]
+        out = [self._event("response.created", response=snapshot),
+               self._event("response.in_progress", response=snapshot)]
+        for item in self._mcp.prelude if self._mcp is not None else []:  # listed, or approved and run, before
+            out += self._whole_mcp_item(item)
+        self._round_start = len(self._items)
+        return out
+
+    def _whole_mcp_item(self, item: dict[str, Any]) -> list[bytes]:
+        """A finished MCP item (a response's prelude, a replay): its events, and its place in the output."""
+        entry = _Item(len(self._items), item, done=True)
+        self._items.append(entry)
+        return mcp_items.whole_item_events(self._event, entry.output_index, item)
 
     @staticmethod
     def _where(entry: _Item) -> dict[str, Any]:
         return {"item_id": entry.item["id"], "output_index": entry.output_index, "content_index": 0}
 
-    def _add(self, key: str | int, item: dict[str, Any], part: dict[str, Any] | None = None) -> list[bytes]:
-        """A new output item, open under `key`: its added event, then its content part's when it has one."""
+    def _add(self, key: str | int, item: dict[str, Any], part: dict[str, Any] | None = None,
+             shown: bool = True) -> list[bytes]:
+        """A new output item, open under `key`: its added event (unless not `shown` yet), then its content
+        part's when it has one."""
         entry = self._open[key] = _Item(len(self._items), item)
         self._items.append(entry)
+        if not shown:
+            return []
         out = [self._event("response.output_item.added", output_index=entry.output_index, item=item)]
         if part is not None:
             out.append(self._event("response.content_part.added", **self._where(entry), part=part))
@@ -112,7 +133,16 @@ class ResponseEvents:
         for entry in [self._open.pop(key) for key in keys if key in self._open]:
             item, text = entry.item, "".join(entry.pieces)
             if item["type"] == "file_search_call":
-                continue  # searched between rounds, then done (_searched)
+                continue  # searched between rounds, then done (_hosted_step)
+            if item["type"] == "mcp_call":
+                item["arguments"] = text  # the call runs between rounds, then is done (_hosted_step)
+                out.append(mcp_items.arguments_done_event(self._event, entry.output_index, item))
+                continue
+            if item["type"] == "mcp_approval_request":
+                item["arguments"] = text
+                entry.done = True
+                out += mcp_items.approval_request_events(self._event, entry.output_index, item)
+                continue
             if item["type"] == "function_call":
                 entry.item = {**item, "arguments": text, "status": status}
                 out.append(self._event("response.function_call_arguments.done", item_id=item["id"],
@@ -169,17 +199,31 @@ class ResponseEvents:
         return out + [self._event("response.file_search_call.in_progress", item_id=item["id"],
                                   output_index=self._open[index].output_index)]
 
-    def _search_step(self, marker: int) -> list[bytes]:
-        """Between two rounds: each pending search's `searching`, or (once searched) `completed` and its
-        item done; then the next round starts on a fresh fold."""
-        entries = [e for e in self._items if e.item["type"] == "file_search_call" and not e.done]
-        if marker == SEARCHING:
+    def _open_mcp(self, index: int, call_id: str, name: str) -> list[bytes]:
+        """The model called an MCP tool: an mcp_call item whose arguments stream, or an approval request
+        shown once its arguments are whole."""
+        out = self._close("completed", *self._open)
+        item = self._mcp.begin(call_id, name)
+        out += self._add(index, item, shown=False)  # a call's added event is mcp/items.py's, with in_progress
+        if item["type"] == "mcp_approval_request":
+            return out
+        return out + mcp_items.call_started_events(self._event, self._open[index].output_index, item)
+
+    def _hosted_step(self, marker: int) -> list[bytes]:
+        """Between two rounds: each pending search's `searching`, or (once the calls ran) each search's
+        `completed`, each MCP call's `completed` or `failed`, and their items done; then the next round
+        starts on a fresh fold."""
+        entries = [e for e in self._items if e.item["type"] in ("file_search_call", "mcp_call") and not e.done]
+        if marker == RUNNING:
             return [self._event("response.file_search_call.searching", item_id=e.item["id"],
-                                output_index=e.output_index) for e in entries]
+                                output_index=e.output_index) for e in entries if e.item["type"] == "file_search_call"]
         out = []
         for entry in entries:
             entry.done = True
             entry.item = dict(entry.item)
+            if entry.item["type"] == "mcp_call":
+                out += mcp_items.call_ended_events(self._event, entry.output_index, entry.item)
+                continue
             # `completed` whatever the outcome (OpenAI's events have no failed one): the item's status says.
             out += [self._event("response.file_search_call.completed", item_id=entry.item["id"],
                                 output_index=entry.output_index),
@@ -190,7 +234,7 @@ class ResponseEvents:
         return out
 
     def round_items(self) -> list[dict[str, Any]]:
-        """The items of the current round (file_search.py replays them to the model)."""
+        """The items of the current round (tool_rounds.py replays them to the model)."""
         return [e.item for e in self._items[self._round_start:]]
 
     def _usage(self) -> dict[str, Any]:
@@ -204,6 +248,11 @@ class ResponseEvents:
         if entry.item["type"] == "file_search_call":
             self._searches.call_of(entry.item["id"]).arguments.append(arguments)
             return []
+        if entry.item["type"] == "mcp_approval_request":
+            return []  # shown whole at its end
+        if entry.item["type"] == "mcp_call":
+            self._mcp.call_of(entry.item["id"]).arguments.append(arguments)
+            return [mcp_items.arguments_delta_event(self._event, entry.output_index, entry.item, arguments)]
         return [self._event("response.function_call_arguments.delta", item_id=entry.item["id"],
                             output_index=entry.output_index, delta=arguments)]
 
@@ -217,8 +266,15 @@ class ResponseEvents:
         return out + self._close(status, *self._open)
 
     def _output(self) -> list[dict[str, Any]]:
-        """The items so far; those never finished are marked incomplete."""
-        return [e.item if e.done else {**e.item, "status": "incomplete"} for e in self._items]
+        """The items so far; those never finished are marked incomplete (an approval request never shown: left
+        out, as is its status, which its type has not)."""
+        out = []
+        for e in self._items:
+            if e.done:
+                out.append(e.item)
+            elif e.item["type"] != "mcp_approval_request":
+                out.append({**e.item, "status": "incomplete"})
+        return out
 
     def _end(self, status: str, usage: dict[str, Any] | None, error: APIError | None = None) -> list[bytes]:
         """The terminal event(s): response.completed / .incomplete, or error then response.failed."""
@@ -233,8 +289,8 @@ class ResponseEvents:
 
     def on_response(self, prompt_index: int, response: pb.GenerateResponse) -> list[bytes]:
         out = self._start()
-        if prompt_index in (SEARCHING, SEARCHED):
-            return out + self._search_step(prompt_index)
+        if prompt_index in (RUNNING, RAN):
+            return out + self._hosted_step(prompt_index)
         for e in self._fold.on_response(prompt_index, response):
             out += self._write(e)
         return out
@@ -252,8 +308,10 @@ class ResponseEvents:
                 self._unwritten += logprobs
         if isinstance(e, ToolCallStart):
             self._unwritten = []  # the call's own tokens: a function call item has no logprobs
-            if self._searches is not None and e.name == SEARCH_NAME:
+            if self._searches is not None and self._searches.answers(e.name):
                 return self._open_search(e.index, e.id)
+            if self._mcp is not None and self._mcp.answers(e.name):
+                return self._open_mcp(e.index, e.id, e.name)
             return self._open_call(e.index, e.id, *self._skeleton.call_name(e.name))
         if isinstance(e, ToolCallArguments) and e.arguments:
             return self._call_delta(e.index, e.arguments)
@@ -294,6 +352,8 @@ class ResponseEvents:
                         for step in ("in_progress", "searching", "completed")]
                 out += [writer._event("response.output_item.done", output_index=k, item=item)]
                 writer._items.append(_Item(k, item, done=True))
+            elif item["type"] in mcp_items.MCP_ITEM_TYPES:
+                out += writer._whole_mcp_item(item)
             elif item["type"] == "function_call":
                 out += writer._open_call(k, item["call_id"], item["name"], item.get("namespace"), item["id"])
                 if item["arguments"]:

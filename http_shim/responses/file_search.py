@@ -3,13 +3,12 @@
 The model is offered one function, `file_search(query)`. When it calls it, the call becomes a
 `file_search_call` output item (never a function call the client must answer): the shim searches the
 tool's vector stores (retrieval/search.py) and generates again with the results as the tool's answer,
-until the model writes a message or the searches allowed (`max_tool_calls`, 1 when unset: a small model
-asked again tends to search again) are spent; then the tool is no longer offered.
+until the model writes a message or the calls allowed (budget.py) are spent; then the tool is no longer
+offered.
 
-`SearchingStream` chains those rounds into what the relay reads as one engine stream: between two
-rounds it yields the markers SEARCHING and SEARCHED, which the event writer (events.py) turns into
-`response.file_search_call.searching` and `.completed`. So streamed and whole answers, the drain, a
-client leaving and cancel work as for any response.
+The rounds are chained by tool_rounds.py (as MCP calls are): between two rounds the event writer
+(events.py) writes `response.file_search_call.searching` and `.completed`. So streamed and whole
+answers, the drain, a client leaving and cancel work as for any response.
 
 Citations (`file_citation` annotations) do not wait for the model to write markers, which small models
 skip: each sentence of the answer cites the result whose words it shares most (at least
@@ -21,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +28,7 @@ from conduit.v1 import engine_pb2 as pb
 from ..errors import APIError
 from ..retrieval.search import Hit, SearchOptions, search
 from ..ids import new_id
+from .budget import CallBudget
 
 log = logging.getLogger("http_shim")
 SEARCH_NAME = "file_search"
@@ -42,7 +41,7 @@ SEARCH_FUNCTION = pb.Tool(
 DEFAULT_RESULTS = 5  # passages fed to the model when the tool sets no max_num_results (CPU prefill is dear)
 PASSAGE_CHARS = 1500  # of each passage in the model's prompt (the result's text stays whole)
 CITATION_MIN_SHARED = 2
-SEARCHING, SEARCHED = -2, -3  # the markers' prompt indexes (an engine's are >= 0)
+KIND = "file_search"  # its calls' kind in the budget
 _WORD = re.compile(r"[^\W_]{4,}")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 _STOPWORDS = frozenset("that this with from have were what when where which about there their they them these "
@@ -59,18 +58,19 @@ class SearchCall:
     arguments: list[str] = field(default_factory=list)
     hits: list[Hit] = field(default_factory=list)
     error: str | None = None
+    model_name: str = SEARCH_NAME
 
 
 class FileSearchRun:
     """One response's searches: the tool's settings, whose stores (the tenant's: checked before), and
     the calls so far."""
 
-    def __init__(self, retrieval: Any, tool: Any, include_results: bool, max_calls: int | None,
+    def __init__(self, retrieval: Any, tool: Any, include_results: bool, budget: CallBudget,
                  request_id: str, fallback_query: str) -> None:
         self.retrieval = retrieval
         self.tool = tool
         self.include_results = include_results
-        self.max_calls = max_calls or 1
+        self.budget = budget
         self.request_id = request_id
         self.fallback_query = fallback_query  # the user's last words, if a call's arguments name no query
         self.calls: list[SearchCall] = []
@@ -87,8 +87,14 @@ class FileSearchRun:
     def call_of(self, item_id: str) -> SearchCall:
         return next(c for c in self.calls if c.item["id"] == item_id)
 
-    def can_search_again(self) -> bool:
-        return len(self.calls) < self.max_calls
+    def names(self) -> set[str]:
+        return {SEARCH_NAME}
+
+    def answers(self, model_name: str) -> bool:
+        return model_name == SEARCH_NAME
+
+    def can_call_again(self) -> bool:
+        return self.budget.left(KIND)
 
     def _query(self, call: SearchCall) -> str:
         try:
@@ -97,10 +103,11 @@ class FileSearchRun:
             query = None
         return query.strip() if isinstance(query, str) and query.strip() else self.fallback_query
 
-    def search_pending(self) -> None:
+    def run_pending(self) -> None:
         """Runs the searches of this round's calls; each call's item ends completed (or failed)."""
         tool = self.tool
         for call in self.pending:
+            self.budget.spend(KIND)
             query = self._query(call)
             call.item["queries"] = [query]
             options = SearchOptions.of([query], tool.filters, tool.max_num_results or DEFAULT_RESULTS,
@@ -151,73 +158,3 @@ class FileSearchRun:
 
 def _content_words(text: str) -> set[str]:
     return {w for w in _WORD.findall(text.lower()) if w not in _STOPWORDS}
-
-
-class SearchingStream:
-    """The rounds of one response, read as one stream (see the module's docstring). `open_round` starts
-    an engine stream for a request; `round_items` gives the output items the writer wrote since a
-    given place, to replay the round to the model."""
-
-    def __init__(self, first: Any, generate: pb.GenerateRequest, run: FileSearchRun,
-                 open_round: Callable[[pb.GenerateRequest], Any]) -> None:
-        self.current = first
-        self.generate = generate
-        self.run = run
-        self.open_round = open_round
-        self.round_items: Callable[[], list[dict[str, Any]]] = lambda: []
-        self._step: int | None = None  # SEARCHING, SEARCHED: the marker to answer next
-        self._rounds = 0
-        self._interrupted: APIError | None = None
-
-    def next(self, timeout_s: float) -> Any:
-        if self._interrupted is not None:
-            raise self._interrupted
-        if self._step == SEARCHING:
-            self.run.search_pending()
-            self._step = SEARCHED
-            return SEARCHED, None
-        if self._step == SEARCHED:
-            self._step = None
-            if not self._next_round():
-                return None
-        item = self.current.next(timeout_s)
-        if item is None and self.run.pending:
-            self._step = SEARCHING
-            return SEARCHING, None
-        return item
-
-    def _next_round(self) -> bool:
-        """The next round's stream, with the searches' answers; False when the round had a function call
-        for the client to answer (the response ends there, as any response with a call)."""
-        items = self.round_items()
-        searched, self.run.pending = self.run.pending, []
-        if any(i["type"] == "function_call" for i in items):
-            return False
-        self._rounds += 1
-        request = pb.GenerateRequest()
-        request.CopyFrom(self.generate)
-        request.request_id = f"{self.generate.request_id}-{self._rounds}"
-        text = "".join(p.get("text", "") for i in items if i["type"] == "message" for p in i["content"])
-        calls = [pb.ToolCall(id=c.call_id, name=SEARCH_NAME, arguments="".join(c.arguments) or "{}")
-                 for c in searched]
-        request.chat.messages.append(pb.ChatMessage(role="assistant", content=text, tool_calls=calls))
-        for call in searched:
-            request.chat.messages.append(pb.ChatMessage(role="tool", tool_call_id=call.call_id,
-                                                        content=self.run.tool_answer(call)))
-        if not self.run.can_search_again():
-            del request.chat.tools[:]
-            request.chat.tools.extend([t for t in self.generate.chat.tools if t.name != SEARCH_NAME])
-        if request.chat.tool_choice.function_name == SEARCH_NAME:  # forced: the first search only
-            request.chat.tool_choice.CopyFrom(pb.ToolChoice(mode=pb.ToolChoice.MODE_AUTO))
-        if not request.chat.tools:
-            request.chat.tool_choice.CopyFrom(pb.ToolChoice(mode=pb.ToolChoice.MODE_NONE))
-        self.generate = request
-        self.current = self.open_round(request)
-        return True
-
-    def interrupt(self, error: APIError) -> None:
-        self._interrupted = error
-        self.current.interrupt(error)
-
-    def cancel(self) -> None:
-        self.current.cancel()

@@ -10,31 +10,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar
 
-from pydantic import ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
+from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
 
 from conduit.v1.contract import MAX_TOP_LOGPROBS
 
-from ..protocol.base import ApiModel, Bool, Count, ModelId, NonEmptyStr, Object, Str, by_type, fail, got, int_in, \
-    one_of, text_or
+from ..protocol.base import Bool, Count, ModelId, NonEmptyStr, Object, Sent, Str, by_type, fail, got, \
+    int_in, one_of, text_or
 from ..protocol.chat import ReasoningEffort, ToolName, mode_or, schema_text
 from ..protocol.metadata import Metadata
 from ..protocol.openapi import ApiPart, Operation, answers, error_responses
 from ..protocol.sampling import MaxTokens, SamplingFields, StoppingFields
+from ..mcp.protocol import MCP_ITEMS, McpChoice, McpTool
 from ..retrieval.protocol import FileSearchTool
 
 # Hosted tools accepted and not offered to the model (request.py's docstring says why).
 NOT_OFFERED_TOOLS = ("web_search", "web_search_preview")
 TEXT_PARTS = ("input_text", "output_text", "text")
 MAX_LIST_LIMIT = 100  # input items listed per page
-
-
-class Sent(ApiModel):
-    """A part of the request kept as sent (stored, echoed): fields this server does not read stay."""
-
-    model_config = ConfigDict(extra="allow")
-
-    def as_sent(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 class Unsupported(Sent):
@@ -117,7 +109,7 @@ class ReasoningItem(Sent):
 
 InputItem = by_type({"message": MessageItem, "function_call": FunctionCallItem,
                      "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem,
-                     "file_search_call": FileSearchCallItem},
+                     "file_search_call": FileSearchCallItem, **MCP_ITEMS},
                     UnsupportedItem, default="message")
 
 
@@ -148,7 +140,7 @@ class HostedTool(Sent):
     type: one_of(*NOT_OFFERED_TOOLS)
 
 
-Tool = by_type({"function": FunctionTool, "namespace": NamespaceTool, "file_search": FileSearch,
+Tool = by_type({"function": FunctionTool, "namespace": NamespaceTool, "file_search": FileSearch, "mcp": McpTool,
                 **dict.fromkeys(NOT_OFFERED_TOOLS, HostedTool)}, UnsupportedTool)
 
 
@@ -172,8 +164,8 @@ class FileSearchChoice(Sent):
 
 
 ToolChoice = mode_or(by_type({"function": FunctionChoice, "allowed_tools": AllowedTools,
-                              "file_search": FileSearchChoice}, UnsupportedChoice),
-                     FunctionChoice, AllowedTools, FileSearchChoice)
+                              "file_search": FileSearchChoice, "mcp": McpChoice}, UnsupportedChoice),
+                     FunctionChoice, AllowedTools, FileSearchChoice, McpChoice)
 
 
 class TextFormat(Sent):
@@ -216,7 +208,7 @@ class ResponseRequest(SamplingFields, StoppingFields):
     user: Str | None = None
     chat_template_kwargs: Object | None = None  # vendor fields, as the chat route reads them
     max_reasoning_tokens: Count | None = None
-    max_tool_calls: int_in(1, 64) | None = None  # file searches this server runs for one response
+    max_tool_calls: int_in(1, 64) | None = None  # hosted tool calls (file search, MCP) run for one response
 
 
 # ------------------------------------------------------------------ /openapi.json

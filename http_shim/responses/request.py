@@ -2,8 +2,8 @@
 
 Input items become the chat the engine renders: `instructions` the first (system) message, consecutive
 function calls the tool calls of the assistant turn before them, each function call output a `tool`
-message, reasoning items nothing. Functions (a namespace's as NAMESPACE__NAME) become the engine's tools,
-web search is left out, `text.format` becomes the constraint. What is served, refused and ignored, and
+message, an MCP call (or a denied approval) both, reasoning items and MCP listings nothing. Functions
+(a namespace's as NAMESPACE__NAME) and MCP servers' tools become the engine's tools, web search is left out, `text.format` becomes the constraint. What is served, refused and ignored, and
 why: docs/responses.md.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -22,6 +22,8 @@ from ..limits import RequestLimits
 from ..protocol.chat import TOOL_NAME, chat_prompt_chars, check_prompt_chars, reasoning_options, schema_text, \
     tool_choice
 from ..protocol.sampling import sampling_params, stopping_params
+from ..mcp.protocol import McpApprovalRequestItem, McpApprovalResponseItem, McpCallItem, McpChoice, McpTool
+from ..mcp.run import DENIED, tool_answer_of
 from .objects import new_id
 from .file_search import SEARCH_FUNCTION
 from .protocol import (AllowedTools, FileSearch, FileSearchChoice, FunctionCallItem, FunctionCallOutputItem,
@@ -31,11 +33,15 @@ from .protocol import (AllowedTools, FileSearch, FileSearchChoice, FunctionCallI
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 RESULTS_INCLUDE = "file_search_call.results"  # a file_search_call item shows its results only when asked
 _NAMESPACE_JOIN = "__"  # NAMESPACE__NAME: the name the model sees for a function in a namespace
-_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs",
+                "mcp_approval_response": "mcpa"}
 # The engine's errors name chat fields (errors.openai_param); these are the Responses fields they come from.
 _ENGINE_PARAMS = {"messages": "input", "response_format": "text.format", "max_tokens": "max_output_tokens",
                   "reasoning_effort": "reasoning.effort"}
 _ITEMS = TypeAdapter(list[InputItem])
+
+if TYPE_CHECKING:
+    from ..mcp.run import McpRun
 
 
 @dataclass
@@ -47,6 +53,7 @@ class Tools:
     not_offered: list[str] = field(default_factory=list)  # hosted tool types accepted, not offered
     namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)  # NAMESPACE__NAME -> (namespace, name)
     file_search: FileSearch | None = None  # the hosted tool this server runs (responses/file_search.py)
+    mcp: list[tuple[int, McpTool]] = field(default_factory=list)  # the mcp tools and their places (mcp/run.py)
 
 
 @dataclass
@@ -107,19 +114,34 @@ def qualified_name(namespace: str, name: str) -> str:
     return f"{namespace}{_NAMESPACE_JOIN}{name}"
 
 
+def _call_message(messages: list[pb.ChatMessage], call: pb.ToolCall) -> None:
+    """A call joins the assistant message before it, or starts one."""
+    if messages and messages[-1].role == "assistant":
+        messages[-1].tool_calls.append(call)
+    else:
+        messages.append(pb.ChatMessage(role="assistant", tool_calls=[call]))
+
+
 def chat_messages(items: list[Sent]) -> list[pb.ChatMessage]:
     """Input items -> chat messages: consecutive function calls join the assistant message before them."""
     messages: list[pb.ChatMessage] = []
+    asked: dict[str, McpApprovalRequestItem] = {}
     for item in items:
-        if isinstance(item, MessageItem):
+        if isinstance(item, McpApprovalRequestItem):
+            asked[item.id] = item
+        elif isinstance(item, McpCallItem):
+            call_id = (item.model_extra or {}).get("id") or new_id("mcp")
+            _call_message(messages, pb.ToolCall(id=call_id, name=item.name, arguments=item.arguments))
+            messages.append(pb.ChatMessage(role="tool", tool_call_id=call_id, content=tool_answer_of(item.as_sent())))
+        elif isinstance(item, McpApprovalResponseItem) and not item.approve and item.approval_request_id in asked:
+            request = asked[item.approval_request_id]
+            _call_message(messages, pb.ToolCall(id=request.id, name=request.name, arguments=request.arguments))
+            messages.append(pb.ChatMessage(role="tool", tool_call_id=request.id, content=DENIED))
+        elif isinstance(item, MessageItem):
             messages.append(pb.ChatMessage(role=item.role, content=_text(item.content)))
         elif isinstance(item, FunctionCallItem):
             name = item.name if item.namespace is None else qualified_name(item.namespace, item.name)
-            call = pb.ToolCall(id=item.call_id, name=name, arguments=item.arguments)
-            if messages and messages[-1].role == "assistant":
-                messages[-1].tool_calls.append(call)
-            else:
-                messages.append(pb.ChatMessage(role="assistant", tool_calls=[call]))
+            _call_message(messages, pb.ToolCall(id=item.call_id, name=name, arguments=item.arguments))
         elif isinstance(item, FunctionCallOutputItem):
             messages.append(pb.ChatMessage(role="tool", tool_call_id=item.call_id, content=_text(item.output)))
     return messages
@@ -137,10 +159,18 @@ def _function(tool: FunctionTool, param: str, namespace: NamespaceTool | None = 
     return pb.Tool(name=name, description=description, parameters_json=schema)
 
 
-def offered_tools(tools: list[Sent]) -> Tools:
-    """Functions, and the functions of namespaces, offered; web search left out; other types refused."""
+def offered_tools(tools: list[Sent], mcp: McpRun | None = None) -> Tools:
+    """Functions, and the functions of namespaces, offered; web search left out; other types refused.
+    An mcp tool's functions are those `mcp` (its run) offers: the server's tools."""
     out = Tools()
     for k, tool in enumerate(tools):
+        if isinstance(tool, McpTool):
+            out.mcp.append((k, tool))
+            functions = [] if mcp is None else [f for f in mcp.offered()
+                                                if mcp.functions[f.name].tool.server_label == tool.server_label]
+            out.offered += functions
+            out.paths += [f"tools[{k}]"] * len(functions)
+            continue
         if isinstance(tool, HostedTool):
             out.not_offered.append(tool.type)
             continue
@@ -164,8 +194,19 @@ def offered_tools(tools: list[Sent]) -> Tools:
     return out
 
 
-def chosen_tools(choice: Any, offered: list[pb.Tool]) -> tuple[pb.ToolChoice, list[pb.Tool]]:
-    """(the engine's tool choice, the tools offered): `allowed_tools` narrows the tools."""
+def chosen_tools(choice: Any, offered: list[pb.Tool], mcp: McpRun | None = None,
+                 ) -> tuple[pb.ToolChoice, list[pb.Tool]]:
+    """(the engine's tool choice, the tools offered): `allowed_tools` narrows the tools; an mcp choice forces
+    the tool it names, or (no name) one of its server's tools."""
+    if isinstance(choice, McpChoice):
+        if mcp is None or choice.server_label not in mcp.servers:
+            raise invalid(f"'tool_choice' names the MCP server '{choice.server_label}', which 'tools' has no "
+                          f"mcp tool for.", "tool_choice.server_label")
+        names = mcp.forced(choice.server_label, choice.name)
+        if len(names) == 1:
+            return tool_choice(None, names[0], offered), offered
+        return tool_choice("required", None, [t for t in offered if t.name in names]), \
+            [t for t in offered if t.name in names]
     if isinstance(choice, FileSearchChoice):
         if SEARCH_FUNCTION not in offered:
             raise invalid("'tool_choice' is file_search, but 'tools' holds no file_search tool.", "tool_choice")
@@ -190,14 +231,15 @@ def constraint(request: ResponseRequest) -> pb.Constraint | None:
     return pb.Constraint(json_schema=schema_text(fmt.schema_))
 
 
-def _chat(request: ResponseRequest, items: list[Sent], limits: RequestLimits) -> tuple[pb.ChatInput, Tools]:
+def _chat(request: ResponseRequest, items: list[Sent], limits: RequestLimits,
+          mcp: McpRun | None) -> tuple[pb.ChatInput, Tools]:
     messages = [] if request.instructions is None else [pb.ChatMessage(role="system", content=request.instructions)]
     messages += chat_messages(items)
     if len(messages) > limits.max_messages:
         raise invalid(f"'input' may hold at most {limits.max_messages} messages on this server, got {len(messages)}.",
                       "input")
-    tools = offered_tools(request.tools or [])
-    choice, tools.offered = chosen_tools(request.tool_choice, tools.offered)
+    tools = offered_tools(request.tools or [], mcp)
+    choice, tools.offered = chosen_tools(request.tool_choice, tools.offered, mcp)
     check_prompt_chars(chat_prompt_chars(messages, tools.offered), "input", limits)
     chat = pb.ChatInput(messages=messages, tools=tools.offered, tool_choice=choice,
                         parallel_tool_calls=request.parallel_tool_calls)
@@ -232,12 +274,18 @@ def _echo(request: ResponseRequest) -> dict[str, Any]:
     }
 
 
+def new_items(request: ResponseRequest) -> list[Sent]:
+    return [MessageItem(role="user", content=request.input)] if isinstance(request.input, str) else request.input
+
+
 def build_request(request: ResponseRequest, request_id: str, limits: RequestLimits,
-                  inherited: list[dict[str, Any]] | None = None) -> ResponsesRequest:
-    """The engine request of a validated body. `inherited`: the context and output of `previous_response_id`."""
-    new = [MessageItem(role="user", content=request.input)] if isinstance(request.input, str) else request.input
+                  inherited: list[dict[str, Any]] | None = None, mcp: McpRun | None = None) -> ResponsesRequest:
+    """The engine request of a validated body. `inherited`: the context and output of `previous_response_id`;
+    `mcp`: the run of its mcp tools, prepared (its prelude's items are the answer's first)."""
+    new = new_items(request)
     context = inherited_items(inherited or []) + new
-    chat, tools = _chat(request, context, limits)
+    produced = inherited_items(mcp.prelude) if mcp is not None else []
+    chat, tools = _chat(request, context + produced, limits, mcp)
     logprobs = LOGPROBS_INCLUDE in (request.include or [])
     generate = pb.GenerateRequest(
         request_id=request_id, model=request.model, chat=chat, n=1, sampling=sampling_params(request),

@@ -24,10 +24,14 @@ from ..web import json_response, read_body, request_id
 from ..auth import tenant
 from ..retrieval.routes import store_expired
 from .events import CANCELLED_CODE, ResponseEvents
-from .file_search import SEARCH_NAME, FileSearchRun, SearchingStream
+from ..mcp.protocol import McpApprovalResponseItem, McpTool
+from ..mcp.run import McpRun, McpSettings
+from .budget import CallBudget
+from .file_search import SEARCH_NAME, FileSearchRun
 from .objects import ResponseSkeleton, new_id
-from .protocol import MAX_LIST_LIMIT, ResponseRequest
-from .request import ResponsesRequest, build_request
+from .protocol import MAX_LIST_LIMIT, FunctionTool, NamespaceTool, ResponseRequest
+from .request import ResponsesRequest, build_request, inherited_items, new_items, qualified_name
+from .tool_rounds import ToolRounds
 from .store import ResponseStore, StoredResponse
 
 if TYPE_CHECKING:
@@ -61,10 +65,12 @@ class ResponsesRoutes:
     """The routes' state: the store (None: nothing is kept, every `store: true` answer is forgotten and
     chains are refused) and the responses in flight in this process (for GET and cancel)."""
 
-    def __init__(self, ctx: ShimContext, store: ResponseStore | None, retrieval: Retrieval | None = None) -> None:
+    def __init__(self, ctx: ShimContext, store: ResponseStore | None, retrieval: Retrieval | None = None,
+                 mcp: McpSettings | None = None) -> None:
         self.ctx = ctx
         self.store = store
         self.retrieval = retrieval  # what file_search searches with (None: no store, no vector stores)
+        self.mcp = mcp  # the MCP client and its allowlist (None: the mcp tool is refused)
         self.in_flight: dict[str, _InFlight] = {}
 
     def stored(self, response_id: str, param: str | None = None) -> StoredResponse:
@@ -79,14 +85,17 @@ class ResponsesRoutes:
         if request.previous_response_id is not None:
             prior = self.stored(request.previous_response_id, "previous_response_id")
             inherited = prior.context + prior.response["output"]
-        parsed = build_request(request, request_id(), self.ctx.limits, inherited)
+        budget = CallBudget(request.max_tool_calls)
+        mcp = self._mcp(request, inherited, budget)
+        parsed = build_request(request, request_id(), self.ctx.limits, inherited, mcp)
         if parsed.tools.not_offered:
             _add_header(NOT_OFFERED_HEADER, ", ".join(parsed.tools.not_offered))
-        searches = self._file_search(parsed)
+        searches = self._file_search(parsed, budget)
+        runs = [run for run in (searches, mcp) if run is not None]
         chain = None
-        if searches is not None:
-            def chain(first: Any, start: Any) -> SearchingStream:
-                return SearchingStream(first, parsed.generate, searches, lambda r: start([r]))
+        if runs:
+            def chain(first: Any, start: Any) -> ToolRounds:
+                return ToolRounds(first, parsed.generate, runs, lambda r: start([r]))
         try:
             model, stream = self.ctx.relay.open(parsed.model, [parsed.generate], chain)
         except APIError as error:
@@ -94,9 +103,8 @@ class ResponsesRoutes:
         skeleton = ResponseSkeleton(new_id("resp"), model, parsed.echo, parsed.tools.namespaced)
         self.in_flight[skeleton.id] = _InFlight(stream, skeleton, tenant())
         writer = ResponseEvents(skeleton, parsed.logprobs, functools.partial(self._keep, parsed, tenant()),
-                                parsed.engine_error,
-                                searches)
-        if searches is not None:
+                                parsed.engine_error, searches, mcp)
+        if runs:
             stream.round_items = writer.round_items
         try:
             if not parsed.stream:
@@ -108,7 +116,26 @@ class ResponsesRoutes:
             self.in_flight.pop(skeleton.id, None)
             raise parsed.engine_error(error) from None
 
-    def _file_search(self, parsed: ResponsesRequest) -> FileSearchRun | None:
+    def _mcp(self, request: ResponseRequest, inherited: list[dict[str, Any]], budget: CallBudget) -> McpRun | None:
+        """The mcp tools' run, prepared: servers allowed (400 else, before any connection), tools listed or
+        taken from the conversation, approved calls run (mcp/run.py)."""
+        tools = [(k, t) for k, t in enumerate(request.tools or []) if isinstance(t, McpTool)]
+        if not tools:
+            answers = [k for k, i in enumerate(new_items(request)) if isinstance(i, McpApprovalResponseItem)]
+            if answers:
+                raise invalid("An mcp_approval_response needs the mcp tool of its server in 'tools'.",
+                              f"input[{answers[0]}]")
+            return None
+        if self.mcp is None:
+            raise invalid("MCP tools are not served here.", f"tools[{tools[0][0]}]")
+        functions = {t.name for t in request.tools or [] if isinstance(t, FunctionTool)}
+        functions |= {qualified_name(t.name, f.name) for t in request.tools or [] if isinstance(t, NamespaceTool)
+                      for f in t.tools}
+        run = McpRun(self.mcp, tools, budget, functions | {SEARCH_NAME})
+        run.prepare(inherited_items(inherited), new_items(request))
+        return run
+
+    def _file_search(self, parsed: ResponsesRequest, budget: CallBudget) -> FileSearchRun | None:
         """The file_search tool's run, once its vector stores are known to be the caller's (404 else)."""
         tool = parsed.tools.file_search
         if tool is None:
@@ -126,7 +153,7 @@ class ResponsesRoutes:
             if store["status"] == "expired":
                 raise store_expired(store_id, f"{path}.vector_store_ids[{k}]")
         users = [m.content for m in parsed.generate.chat.messages if m.role == "user"]
-        return FileSearchRun(self.retrieval, tool, parsed.include_results, parsed.max_tool_calls, request_id(),
+        return FileSearchRun(self.retrieval, tool, parsed.include_results, budget, request_id(),
                              users[-1] if users else "")
 
     def _keep(self, parsed: ResponsesRequest, owner: str, response: dict[str, Any]) -> None:
@@ -206,8 +233,8 @@ class ResponsesRoutes:
 
 
 def register_responses(app: Flask, ctx: ShimContext, store: ResponseStore | None,
-                       retrieval: Retrieval | None = None) -> None:
-    routes = ResponsesRoutes(ctx, store, retrieval)
+                       retrieval: Retrieval | None = None, mcp: McpSettings | None = None) -> None:
+    routes = ResponsesRoutes(ctx, store, retrieval, mcp)
     app.post(RESPONSES_ROUTE)(routes.create_response)
     app.get(f"{RESPONSES_ROUTE}/<response_id>")(routes.get_response)
     app.delete(f"{RESPONSES_ROUTE}/<response_id>")(routes.delete_response)
