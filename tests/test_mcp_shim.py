@@ -317,13 +317,13 @@ def test_a_server_gone_mid_conversation_is_a_call_error(client, servers) -> None
 def test_a_hung_server_times_out_and_a_slow_call_keeps_the_stream_alive(fake: FakeEngineServer, servers) -> None:
     hung = Listener(hold=True)
     allowed = f"http://127.0.0.1:{hung.port}/,{servers['http'].url}"
-    process, url = start_shim(fake.address, "--responses-store-dir", ":memory:", "--mcp-call-timeout", "2.5",
-                              "--heartbeat-interval", "0.25", env={"CONDUIT_MCP_ALLOWED_URLS": allowed})
+    process, url = start_shim(fake.address, "--responses-store-dir", ":memory:", "--mcp-call-timeout", "1.0",
+                              "--heartbeat-interval", "0.1", env={"CONDUIT_MCP_ALLOWED_URLS": allowed})
     try:
         with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60) as sdk:
             response = _create(sdk, "hello", [mcp_tool(f"http://127.0.0.1:{hung.port}/mcp")])
         slow = httpx.post(f"{url}/v1/responses", timeout=60, json={
-            "model": MODEL_ID, "stream": True, "input": 'call:sleepy:{"seconds": 1}',
+            "model": MODEL_ID, "stream": True, "input": 'call:sleepy:{"seconds": 0.5}',
             "tools": [mcp_tool(servers["http"], allowed_tools=["sleepy"])]}).text
     finally:
         stop_process(process)
