@@ -123,6 +123,13 @@ def build_parser() -> EnvArgumentParser:
                       help="adapters loaded at once")
     lora.add_argument("--max-lora-rank", metavar="R", type=bounded("max_lora_rank"), default=LoraConfig.max_lora_rank,
                       help="the highest rank an adapter may have")
+    lora.add_argument("--allow-runtime-lora-updating", action="store_true",
+                      env=("CONDUIT_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
+                      help="serve LoadAdapter and UnloadAdapter (the shim's /v1/load_lora_adapter and "
+                           "/v1/unload_lora_adapter), from under --lora-dirs only")
+    lora.add_argument("--lora-dirs", nargs="+", default=[], metavar="DIR",
+                      help="the folders adapters may be loaded from at run time (symlinks resolved: a path "
+                           "leading out of them is refused)")
     p.add_argument("--threads", metavar="N", type=bounded("threads"), default=0,
                    help="torch CPU threads; default: all cores")
     p.add_argument("--core-share", metavar="FILE",
@@ -220,12 +227,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def lora_config(args: argparse.Namespace) -> LoraConfig | None:
     if not args.enable_lora:
-        if args.lora_modules:
-            raise ValueError("--lora-modules needs --enable-lora")
+        for flag, given in (("--lora-modules", args.lora_modules),
+                            ("--allow-runtime-lora-updating", args.allow_runtime_lora_updating)):
+            if given:
+                raise ValueError(f"{flag} needs --enable-lora")
         return None
+    if args.allow_runtime_lora_updating and not args.lora_dirs:
+        raise ValueError("--allow-runtime-lora-updating needs --lora-dirs: the folders adapters may be loaded from")
+    missing = [folder for folder in args.lora_dirs if not Path(folder).is_dir()]
+    if missing:
+        raise ValueError(f"--lora-dirs: not a folder: {', '.join(missing)}")
     if len(args.lora_modules) > args.max_loras:
         raise ValueError(f"--lora-modules names {len(args.lora_modules)} adapters, more than --max-loras {args.max_loras}")
-    return LoraConfig(tuple(args.lora_modules), args.max_loras, args.max_lora_rank)
+    return LoraConfig(tuple(args.lora_modules), args.max_loras, args.max_lora_rank, args.allow_runtime_lora_updating,
+                      tuple(args.lora_dirs))
 
 
 def check_model_path(spec: str | None) -> None:

@@ -26,6 +26,7 @@ from .embeddings.routes import EMBEDDINGS_ROUTE
 from .files import FileLimits, FileStore, register_files
 from .errors import APIError, from_engine_error, internal_error
 from .limits import DEFAULT_LIMITS, RequestLimits
+from .lora_adapters import register_lora_adapters
 from .messages import is_anthropic_request, register_messages
 from .messages.routes import GENERATION_ROUTES as MESSAGES_ROUTES
 from .messages.routes import anthropic_error
@@ -110,6 +111,7 @@ def create_app(config: ShimConfig, connect: Connect) -> ObservedApp:
     register_responses(app, ctx, store, retrieval)
     register_messages(app, ctx)
     register_embeddings(app, ctx)
+    register_lora_adapters(app, ctx)
     return ObservedApp(app, metrics, ctx)  # the server reaches the drain as `state.drain`
 
 

@@ -94,6 +94,10 @@ class LoraConfig:
     modules: tuple[LoraModule, ...] = ()
     max_loras: int = 4  # adapters resident at once
     max_lora_rank: int = 64
+    # LoadAdapter / UnloadAdapter (/v1/load_lora_adapter): off unless the operator turns them on, and then only
+    # from under these folders (core/adapter_dirs.py).
+    allow_runtime_updating: bool = False
+    lora_dirs: tuple[str, ...] = ()
 
 
 @dataclass

@@ -69,7 +69,8 @@ class Router:
             return self._engines.setdefault(model, RoutedEngine(self, model))
 
     def serving(self, model: str) -> list[Replica]:
-        """The replicas listing `model`, healthy ones first."""
+        """The replicas listing `model`, healthy ones first. A LoRA adapter is listed where it is loaded, and
+        a loaded adapter is resident (its weights in the linears): no replica has to bring one in."""
         replicas = [replica for replica in self.pool.replicas() if replica.serves(model)]
         return sorted(replicas, key=lambda replica: replica.state != SERVING)
 
@@ -102,7 +103,8 @@ class Router:
                  for replica in healthy}
         if len(sizes) != 1 or 0 in sizes:
             return None
-        return prefix.token_blocks(min(healthy, key=lambda replica: replica.load).client, sizes.pop())
+        return prefix.token_blocks(min(healthy, key=lambda replica: replica.load).client, sizes.pop(),
+                                   prefix.model if any(r.adapter(prefix.model) for r in healthy) else "")
 
     def _replica_changed(self, replica: Replica) -> None:
         """Its gauges read it when scraped, from its arrival until it is retired."""

@@ -364,6 +364,24 @@ class ListModelsResponse(_message.Message):
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
 
+class LoadAdapterRequest(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class UnloadAdapterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnloadAdapterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class GetModelInfoRequest(_message.Message):
     __slots__ = ("model",)
     MODEL_FIELD_NUMBER: _ClassVar[int]
