@@ -203,7 +203,11 @@ class EngineServicer(pb_grpc.EngineServicer):
         """The engine's request for a GenerateRequest, queued. Raises InvalidRequest, QueueFull or Draining."""
         params = request_params(request)
         ids, tools, grammar, answer = await self._off_loop(self._prepare, request, params.stopping.max_tokens)
-        adapter = self.engine.adapters.get(request.model) if self.engine.adapters and request.model else None
+        adapter = None
+        if self.engine.adapters is not None and request.model and request.model != self.loaded.model_id:
+            adapter = self.engine.adapters.get(request.model)
+            if adapter is None:  # unloaded since _check_model: never the base model's answer under its name
+                raise AdapterNotFound(f"model {request.model!r} is not served here: its LoRA adapter was unloaded")
         job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
                       max_tokens=0, sink=sink, grammar=grammar, answer_grammar=answer, tools=tools, log_id=log_id,
                       adapter=adapter)
