@@ -120,7 +120,11 @@ def build_parser() -> EnvArgumentParser:
                       help='adapters to serve from the start: NAME=PATH, or JSON \'{"name": N, "path": P, '
                            '"base_model_name": B}\'; each is listed in /v1/models with its base as parent')
     lora.add_argument("--max-loras", metavar="N", type=bounded("max_loras"), default=LoraConfig.max_loras,
-                      help="adapters loaded at once")
+                      help="adapters resident at once: what the requests of one step may use")
+    lora.add_argument("--max-cpu-loras", metavar="N", type=bounded("max_loras"), default=None,
+                      help="adapters loaded at once, resident or kept on the host until a request needs them "
+                           "(then the least recently used one no running request holds makes room); "
+                           "default: --max-loras")
     lora.add_argument("--max-lora-rank", metavar="R", type=bounded("max_lora_rank"), default=LoraConfig.max_lora_rank,
                       help="the highest rank an adapter may have")
     lora.add_argument("--allow-runtime-lora-updating", action="store_true",
@@ -237,10 +241,14 @@ def lora_config(args: argparse.Namespace) -> LoraConfig | None:
     missing = [folder for folder in args.lora_dirs if not Path(folder).is_dir()]
     if missing:
         raise ValueError(f"--lora-dirs: not a folder: {', '.join(missing)}")
-    if len(args.lora_modules) > args.max_loras:
-        raise ValueError(f"--lora-modules names {len(args.lora_modules)} adapters, more than --max-loras {args.max_loras}")
-    return LoraConfig(tuple(args.lora_modules), args.max_loras, args.max_lora_rank, args.allow_runtime_lora_updating,
-                      tuple(args.lora_dirs))
+    if args.max_cpu_loras is not None and args.max_cpu_loras < args.max_loras:
+        raise ValueError(f"--max-cpu-loras {args.max_cpu_loras} is below --max-loras {args.max_loras}")
+    config = LoraConfig(tuple(args.lora_modules), args.max_loras, args.max_lora_rank, args.allow_runtime_lora_updating,
+                        tuple(args.lora_dirs), args.max_cpu_loras or 0)
+    if len(args.lora_modules) > config.loaded_limit:
+        raise ValueError(f"--lora-modules names {len(args.lora_modules)} adapters, more than --max-cpu-loras "
+                         f"{config.loaded_limit} (default: --max-loras)")
+    return config
 
 
 def check_model_path(spec: str | None) -> None:

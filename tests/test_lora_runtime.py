@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +56,9 @@ class RuntimeLoadingOnFirst(Stack):
         self.lora_dirs = lora_dirs
 
     def engine_command(self, index: int = 0) -> list[str]:
-        runtime = ["--allow-runtime-lora-updating", "--lora-dirs", str(self.lora_dirs)] if index == 0 else []
+        # One adapter resident at a time, three loaded.
+        runtime = ["--allow-runtime-lora-updating", "--lora-dirs", str(self.lora_dirs), "--max-loras", "1",
+                   "--max-cpu-loras", "3"] if index == 0 else []
         return [*super().engine_command(index), *runtime]
 
 
@@ -64,6 +67,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> Folders:
     root = tmp_path_factory.mktemp("lora-runtime")
     allowed, outside = root / "allowed", root / "outside"
     write_shaped_adapter(allowed / "sql", ("q_proj", "v_proj", "down_proj"), 8, 16.0, seed=5, magnitude=0.2)
+    write_shaped_adapter(allowed / "support", ("k_proj", "o_proj", "up_proj"), 4, 8.0, seed=9, magnitude=0.3)
     write_shaped_adapter(allowed / "high-rank", ("q_proj",), MAX_RANK * 2, 16.0, seed=6, layers=1)
     write_shaped_adapter(allowed / "other-base", ("q_proj",), 4, 8.0, seed=7, layers=1,
                          linears={"q_proj": (2048, 2048)})
@@ -76,8 +80,9 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> Folders:
 
 @pytest.fixture(scope="module")
 def stack(folders: Folders, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    # --deterministic: a row's answer whatever shares its step, on either replica.
     with RuntimeLoadingOnFirst(folders.allowed, replicas=2, engine_args=["--enable-lora", "--max-lora-rank",
-                                                                         str(MAX_RANK)],
+                                                                         str(MAX_RANK), "--deterministic"],
                                shim_args=["--api-key", KEY], metrics_port=free_port(),
                                log_dir=tmp_path_factory.mktemp("logs"), startup_timeout=STARTUP_TIMEOUT_S) as running:
         yield running
@@ -152,7 +157,7 @@ def test_an_adapter_loaded_at_run_time_is_listed_used_on_its_replica_only_and_un
                 if sample.labels["lora_name"] == "sql"}
     wait_until(lambda: counts() == expected, 30)
     (info,) = lora_samples(stack)["conduit:lora_requests_info"]
-    assert info.labels["max_lora"] == "4" and info.value > 1e9  # a timestamp, as vLLM's
+    assert info.labels["max_lora"] == "1" and info.value > 1e9  # a timestamp, as vLLM's
     assert {"running_lora_adapters", "waiting_lora_adapters"} <= set(info.labels)
 
     # Unloaded while a stream runs with it: the stream finishes; the name is gone at once.
@@ -171,6 +176,23 @@ def test_an_adapter_loaded_at_run_time_is_listed_used_on_its_replica_only_and_un
     assert refused.value.code == "model_not_found"
     wait_until(lambda: "sql" not in kv_lora_names(stack, 0), 30)  # its blocks go once its stream is done
     assert answer(sdk, MODEL, "base-after")[0] == base
+
+
+def test_adapters_beyond_max_loras_take_turns_and_each_request_gets_what_it_gets_alone(stack: Stack, sdk: openai.OpenAI,
+                                                                                      folders: Folders) -> None:
+    """Replica 0 keeps one adapter resident (--max-loras 1) of the loaded ones (--max-cpu-loras 3): requests over
+    two adapters and the base model at once each get their answer alone; the adapters took turns in the slot."""
+    for name, folder in (("sql-a", "sql"), ("support-b", "support")):
+        assert admin(stack, "load_lora_adapter", {"lora_name": name, "lora_path": str(folders.allowed / folder)})[0] == 200
+    models = ["sql-a", "support-b", MODEL] * 2
+    alone = {model: answer(sdk, model, f"alone-{model}")[0] for model in models}
+    assert len(set(alone.values())) == 3
+    with ThreadPoolExecutor(len(models)) as pool:
+        together = list(pool.map(lambda model: answer(sdk, model, f"together-{uuid.uuid4().hex[:8]}")[0], models))
+    assert together == [alone[model] for model in models]
+    assert "evicted from slot 1" in stack.replica_log(0).read_text()
+    for name in ("sql-a", "support-b"):
+        assert admin(stack, "unload_lora_adapter", {"lora_name": name})[0] == 200
 
 
 REFUSALS = [  # (lora_name, lora_path under folders, status, words the message holds)

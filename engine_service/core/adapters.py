@@ -7,6 +7,12 @@ The prefix cache keys a prompt's first block under the adapter's salt (block_man
 values computed with one adapter never serve another, nor the base model. Each load gets a salt of its
 own, so an adapter reloaded under the same name never meets its predecessor's blocks.
 
+Loaded is not resident: up to `--max-cpu-loras` adapters are loaded (read, checked, their pairs kept on
+the host), and up to `--max-loras` of them are resident, their pairs in the linears under a slot, which is
+what a step can use. The scheduler makes a waiting request's adapter resident when it admits it (`resident`,
+on the engine thread), evicting the least recently used resident adapter no running request holds; when
+every slot is held, the request waits, as for want of KV blocks.
+
 Unloading is immediate for clients (the name leaves the list; new requests for it are NOT_FOUND) and
 gentle for the requests running with it: they finish; then, on the engine thread (`reap`), its slot's
 weights and its cached blocks are dropped.
@@ -42,10 +48,12 @@ class RuntimeUpdatingOff(AdapterError):
 class Adapter:
     name: str
     path: str
-    slot: int  # >= 1 in the model runner's linears
+    slot: int  # >= 1 while resident in the model runner's linears; 0: on the host only
     rank: int
     cache_salt: bytes = field(repr=False)  # the parent key of its prompts' first blocks
+    pairs: dict = field(default_factory=dict, repr=False)  # linear -> (A, scale * B) on the host (runner.py)
     retiring: bool = False  # unloaded: no new requests; its weights go once its running ones end
+    last_used: int = 0  # when the scheduler last admitted a request of it (a counter): least recent out
 
 
 class Adapters:
@@ -60,32 +68,57 @@ class Adapters:
         self._lock = threading.Lock()  # the two collections above
         self._loading = threading.Lock()  # one load at a time: its name and slot stay free while it reads
         self._loads = itertools.count(1)
+        self._uses = 0  # admissions of adapters' requests (engine thread): their order, for eviction
 
     def load(self, module: LoraModule) -> Adapter:
         """Loads the adapter at start (any path the operator gave) or at run time (after load_at_runtime's
-        checks). Raises AdapterError naming the problem."""
+        checks): read, checked against the model and kept on the host; resident once a request needs it.
+        Raises AdapterError naming the problem."""
         with self._loading:
             self._check_name(module.name)
             if module.base_model_name and module.base_model_name != self.base_model:
                 raise AdapterError(f"{module.name}: base_model_name {module.base_model_name!r} is not this engine's "
                                    f"model {self.base_model!r}")
             with self._lock:
-                used = {adapter.slot for adapter in (*self._by_name.values(), *self._retiring)}
-            if len(used) >= self.config.max_loras:
-                unloading = len(used) - len(self._by_name)
-                raise AdapterError(f"--max-loras {self.config.max_loras} adapters are loaded already"
-                                   + (f" ({unloading} of them unloading)" if unloading else "")
-                                   + "; unload one first")
+                loaded, unloading = len(self._by_name) + len(self._retiring), len(self._retiring)
+            if loaded >= self.config.loaded_limit:
+                raise AdapterError(f"{self.config.loaded_limit} adapters are loaded already (--max-cpu-loras; "
+                                   f"--max-loras {self.config.max_loras} resident at once)"
+                                   + (f", {unloading} of them unloading" if unloading else "") + "; unload one first")
             weights = read_adapter(module.path, self.runner.linear_shapes, self.config.max_lora_rank)
-            slot = next(slot for slot in itertools.count(1) if slot not in used)
-            self.runner.load_adapter(slot, weights)  # a fresh slot: no step reads it until a request has it
+            pairs = self.runner.adapter_pairs(weights)  # refuses a target the model does not run as a linear
             salt = hashlib.sha256(f"lora\0{module.name}\0{module.path}\0{next(self._loads)}".encode()).digest()
-            adapter = Adapter(module.name, module.path, slot, weights.rank, salt)
+            adapter = Adapter(module.name, module.path, 0, weights.rank, salt, pairs)
             with self._lock:
                 self._by_name[module.name] = adapter
         log.info("LoRA adapter %s loaded (r=%d, %d linears) from %s", module.name, weights.rank,
                  len(weights.pairs), module.path)
         return adapter
+
+    def resident(self, adapter: Adapter, held: Iterable[Adapter]) -> bool:
+        """On the engine thread, as the scheduler admits a request of `adapter`: True once its pairs are in the
+        linears (placed now in a free slot, or in that of the least recently used resident adapter that no
+        running request holds, `held`); False when every slot is held (the request waits)."""
+        self._uses += 1
+        adapter.last_used = self._uses
+        if adapter.slot:
+            return True
+        with self._lock:
+            resident = [a for a in (*self._by_name.values(), *self._retiring) if a.slot]
+        used = {a.slot for a in resident}
+        free = next((slot for slot in range(1, self.config.max_loras + 1) if slot not in used), 0)
+        if not free:
+            kept = set(held)
+            victims = sorted((a for a in resident if a not in kept), key=lambda a: a.last_used)
+            if not victims:
+                return False
+            free, victims[0].slot = victims[0].slot, 0
+            self.runner.unload_adapter(free)
+            log.info("LoRA adapter %s evicted from slot %d for %s (--max-loras %d)", victims[0].name, free,
+                     adapter.name, self.config.max_loras)
+        self.runner.place_adapter(free, adapter.pairs)
+        adapter.slot = free
+        return True
 
     def load_at_runtime(self, name: str, path: str) -> Adapter:
         """LoadAdapter: only with --allow-runtime-lora-updating, only from under --lora-dirs."""
@@ -120,7 +153,9 @@ class Adapters:
             done = [adapter for adapter in self._retiring if adapter not in held]
             self._retiring = [adapter for adapter in self._retiring if adapter in held]
         for adapter in done:
-            self.runner.unload_adapter(adapter.slot)
+            if adapter.slot:
+                self.runner.unload_adapter(adapter.slot)
+                adapter.slot = 0
             dropped = blocks.drop_salted(adapter.cache_salt)
             log.info("LoRA adapter %s unloaded (%d cached blocks dropped)", adapter.name, dropped)
 

@@ -129,6 +129,8 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, metrics: EngineMetri
                           config.block_size, runner.cache.copy_block, config.enable_prefix_caching,
                           config.segments)
     scheduler = Scheduler(blocks, config.max_batch_size, config.max_step_tokens)
+    if adapters is not None:
+        scheduler.adapter_residency = adapters.resident
     admission = Admission(max_model_len, kv_capacity_tokens, vocab_size, config.max_batch_size)
     pacing = StreamPacing(config.stream_interval)
     recorder = StepRecorder(metrics)

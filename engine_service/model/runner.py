@@ -192,7 +192,16 @@ class ModelRunner:
 
     def load_adapter(self, slot: int, weights: LoraWeights) -> None:
         """The adapter's low-rank pairs into the linears it targets, under `slot` (>= 1)."""
-        for module, pair in linear_pairs(self.model, weights, self.dtype, self.fused_parts).items():
+        self.place_adapter(slot, self.adapter_pairs(weights))
+
+    def adapter_pairs(self, weights: LoraWeights) -> dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+        """The adapter's pairs by the linear that takes each, in the model's dtype, on the host (a LoRA adapter
+        loaded, not yet resident: core/adapters.py); AdapterError for a target this model does not run."""
+        return linear_pairs(self.model, weights, self.dtype, self.fused_parts)
+
+    def place_adapter(self, slot: int, pairs: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Pairs from adapter_pairs into their linears under `slot` (>= 1): the adapter is resident."""
+        for module, pair in pairs.items():
             module.lora[slot] = tuple(t.to(self.device) for t in pair)
 
     def unload_adapter(self, slot: int) -> None:
