@@ -121,10 +121,10 @@ def build_parser() -> EnvArgumentParser:
                            '"base_model_name": B}\'; each is listed in /v1/models with its base as parent')
     lora.add_argument("--max-loras", metavar="N", type=bounded("max_loras"), default=LoraConfig.max_loras,
                       help="adapters resident at once: what the requests of one step may use")
-    lora.add_argument("--max-cpu-loras", metavar="N", type=bounded("max_loras"), default=None,
+    lora.add_argument("--max-cpu-loras", metavar="N", type=bounded("max_cpu_loras"), default=0,
                       help="adapters loaded at once, resident or kept on the host until a request needs them "
                            "(then the least recently used one no running request holds makes room); "
-                           "default: --max-loras")
+                           "0 (default): --max-loras")
     lora.add_argument("--max-lora-rank", metavar="R", type=bounded("max_lora_rank"), default=LoraConfig.max_lora_rank,
                       help="the highest rank an adapter may have")
     lora.add_argument("--allow-runtime-lora-updating", action="store_true",
@@ -241,10 +241,10 @@ def lora_config(args: argparse.Namespace) -> LoraConfig | None:
     missing = [folder for folder in args.lora_dirs if not Path(folder).is_dir()]
     if missing:
         raise ValueError(f"--lora-dirs: not a folder: {', '.join(missing)}")
-    if args.max_cpu_loras is not None and args.max_cpu_loras < args.max_loras:
+    if args.max_cpu_loras and args.max_cpu_loras < args.max_loras:
         raise ValueError(f"--max-cpu-loras {args.max_cpu_loras} is below --max-loras {args.max_loras}")
     config = LoraConfig(tuple(args.lora_modules), args.max_loras, args.max_lora_rank, args.allow_runtime_lora_updating,
-                        tuple(args.lora_dirs), args.max_cpu_loras or 0)
+                        tuple(args.lora_dirs), args.max_cpu_loras)
     if len(args.lora_modules) > config.loaded_limit:
         raise ValueError(f"--lora-modules names {len(args.lora_modules)} adapters, more than --max-cpu-loras "
                          f"{config.loaded_limit} (default: --max-loras)")

@@ -191,6 +191,8 @@ def test_adapters_beyond_max_loras_take_turns_and_each_request_gets_what_it_gets
         together = list(pool.map(lambda model: answer(sdk, model, f"together-{uuid.uuid4().hex[:8]}")[0], models))
     assert together == [alone[model] for model in models]
     assert "evicted from slot 1" in stack.replica_log(0).read_text()
+    with stack.client(index=0) as replica:  # what routers read: one of them resident, the other on the host
+        assert len(set(replica.load(timeout=10).resident_adapters) & {"sql-a", "support-b"}) == 1
     for name in ("sql-a", "support-b"):
         assert admin(stack, "unload_lora_adapter", {"lora_name": name})[0] == 200
 

@@ -59,6 +59,7 @@ BOUNDS = {
     "drain_seconds": Bounds(0.0, 86400.0),
     "max_loras": Bounds(1, 1024),
     "max_lora_rank": Bounds(1, 1024),
+    "max_cpu_loras": Bounds(1, 1024, special=0),  # 0: --max-loras
 }
 
 

@@ -287,7 +287,9 @@ class EngineServicer(pb_grpc.EngineServicer):
                              kv_cache_usage=load.kv_usage, block_size=config.block_size,
                              num_blocks=self.engine.scheduler.blocks.num_blocks,
                              prefix_caching=config.enable_prefix_caching, draining=self.draining,
-                             model=self.loaded.model_id)
+                             model=self.loaded.model_id, resident_adapters=[
+                                 adapter.name for adapter in (self.engine.adapters.all() if self.engine.adapters
+                                                              else []) if adapter.slot])
 
     async def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
         adapters = self.engine.adapters.all() if self.engine.adapters else []
