@@ -218,6 +218,17 @@ class EngineClient:
                                            truncate_prompt_tokens=truncate_prompt_tokens)
         return self._unary(self._stub.Embed, request, timeout, metadata)
 
+    def load_adapter(self, name: str, path: str, *, timeout: float | None = None,
+                     metadata: Metadata | None = None) -> pb.ModelInfo:
+        """Loads the LoRA adapter in folder `path` (on the engine's host, under its --lora-dirs) as model `name`;
+        its ModelInfo. A ConduitError whose message names the problem when refused: code FAILED_PRECONDITION
+        (runtime loading off), PERMISSION_DENIED (outside --lora-dirs), NOT_FOUND, INVALID_ARGUMENT."""
+        return self._unary(self._stub.LoadAdapter, pb.LoadAdapterRequest(name=name, path=path), timeout, metadata)
+
+    def unload_adapter(self, name: str, *, timeout: float | None = None, metadata: Metadata | None = None) -> None:
+        """Unloads LoRA adapter `name` (its running requests finish); NotFound when it is not loaded."""
+        self._unary(self._stub.UnloadAdapter, pb.UnloadAdapterRequest(name=name), timeout, metadata)
+
     def load(self, *, timeout: float | None = None, metadata: Metadata | None = None) -> pb.LoadReport:
         """The engine's running and waiting requests, KV-cache usage and layout (GetLoad), for routers."""
         return self._unary(self._stub.GetLoad, pb.GetLoadRequest(), timeout, metadata)
@@ -351,6 +362,17 @@ class AsyncEngineClient:
         request = request or embed_request(inputs, model=model, dimensions=dimensions,
                                            truncate_prompt_tokens=truncate_prompt_tokens)
         return await self._unary(self._stub.Embed, request, timeout, metadata)
+
+    async def load_adapter(self, name: str, path: str, *, timeout: float | None = None,
+                           metadata: Metadata | None = None) -> pb.ModelInfo:
+        """As EngineClient.load_adapter."""
+        return await self._unary(self._stub.LoadAdapter, pb.LoadAdapterRequest(name=name, path=path), timeout,
+                                 metadata)
+
+    async def unload_adapter(self, name: str, *, timeout: float | None = None,
+                             metadata: Metadata | None = None) -> None:
+        """As EngineClient.unload_adapter."""
+        await self._unary(self._stub.UnloadAdapter, pb.UnloadAdapterRequest(name=name), timeout, metadata)
 
     async def health(self, service: str = ENGINE_SERVICE, *, timeout: float | None = None,
                      metadata: Metadata | None = None) -> str:

@@ -120,9 +120,20 @@ def build_parser() -> EnvArgumentParser:
                       help='adapters to serve from the start: NAME=PATH, or JSON \'{"name": N, "path": P, '
                            '"base_model_name": B}\'; each is listed in /v1/models with its base as parent')
     lora.add_argument("--max-loras", metavar="N", type=bounded("max_loras"), default=LoraConfig.max_loras,
-                      help="adapters loaded at once")
+                      help="adapters resident at once: what the requests of one step may use")
+    lora.add_argument("--max-cpu-loras", metavar="N", type=bounded("max_cpu_loras"), default=0,
+                      help="adapters loaded at once, resident or kept on the host until a request needs them "
+                           "(then the least recently used one no running request holds makes room); "
+                           "0 (default): --max-loras")
     lora.add_argument("--max-lora-rank", metavar="R", type=bounded("max_lora_rank"), default=LoraConfig.max_lora_rank,
                       help="the highest rank an adapter may have")
+    lora.add_argument("--allow-runtime-lora-updating", action="store_true",
+                      env=("CONDUIT_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
+                      help="serve LoadAdapter and UnloadAdapter (the shim's /v1/load_lora_adapter and "
+                           "/v1/unload_lora_adapter), from under --lora-dirs only")
+    lora.add_argument("--lora-dirs", nargs="+", default=[], metavar="DIR",
+                      help="the folders adapters may be loaded from at run time (symlinks resolved: a path "
+                           "leading out of them is refused)")
     p.add_argument("--threads", metavar="N", type=bounded("threads"), default=0,
                    help="torch CPU threads; default: all cores")
     p.add_argument("--core-share", metavar="FILE",
@@ -220,12 +231,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def lora_config(args: argparse.Namespace) -> LoraConfig | None:
     if not args.enable_lora:
-        if args.lora_modules:
-            raise ValueError("--lora-modules needs --enable-lora")
+        for flag, given in (("--lora-modules", args.lora_modules),
+                            ("--allow-runtime-lora-updating", args.allow_runtime_lora_updating)):
+            if given:
+                raise ValueError(f"{flag} needs --enable-lora")
         return None
-    if len(args.lora_modules) > args.max_loras:
-        raise ValueError(f"--lora-modules names {len(args.lora_modules)} adapters, more than --max-loras {args.max_loras}")
-    return LoraConfig(tuple(args.lora_modules), args.max_loras, args.max_lora_rank)
+    if args.allow_runtime_lora_updating and not args.lora_dirs:
+        raise ValueError("--allow-runtime-lora-updating needs --lora-dirs: the folders adapters may be loaded from")
+    missing = [folder for folder in args.lora_dirs if not Path(folder).is_dir()]
+    if missing:
+        raise ValueError(f"--lora-dirs: not a folder: {', '.join(missing)}")
+    if args.max_cpu_loras and args.max_cpu_loras < args.max_loras:
+        raise ValueError(f"--max-cpu-loras {args.max_cpu_loras} is below --max-loras {args.max_loras}")
+    config = LoraConfig(tuple(args.lora_modules), args.max_loras, args.max_lora_rank, args.allow_runtime_lora_updating,
+                        tuple(args.lora_dirs), args.max_cpu_loras)
+    if len(args.lora_modules) > config.loaded_limit:
+        raise ValueError(f"--lora-modules names {len(args.lora_modules)} adapters, more than --max-cpu-loras "
+                         f"{config.loaded_limit} (default: --max-loras)")
+    return config
 
 
 def check_model_path(spec: str | None) -> None:

@@ -26,6 +26,7 @@ from .embeddings.routes import EMBEDDINGS_ROUTE
 from .files import FileLimits, FileStore, register_files
 from .errors import APIError, from_engine_error, internal_error
 from .limits import DEFAULT_LIMITS, RequestLimits
+from .lora_adapters import register_lora_adapters
 from .mcp import McpConfig
 from .mcp.run import McpSettings
 from .messages import is_anthropic_request, register_messages
@@ -114,6 +115,7 @@ def create_app(config: ShimConfig, connect: Connect) -> ObservedApp:
     register_responses(app, ctx, store, retrieval, McpSettings(config.mcp, metrics))
     register_messages(app, ctx)
     register_embeddings(app, ctx)
+    register_lora_adapters(app, ctx)
     return ObservedApp(app, metrics, ctx)  # the server reaches the drain as `state.drain`
 
 

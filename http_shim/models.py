@@ -5,11 +5,13 @@ addresses and/or dns:/// targets: each address (and each one a name resolves to)
 (routing/) that says what it serves when it becomes ready and at each refresh; a request goes to a
 healthy replica serving its model, picked by the routing policy. A replica that does not answer
 keeps its last known models, so a restarted one gets work again. The list is cached (every request
-names a model); replicas becoming ready update it at once.
+names a model); replicas becoming ready update it at once, and so does a LoRA adapter loaded or unloaded
+through the shim (`load_adapter`, `unload_adapter`: on every engine, each listed again at once).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from clients.engine_client import EngineClient, Metadata
+import grpc
+
 from clients.errors import ConduitError, NotFound
 from clients.replicas import spans_replicas, split_addresses
 from conduit.v1 import engine_pb2 as pb
@@ -25,8 +29,14 @@ from .errors import model_not_found
 from .routing import RoutedEngine, Router, RoutingConfig
 from .routing.replica import SERVING, Replica
 
+log = logging.getLogger("http_shim")
+
 # Deadline of the small unary calls (ListModels, GetModelInfo).
 RPC_TIMEOUT_S = 10.0
+# LoadAdapter reads the adapter's files and moves its weights.
+ADAPTER_TIMEOUT_S = 120.0
+# An engine's refusal that says less than another's: it takes no adapters at run time, or is away.
+_UNINFORMATIVE = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE)
 # How long the model list is trusted; the engines rarely change what they serve.
 MODELS_TTL_S = 30.0
 # The youngest model list that an engine's "model not served here" throws away.
@@ -86,6 +96,40 @@ class ServedModels:
                 infos.setdefault(info.id, info)
         return list(infos.values())
 
+    def load_adapter(self, name: str, path: str, metadata: Metadata = ()) -> None:
+        """LoadAdapter on every engine (each checks the path against its own --lora-dirs); done when one
+        loaded it (the others may take no adapters, or serve another base model), else the most telling
+        refusal is raised. The engines are listed again at once."""
+        self._on_every_engine(lambda client: client.load_adapter(name, path, timeout=ADAPTER_TIMEOUT_S,
+                                                                 metadata=metadata), f"load LoRA adapter {name!r}")
+
+    def unload_adapter(self, name: str, metadata: Metadata = ()) -> None:
+        """UnloadAdapter on every engine; done when one had it, else the most telling refusal."""
+        self._on_every_engine(lambda client: client.unload_adapter(name, timeout=RPC_TIMEOUT_S, metadata=metadata),
+                              f"unload LoRA adapter {name!r}")
+
+    def _on_every_engine(self, call: Callable[[EngineClient], Any], what: str) -> None:
+        engines = ({"engine": self._single} if self._single is not None
+                   else {replica.address: replica.client for replica in self._router.pool.replicas()})
+        with ThreadPoolExecutor(len(engines)) as pool:
+            outcomes = list(pool.map(lambda client: _outcome(call, client), engines.values()))
+        errors = [outcome for outcome in outcomes if outcome is not None]
+        for address, error in zip(engines, outcomes):
+            log.info("%s on %s: %s", what, address, "done" if error is None else f"{error.code.name}: {error.message}")
+        self.changed()
+        if len(errors) == len(outcomes):
+            raise next((e for e in errors if e.code not in _UNINFORMATIVE), errors[0])
+
+    def changed(self) -> None:
+        """What the engines serve changed (an adapter loaded or unloaded): ask them now."""
+        if self._router is None:
+            with self._lock:
+                self._models_at = float("-inf")
+            return
+        self._refresh_replicas(self._router.pool.replicas())
+        with self._lock:
+            self._models_at = time.monotonic()
+
     def expire(self) -> None:
         """An engine said it does not serve a model it was listed with (it restarted under another
         name): ask the engines again at the next request, at most twice a second."""
@@ -132,3 +176,11 @@ class ServedModels:
         except ConduitError:
             models = self._listed()
         return {model.id: self._router.engine(model.id) for model in models}
+
+
+def _outcome(call: Callable[[EngineClient], Any], client: EngineClient) -> ConduitError | None:
+    try:
+        call(client)
+    except ConduitError as error:
+        return error
+    return None

@@ -12,7 +12,8 @@ import torch
 from lora_files import merged, scale_of, write_adapter
 from tiny_models import RunnerSeq, tiny_config, tiny_in_memory
 
-from engine_service.core.config import LoraModule
+from engine_service.core.adapters import Adapters
+from engine_service.core.config import LoraConfig, LoraModule
 from engine_service.core.scheduler import ScheduledBatch
 from engine_service.model.lora import AdapterError, read_adapter
 from engine_service.model.runner import ModelRunner, adapter_runs
@@ -89,6 +90,24 @@ def test_an_unloaded_adapter_leaves_the_base_model_as_it_was(base, folders) -> N
     runner.unload_adapter(2)
     assert all(not getattr(m, "lora", None) for m in runner.model.modules())
     assert torch.equal(next_token_logits(runner, [0])[0], before)
+
+
+def test_adapters_beyond_max_loras_wait_on_the_host_and_take_the_slot_of_the_least_recent_unheld(base, folders) -> None:
+    """--max-loras 1, --max-cpu-loras 2: both adapters load; one is resident at a time; a held one is never
+    evicted (its request waits); the one brought in computes in the other's slot what it computes in its own."""
+    runner = ModelRunner(copy.deepcopy(base), CPU, torch.float32, 16, 40, 256, quantization="none")
+    adapters = Adapters(runner, LoraConfig(max_loras=1, max_cpu_loras=2), "tiny")
+    one, two = (adapters.load(LoraModule(name, str(folders[slot][0]))) for name, slot in (("one", 1), ("two", 2)))
+    with pytest.raises(AdapterError, match="2 adapters are loaded already"):
+        adapters.load(LoraModule("three", str(folders[1][0])))
+    assert (one.slot, two.slot) == (0, 0)  # loaded, not resident
+    assert adapters.resident(one, set()) and one.slot == 1
+    assert not adapters.resident(two, {one}) and two.slot == 0  # the slot is held: two's request waits
+    assert adapters.resident(two, set()) and (one.slot, two.slot) == (0, 1)
+    seq = RunnerSeq(0, PROMPTS[2], block_table=[0, 1, 2])
+    seq.request.adapter_slot = two.slot
+    got = runner.run(ScheduledBatch(prefill=[(seq, len(seq.token_ids))]).step_input()).next_token[0]
+    assert torch.equal(got, next_token_logits(serving(base, folders), [2])[2])
 
 
 def test_runs_of_one_adapter_are_cut_at_the_groups() -> None:

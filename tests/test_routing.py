@@ -34,7 +34,7 @@ from conduit.v1 import engine_pb2 as pb
 from fake_engine import MODEL_ID, FakeEngineServer, start_fake_engine_process, start_shim, stop_process
 from http_shim.metrics import ShimMetrics
 from http_shim.routing import Router, RoutingConfig
-from http_shim.routing.policies import CacheAware, Choice, LeastLoad, RoundRobin
+from http_shim.routing.policies import CacheAware, Choice, LeastLoad, RoundRobin, prefer_resident
 from http_shim.routing.pool import address_list, dns_name
 from http_shim.routing.prefix import BLOCK_CHARS, PrefixIndex, prefix_blocks
 from http_shim.routing.replica import SERVING
@@ -312,6 +312,10 @@ class StandIn:
         self.address = address
         self.load = load
         self.prefixes = PrefixIndex()
+        self.resident_adapters: set[str] = set()
+
+    def resident(self, model: str) -> bool:
+        return model in self.resident_adapters
 
 
 def chat(system: str, question: str) -> pb.GenerateRequest:
@@ -360,6 +364,17 @@ def test_policies_choose_by_turn_load_and_prefix() -> None:
     assert policy.choose([a, b], prefix_blocks(chat("Another system prompt. " * 30, "q"))) == Choice(a, "cache_miss")
     a.load = 12  # a new prefix goes where the fewest are held, unless that one is loaded beyond the balance
     assert policy.choose([a, b], prefix_blocks(chat("Another system prompt. " * 30, "q"))) == Choice(b, "cache_miss")
+
+
+def test_an_adapters_requests_prefer_the_replicas_where_it_is_resident_unless_they_are_loaded_beyond() -> None:
+    a, b, c = StandIn("a"), StandIn("b"), StandIn("c")
+    b.resident_adapters.add("sql")
+    assert prefer_resident([a, b, c], "sql", 2, 1.5) == [b]
+    assert prefer_resident([a, b, c], "base", 2, 1.5) == [a, b, c]  # the base model (or an adapter resident nowhere)
+    b.load = 2
+    assert prefer_resident([a, b, c], "sql", 2, 1.5) == [b]  # not more than 2 beyond the least loaded
+    b.load, a.load = 5, 1
+    assert prefer_resident([a, b, c], "sql", 2, 1.5) == [a, b, c]  # 5 beyond c, the least loaded: any may bring it in
 
 
 def test_dns_and_list_targets_parse() -> None:

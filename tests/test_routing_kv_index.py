@@ -147,3 +147,41 @@ def test_a_prompt_is_tokenized_once_by_an_engine_and_a_short_one_not_at_all() ->
     down = RequestPrefix("m", pb.GenerateRequest(chat=pb.ChatInput(messages=[pb.ChatMessage(role="user",
                                                                                             content=LONG)])))
     assert down.token_blocks(Tokenizer(fails=True), 16) is None  # routed by the text view
+
+
+def test_an_adapters_blocks_are_keyed_apart_and_dropped_when_it_is_unloaded(loop) -> None:
+    """The same tokens under a LoRA adapter hold other K/V: the events carry its name (lora_name), the index keys
+    its blocks under it, and the router's blocks for a request to it (token_blocks(..., name)) find them, the
+    base model's do not; unloading it (drop_salted) removes them, a late subscriber's snapshot included."""
+    from engine_service.core.adapters import Adapter
+    from engine_service.core.params import RequestParams, SamplingParams, StoppingParams
+    from engine_service.core.sequence import Request, Sequence
+
+    blocks = BlockManager(8, BLOCK, lambda src, dst: None)
+    publisher = KvEventPublisher(blocks)
+    subscriber = Subscriber(publisher, loop)
+    index = KvIndex()
+    index.apply(subscriber.next())
+    adapter = Adapter("sql", "/adapters/sql", 1, 4, b"salt-of-one-load")
+    request = Request("a", list(PROMPT), RequestParams(SamplingParams(), StoppingParams()), max_tokens=100,
+                      sink=lambda events: None, adapter=adapter)
+    seq = Sequence(request, 0, stop_ids=set(), matcher=None, output=None)
+    assert blocks.admit(seq, use_cache=True)
+    seq.num_cached = len(seq.token_ids)
+    blocks.register_full_blocks(seq)
+    subscriber.settle()
+    index.apply(subscriber.next())
+    assert len(index) == 2
+    assert index.match(token_blocks(PROMPT, BLOCK, "sql")) == 2
+    assert index.match(token_blocks(PROMPT, BLOCK)) == 0 and index.match(token_blocks(PROMPT, BLOCK, "other")) == 0
+    late = KvIndex()
+    late.apply(Subscriber(publisher, loop).next())  # its snapshot
+    assert late.match(token_blocks(PROMPT, BLOCK, "sql")) == 2
+
+    base = computed(blocks, PROMPT)  # the base model's own blocks of the same tokens stay
+    blocks.free(seq)
+    assert blocks.drop_salted(adapter.cache_salt) == 2 and len(blocks.chains) == 2
+    subscriber.settle()
+    index.apply(subscriber.next())  # one batch: the base model's blocks stored, the adapter's removed
+    assert index.match(token_blocks(PROMPT, BLOCK, "sql")) == 0 and index.match(token_blocks(PROMPT, BLOCK)) == 2
+    assert blocks.num_free == 8 - len(base.block_table)  # the adapter's blocks are free, not cached

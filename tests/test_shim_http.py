@@ -528,3 +528,17 @@ def test_request_timeout_becomes_a_deadline(fake):
         assert json.loads(events[-1][len("data: ") :])["error"]["code"] == "timeout"
     finally:
         stop_process(process)
+
+
+def test_lora_adapter_routes_answer_as_vllm_with_the_engines_refusal(shim):
+    """/v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): the fields checked first, then the engine asked:
+    this one (the fake) predates LoadAdapter, which the 400 names. The real engines' answers: test_lora_runtime.py."""
+    status, _, body = post(shim, "/v1/load_lora_adapter", {"lora_name": "sql"})
+    error = json.loads(body)["error"]
+    assert status == 400 and error["type"] == "InvalidUserInput" and error["param"] == "lora_path"
+    assert "Both 'lora_name' and 'lora_path' must be provided." in error["message"]
+    status, _, body = post(shim, "/v1/unload_lora_adapter", {"lora_name": 7})
+    assert status == 400 and json.loads(body)["error"]["param"] == "lora_name"
+    status, _, body = post(shim, "/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": "/adapters/sql"})
+    error = json.loads(body)["error"]
+    assert status == 400 and error["code"] == "lora_runtime_updating_off" and "LoadAdapter" in error["message"]

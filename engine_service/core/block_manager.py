@@ -24,7 +24,8 @@ A `listener` (serving/kv_events.py, set once a gateway or router subscribes to K
 each block that enters the prefix cache and each that leaves it, on the engine thread; unset, it
 costs a test per registration and eviction. So that the first subscriber learns what was cached
 before it came, every cached block also keeps its chain (`chains`: parent key, token ids,
-position), a dict entry per registration.
+position, the LoRA adapter's name), a dict entry per registration. An unloaded adapter's blocks are
+dropped (`drop_salted`), so its KV never outlives it.
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ def block_hash(parent: bytes, tokens: list[int]) -> bytes:
 
 
 class CacheListener(Protocol):
-    def stored(self, parent: bytes | None, blocks: list[tuple[bytes, list[int]]], first_position: int) -> None:
+    def stored(self, parent: bytes | None, blocks: list[tuple[bytes, list[int]]], first_position: int,
+               lora_name: str = "") -> None:
         """Blocks (key, token ids) entered the cache as one chain: the first at `first_position`
-        (in blocks from the prompt's start) under `parent` (None at position 0)."""
+        (in blocks from the prompt's start) under `parent` (None at position 0), computed with the LoRA
+        adapter `lora_name` ("": the base model)."""
 
     def removed(self, key: bytes) -> None: ...
 
@@ -68,8 +71,9 @@ class BlockManager:
         self._refs = [0] * num_blocks
         self._hash_of: list[bytes | None] = [None] * num_blocks
         self._cached: dict[bytes, int] = {}  # hash -> the block that holds it
-        # hash -> (its parent's hash, its token ids, its position): the cache as KV events describe it.
-        self.chains: dict[bytes, tuple[bytes | None, list[int], int]] = {}
+        # hash -> (its parent's hash, its token ids, its position, its LoRA adapter's name): the cache as KV
+        # events describe it.
+        self.chains: dict[bytes, tuple[bytes | None, list[int], int, str]] = {}
         # Prompt tokens looked up in the cache, and those found, at admissions (vLLM's counters).
         self.queries = 0
         self.hits = 0
@@ -129,16 +133,17 @@ class BlockManager:
         hashes, size = self._hashes(seq, full), self.block_size
         first = seq.num_registered_blocks
         chain = [(hashes[i], seq.token_ids[i * size:(i + 1) * size]) for i in range(first, full)]
+        lora_name = seq.request.adapter.name if seq.request.adapter is not None else ""
         for i, (key, tokens) in enumerate(chain, first):
             block = seq.block_table[i]
             if self._hash_of[block] is None and key not in self._cached:
                 self._hash_of[block] = key
                 self._cached[key] = block
-                self.chains[key] = (hashes[i - 1] if i else None, tokens, i)
+                self.chains[key] = (hashes[i - 1] if i else None, tokens, i, lora_name)
         seq.num_registered_blocks = full
         # After the chains: a listener attached meanwhile finds these either there or in this call.
         if self.listener is not None:
-            self.listener.stored(hashes[first - 1] if first else None, chain, first)
+            self.listener.stored(hashes[first - 1] if first else None, chain, first, lora_name)
 
     def free(self, seq: Sequence) -> None:
         # Last blocks first, so a sequence's tail is evicted before its head (a prefix needs the head).
@@ -187,6 +192,30 @@ class BlockManager:
             hashes.append(block_hash(hashes[-1] if hashes else seq.request.cache_salt,
                                      seq.token_ids[i * size:(i + 1) * size]))
         return hashes[:count]
+
+    def drop_salted(self, salt: bytes) -> int:
+        """Forget the cached blocks of the prompts under `salt` (an unloaded LoRA adapter's): those nobody
+        holds become free, held ones private. Returns how many. A block whose parent was evicted first is
+        out of reach already (a lookup walks from a prompt's first block) and is left to eviction."""
+        children: dict[bytes, list[bytes]] = {}
+        found = []
+        for key, (parent, tokens, _, _) in self.chains.items():
+            if parent is not None:
+                children.setdefault(parent, []).append(key)
+            elif block_hash(salt, tokens) == key:
+                found.append(key)
+        for key in found:  # grows as it goes: each block's descendants
+            found.extend(children.get(key, ()))
+        for key in found:
+            block = self._cached.pop(key)
+            del self.chains[key]
+            self._hash_of[block] = None
+            if block in self._evictable:
+                del self._evictable[block]
+                self._free.append(block)
+            if self.listener is not None:
+                self.listener.removed(key)
+        return len(found)
 
     def _allocate(self) -> int:
         if self._free:

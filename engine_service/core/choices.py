@@ -65,7 +65,7 @@ class Choices:
             prompt_ids=list(request.prompt_ids),
             prompt_logprobs=leader.prompt_logprobs if leader.params.wants_prompt_logprobs else None,
             cached_tokens=request.cached_tokens or 0))
-        self.recorder.prompt_done(len(request.prompt_ids))
+        self.recorder.prompt_done(len(request.prompt_ids), request.adapter.name if request.adapter else "")
         forks, leader.forks = leader.forks, []
         if request.max_tokens == 0:  # echo-only scoring: the prompt was all we needed
             for choice in [leader, *forks]:

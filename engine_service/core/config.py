@@ -59,6 +59,7 @@ BOUNDS = {
     "drain_seconds": Bounds(0.0, 86400.0),
     "max_loras": Bounds(1, 1024),
     "max_lora_rank": Bounds(1, 1024),
+    "max_cpu_loras": Bounds(1, 1024, special=0),  # 0: --max-loras
 }
 
 
@@ -92,8 +93,17 @@ class LoraModule:
 @dataclass(frozen=True)
 class LoraConfig:
     modules: tuple[LoraModule, ...] = ()
-    max_loras: int = 4  # adapters resident at once
+    max_loras: int = 4  # adapters resident at once (in a step's linears)
     max_lora_rank: int = 64
+    # LoadAdapter / UnloadAdapter (/v1/load_lora_adapter): off unless the operator turns them on, and then only
+    # from under these folders (core/adapter_dirs.py).
+    allow_runtime_updating: bool = False
+    lora_dirs: tuple[str, ...] = ()
+    max_cpu_loras: int = 0  # adapters loaded (resident or kept on the host); 0: max_loras
+
+    @property
+    def loaded_limit(self) -> int:
+        return max(self.max_cpu_loras, self.max_loras)
 
 
 @dataclass

@@ -14,7 +14,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from engine_service.core.adapters import Adapters
+from engine_service.core.adapter_dirs import AdapterNotFound
+from engine_service.core.adapters import Adapter, Adapters
 from engine_service.core.admission import Admission
 from engine_service.core.block_manager import BlockManager
 from engine_service.core.choices import Choices
@@ -68,9 +69,23 @@ class Engine:
         self.admission.check(request)
         request.arrival = time.monotonic()
         request.log_id = request.log_id or request.request_id
-        # Held under the inbox's lock, so a drain cannot slip in between.
+        # Held under the inbox's lock, so a drain (or an adapter's unloading: engine_loop.py) cannot slip in.
         self.loop.inbox.put(request, len(self.scheduler.waiting), self.scheduler.free_slots(),
-                            lambda: self.core.requests.add(request))
+                            lambda: self._admit(request))
+
+    def _admit(self, request: Request) -> None:
+        if request.adapter is not None and request.adapter.retiring:
+            raise AdapterNotFound(f"The lora adapter '{request.adapter.name}' was unloaded")
+        self.core.requests.add(request)
+
+    def load_adapter(self, name: str, path: str) -> Adapter:
+        """LoadAdapter (core/adapters.py; --enable-lora); AdapterError, naming the problem, when refused."""
+        return self.adapters.load_at_runtime(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """UnloadAdapter (--enable-lora): the loop reaps it once its requests are done (woken, if idle)."""
+        self.adapters.unload(name)
+        self.loop.inbox.wake()
 
     def abort(self, request_id: str) -> None:
         """Stop a request; its blocks are freed at the next step."""
@@ -114,6 +129,8 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, metrics: EngineMetri
                           config.block_size, runner.cache.copy_block, config.enable_prefix_caching,
                           config.segments)
     scheduler = Scheduler(blocks, config.max_batch_size, config.max_step_tokens)
+    if adapters is not None:
+        scheduler.adapter_residency = adapters.resident
     admission = Admission(max_model_len, kv_capacity_tokens, vocab_size, config.max_batch_size)
     pacing = StreamPacing(config.stream_interval)
     recorder = StepRecorder(metrics)
@@ -126,6 +143,7 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, metrics: EngineMetri
     core = EngineCore(scheduler, runner, requests, choices, StepRecovery(scheduler, requests, choices), pacing,
                       recorder, speculator)
     loop = EngineLoop(core, Inbox(config.max_waiting), on_outputs, recorder)
+    loop.adapters = adapters
     if metrics is not None:
         metrics.cache_config(config.block_size, num_blocks - 1, config.enable_prefix_caching)
     log.info("KV cache: %d blocks of %d tokens (%d tokens), max batch %d, max model len %d",

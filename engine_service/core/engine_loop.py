@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from engine_service.core.adapters import Adapter, Adapters
 from engine_service.core.engine_core import EngineCore
 from engine_service.core.inbox import Inbox
 from engine_service.core.metrics import Load, StepRecorder
@@ -31,6 +32,7 @@ class EngineLoop:
         self.load = Load(0, 0, 0.0)  # as of the last step (or idle wake)
         # Called on this loop's thread before each step (core_share.YieldingThreads: the torch threads).
         self.before_step: Callable[[], None] | None = None
+        self.adapters: Adapters | None = None  # LoRA adapters: the unloaded ones are reaped between steps
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -85,6 +87,14 @@ class EngineLoop:
         requests, aborts = self.inbox.take()
         self.core.add_requests(requests)
         self.core.abort_requests(aborts)
+        if self.adapters is not None and self.adapters.retiring:
+            self.adapters.reap(self._adapters_in_use(), self.core.scheduler.blocks)
+
+    def _adapters_in_use(self) -> set[Adapter]:
+        """The adapters of the requests here and of those submitted and not yet taken (read under the inbox's
+        lock, where submit refuses a request whose adapter is unloading: none can slip in after)."""
+        held = {request.adapter for request in self.core.requests.all() if request.adapter is not None}
+        return held | self.inbox.pending_adapters()
 
     def _close(self) -> None:
         """The loop is over: end every request still here with SHUTDOWN."""
@@ -101,3 +111,5 @@ class EngineLoop:
         self.load = Load.of(scheduler, queued=len(self.inbox))
         blocks = scheduler.blocks
         self.recorder.publish(step_seconds, self.load, scheduler.num_preemptions, blocks.queries, blocks.hits)
+        if self.adapters is not None:
+            self.recorder.lora_requests(self.adapters.config.max_loras, scheduler)

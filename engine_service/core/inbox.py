@@ -56,6 +56,11 @@ class Inbox:
             aborts, self._aborts = self._aborts, []
         return requests, aborts
 
+    def pending_adapters(self) -> set:
+        """The LoRA adapters of the requests submitted and not yet taken."""
+        with self._lock:
+            return {request.adapter for request in self._requests if request.adapter is not None}
+
     def __len__(self) -> int:
         return len(self._requests)
 

@@ -121,6 +121,21 @@ class EngineMetrics:
                              "Time from arrival to a choice's end.", E2E_BUCKETS)
         self.step = histogram("conduit:step_duration_seconds",
                               "Time of one engine step (schedule, forward, sample, send).", STEP_BUCKETS)
+        # LoRA adapters (core/adapters.py): vLLM's info gauge, which gateways' LoRA-affinity scorers read (llm-d's),
+        # and each adapter's own counts.
+        self.lora_info = Gauge("conduit:lora_requests_info",
+                               "The adapters of the running and waiting requests, comma-joined, in labels; the "
+                               "value is when they were read (Unix seconds), as vLLM's.",
+                               ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=r)
+        self._lora_info_labels: tuple[str, str, str] | None = None
+        lora_label = [label[0], "lora_name"]
+        self.lora_success = Counter("conduit:lora_request_success", "Finished choices of each LoRA adapter.",
+                                    lora_label, registry=r)
+        self.lora_prompt_tokens = Counter("conduit:lora_prompt_tokens",
+                                          "Prompt tokens of each LoRA adapter's requests whose prefill completed.",
+                                          lora_label, registry=r)
+        self.lora_generation_tokens = Counter("conduit:lora_generation_tokens",
+                                              "Tokens generated with each LoRA adapter.", lora_label, registry=r)
         self.cpu_threads = gauge("conduit:cpu_threads",
                                  "Torch CPU threads the engine's steps run on now (fewer than --threads while "
                                  "another engine sharing the cores has work: --core-share).")
@@ -141,6 +156,19 @@ class EngineMetrics:
     def finished(self, reasons: dict[str, int]) -> None:
         for reason, count in reasons.items():
             self._success.labels(self._model_name, reason).inc(count)
+
+    def lora_requests(self, max_loras: int, running: Iterable[str], waiting: Iterable[str]) -> None:
+        """One series at a time (vLLM keeps every label set it wrote; a scraper takes the newest value)."""
+        labels = (str(max_loras), ",".join(sorted(running)), ",".join(sorted(waiting)))
+        if labels != self._lora_info_labels:
+            if self._lora_info_labels is not None:
+                self.lora_info.remove(*self._lora_info_labels)
+            self._lora_info_labels = labels
+        self.lora_info.labels(*labels).set_to_current_time()
+
+    def lora_counts(self, counter: Counter, counts: dict[str, int]) -> None:
+        for name, count in counts.items():
+            counter.labels(self._model_name, name).inc(count)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         """Serve /metrics (any path, in fact) over HTTP on a background thread."""
@@ -175,16 +203,24 @@ class StepRecorder:
         self._generated = 0
         self._preemptions_seen = 0
         self._prefix_seen = (0, 0)  # (queries, hits)
+        # Each LoRA adapter's (by name): finished choices, prompt tokens, generated tokens.
+        self._lora: dict[str, collections.Counter[str]] = {kind: collections.Counter()
+                                                           for kind in ("success", "prompt", "generated")}
 
-    def prompt_done(self, tokens: int) -> None:
+    def prompt_done(self, tokens: int, adapter: str = "") -> None:
         if self.metrics is not None:
             self._prompt_tokens += tokens
+            if adapter:
+                self._lora["prompt"][adapter] += tokens
 
     def tokens(self, seqs: list[EngineSequence]) -> None:
         """Each sequence got a token now: generated count, time to first token, inter-token latency."""
         if self.metrics is None:
             return
         self._generated += len(seqs)
+        for seq in seqs:
+            if seq.request.adapter is not None:
+                self._lora["generated"][seq.request.adapter.name] += 1
         now = time.monotonic()
         first: collections.Counter[float] = collections.Counter()
         previous: collections.Counter[float] = collections.Counter()
@@ -211,10 +247,20 @@ class StepRecorder:
             taken = sum(count > position for count in accepted)
             metrics.spec_accepted_per_position.labels(metrics._model_name, str(position)).inc(taken)
 
-    def finished(self, reason: str, arrival: float, count: int = 1) -> None:
+    def finished(self, reason: str, arrival: float, count: int = 1, adapter: str = "") -> None:
         if self.metrics is not None and count:
             self._finished_reasons[reason] += count
             self._finished_arrivals[arrival] += count
+            if adapter:
+                self._lora["success"][adapter] += count
+
+    def lora_requests(self, max_loras: int, scheduler: Scheduler) -> None:
+        """The adapters of the running and of the waiting requests, as of this publish."""
+        if self.metrics is None:
+            return
+        def names(seqs: Iterable[EngineSequence]) -> set[str]:
+            return {seq.request.adapter.name for seq in seqs if seq.request.adapter is not None}
+        self.metrics.lora_requests(max_loras, names(scheduler.running), names(scheduler.waiting))
 
     def publish(self, step_seconds: float | None, load: Load, preemptions: int, prefix_queries: int = 0,
                 prefix_hits: int = 0) -> None:
@@ -247,3 +293,8 @@ class StepRecorder:
             metrics.e2e.observe_many((now - t, k) for t, k in self._finished_arrivals.items())
             self._finished_reasons.clear()
             self._finished_arrivals.clear()
+        for kind, counter in (("success", metrics.lora_success), ("prompt", metrics.lora_prompt_tokens),
+                              ("generated", metrics.lora_generation_tokens)):
+            if self._lora[kind]:
+                metrics.lora_counts(counter, self._lora[kind])
+                self._lora[kind].clear()

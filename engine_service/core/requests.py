@@ -77,7 +77,8 @@ class Requests:
         goes out with the request's next send()."""
         seq.finish_reason = reason
         self.scheduler.release(seq)
-        self.recorder.finished(reason.value, seq.request.arrival)
+        adapter = seq.request.adapter
+        self.recorder.finished(reason.value, seq.request.arrival, adapter=adapter.name if adapter else "")
 
     def end(self, request: Request, reason: FinishReason) -> None:
         """End every unfinished choice of `request` with `reason` (CANCELLED, ERROR, SHUTDOWN) and
@@ -91,7 +92,8 @@ class Requests:
                 self.scheduler.release(seq)
         unfinished = (sum(1 for s in request.sequences if s.finish_reason is reason) if request.sequences
                       else request.params.n)
-        self.recorder.finished(reason.value, request.arrival, unfinished)
+        self.recorder.finished(reason.value, request.arrival, unfinished,
+                               request.adapter.name if request.adapter else "")
         self._forget(request)
         finals = [FinalEvent(s.index, reason, s.prompt_len, s.num_output) for s in request.sequences]
         self._outputs.append(RequestOutput(request, finals or [FinalEvent(i, reason, len(request.prompt_ids), 0)

@@ -11,7 +11,8 @@ Admission shares the prefix-cached blocks that start a sequence's tokens (block_
 so only the rest is prefilled; after a preemption this finds the sequence's own blocks again
 unless they were evicted meanwhile. An Embed's inputs are prefill-only sequences like any other
 prompt, finished at their prompt's end: they read the cache but offer it nothing (`advance`).
-Requests that want their prompt's logprobs compute it all.
+Requests that want their prompt's logprobs compute it all. A request of a LoRA adapter is admitted once its
+adapter is resident (core/adapters.py: --max-loras at once); while every slot is held it waits, as for blocks.
 
 After a step fails, recovery.py names the requests it suspects (`suspects`, by request id):
 a step then holds the sequences of at most one suspect, beside any others, so the next
@@ -21,11 +22,16 @@ failure points at one request.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine_service.core.block_manager import BlockManager
 from engine_service.core.sequence import Sequence
 from engine_service.model.step import DecodeRow, PromptChunk, StepInput
+
+if TYPE_CHECKING:
+    from engine_service.core.adapters import Adapter
 
 
 @dataclass
@@ -70,6 +76,8 @@ class Scheduler:
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
         self.suspects: set[str] = set()  # request ids; see the module docstring
         self.num_preemptions = 0  # for lack of KV-cache blocks, since the start
+        # LoRA adapters (core/adapters.py): residency(adapter, held) makes a waiting sequence's adapter resident.
+        self.adapter_residency: Callable[[Adapter, set[Adapter]], bool] | None = None
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -92,7 +100,7 @@ class Scheduler:
                 budget -= chunk
         while self.waiting and budget > 0 and self._batch_slots_used() + self._slots(self.waiting[0]) <= self.max_batch_size:
             seq = self.waiting[0]
-            if not allowed(seq) or not self._admit(seq):
+            if not allowed(seq) or not self._adapter_resident(seq) or not self._admit(seq):
                 break
             self.waiting.popleft()
             self.running.append(seq)
@@ -130,6 +138,14 @@ class Scheduler:
         """`count` of seq's draft tokens were taken: their keys and values, computed in the step, are its."""
         seq.num_cached += count
         self.blocks.register_full_blocks(seq)
+
+    def _adapter_resident(self, seq: Sequence) -> bool:
+        """The LoRA adapter of seq, if any, is in the linears (or now brought in: core/adapters.py); False
+        while every slot is held by the running sequences' adapters: seq waits."""
+        adapter = seq.request.adapter
+        if adapter is None or self.adapter_residency is None:
+            return True
+        return self.adapter_residency(adapter, {s.request.adapter for s in self.running if s.request.adapter})
 
     def _admit(self, seq: Sequence) -> bool:
         """Blocks for all of seq's tokens, cached ones shared; the request's cached_tokens is what

@@ -191,11 +191,20 @@ class ModelRunner:
         self.head_rows.set_for_step([(count, prompt) for count, prompt in kept])
 
     def load_adapter(self, slot: int, weights: LoraWeights) -> None:
-        """The adapter's low-rank pairs into the linears it targets, under `slot` (>= 1). On the CPU they compute
-        in float32: torch's bf16 matmuls of a few rows by rank 8 cost ~50 us each against ~10 in float32, and
-        a step runs two per linear (benchmarks/RESULTS.md, LoRA)."""
+        """The adapter's low-rank pairs into the linears it targets, under `slot` (>= 1)."""
+        self.place_adapter(slot, self.adapter_pairs(weights))
+
+    def adapter_pairs(self, weights: LoraWeights) -> dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+        """The adapter's pairs by the linear that takes each, on the host (a LoRA adapter loaded, not yet
+        resident: core/adapters.py); AdapterError for a target this model does not run. On the CPU they compute
+        in float32: torch's bf16 matmuls of a few rows by a small rank cost ~50 us each against ~10 in float32,
+        and a step runs two per linear and adapter run."""
         lora_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
-        for module, pair in linear_pairs(self.model, weights, lora_dtype, self.fused_parts).items():
+        return linear_pairs(self.model, weights, lora_dtype, self.fused_parts)
+
+    def place_adapter(self, slot: int, pairs: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Pairs from adapter_pairs into their linears under `slot` (>= 1): the adapter is resident."""
+        for module, pair in pairs.items():
             module.lora[slot] = tuple(t.to(self.device) for t in pair)
 
     def unload_adapter(self, slot: int) -> None:

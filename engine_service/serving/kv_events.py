@@ -4,7 +4,8 @@ cache-aware policy reads them (smg-grpc-proto's KvEventBatch).
 The gateway hashes each block's token ids itself (XXH3 per block, chained by position) and uses
 our `block_hash` only as a name: to link a block to its parent and to remove it. So a block's
 name is the first 8 bytes of its prefix-cache key (block_manager.block_hash, which already names
-the whole prefix), as a signed int64.
+the whole prefix), as a signed int64. The blocks of a LoRA adapter's prompts carry its name
+(`KvBlocksStored.lora_name`, smg's cache namespace), so a router keys them apart from the base model's.
 
 Nothing is collected until the first subscriber: then the publisher becomes the block manager's
 listener and keeps a mirror of the cached blocks (key -> position, parent, tokens), seeded with what
@@ -38,24 +39,33 @@ class KvEventPublisher:
         self.blocks = blocks
         self.block_size = blocks.block_size
         self._lock = threading.Lock()  # the engine thread writes events and the mirror; the server's loop reads
-        self._mirror: dict[bytes, tuple[int, bytes | None, list[int]]] = {}
+        self._mirror: dict[bytes, tuple[int, bytes | None, list[int], str]] = {}  # position, parent, tokens, lora
         self._pending: list[common_pb2.KvCacheEvent] = []
         self._subscribers: list[asyncio.Queue[list[common_pb2.KvCacheEvent] | None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------ engine thread (BlockManager.listener)
 
-    def stored(self, parent: bytes | None, blocks: list[tuple[bytes, list[int]]], first_position: int) -> None:
-        event = common_pb2.KvCacheEvent(stored=common_pb2.KvBlocksStored(
-            blocks=[common_pb2.KvBlock(block_hash=block_name(key), token_ids=tokens, block_size=self.block_size)
-                    for key, tokens in blocks]))
-        if parent is not None:
-            event.stored.parent_block_hash = block_name(parent)
+    def stored(self, parent: bytes | None, blocks: list[tuple[bytes, list[int]]], first_position: int,
+               lora_name: str = "") -> None:
+        event = common_pb2.KvCacheEvent(stored=self._stored(parent, blocks, lora_name))
         with self._lock:
             for offset, (key, tokens) in enumerate(blocks):
                 self._mirror[key] = (first_position + offset, parent if offset == 0 else blocks[offset - 1][0],
-                                     tokens)
+                                     tokens, lora_name)
             self._queue(event)
+
+    def _stored(self, parent: bytes | None, blocks: list[tuple[bytes, list[int]]],
+                lora_name: str) -> common_pb2.KvBlocksStored:
+        """A chain of blocks under `parent`, with the LoRA adapter they were computed with (`lora_name`,
+        smg's cache namespace: the blocks of the same tokens under another adapter hold other K/V)."""
+        stored = common_pb2.KvBlocksStored(blocks=[common_pb2.KvBlock(
+            block_hash=block_name(key), token_ids=tokens, block_size=self.block_size) for key, tokens in blocks])
+        if parent is not None:
+            stored.parent_block_hash = block_name(parent)
+        if lora_name:
+            stored.lora_name = lora_name
+        return stored
 
     def removed(self, key: bytes) -> None:
         with self._lock:
@@ -96,17 +106,13 @@ class KvEventPublisher:
         the engine thread's calls from now on wait). The engine thread updates `chains` before it
         calls the listener: a block stored or evicted meanwhile is either in the copy or in a call
         that follows, and the mirror's updates are idempotent."""
-        for key, (parent, tokens, position) in dict(self.blocks.chains).items():  # dict(): one atomic copy
-            self._mirror[key] = (position, parent, tokens)
+        for key, (parent, tokens, position, lora_name) in dict(self.blocks.chains).items():  # one atomic copy
+            self._mirror[key] = (position, parent, tokens, lora_name)
 
     def _snapshot(self) -> list[common_pb2.KvCacheEvent]:
         events = [common_pb2.KvCacheEvent(cleared=common_pb2.KvCacheCleared())]
-        for key, (_, parent, tokens) in sorted(self._mirror.items(), key=lambda item: item[1][0]):
-            stored = common_pb2.KvBlocksStored(blocks=[common_pb2.KvBlock(
-                block_hash=block_name(key), token_ids=tokens, block_size=self.block_size)])
-            if parent is not None:
-                stored.parent_block_hash = block_name(parent)
-            events.append(common_pb2.KvCacheEvent(stored=stored))
+        for key, (_, parent, tokens, lora_name) in sorted(self._mirror.items(), key=lambda item: item[1][0]):
+            events.append(common_pb2.KvCacheEvent(stored=self._stored(parent, [(key, tokens)], lora_name)))
         return events
 
     async def subscribe(self, start_sequence_number: int) -> AsyncIterator[common_pb2.KvEventBatch]:

@@ -27,7 +27,10 @@ from conduit_common.logs import REQUEST_ID, clean_request_id
 from engine_service.text import prompts, truncation
 from engine_service.serving.convert import EventEncoder, request_params
 from engine_service.serving.many import ManyCalls
+from engine_service.core.adapter_dirs import AdapterNotFound, PathNotAllowed
+from engine_service.core.adapters import RuntimeUpdatingOff
 from engine_service.core.engine import Engine
+from engine_service.model.lora import AdapterError
 from engine_service.core.requests import RequestOutput, deliver
 from engine_service.core.params import Draining, InvalidRequest, QueueFull
 from engine_service.core.events import FinalEvent, FinishReason
@@ -64,6 +67,16 @@ async def abort_invalid(context: grpc.aio.ServicerContext, exc: InvalidRequest, 
         metadata.append((ERROR_CODE_METADATA_KEY, exc.code))
     context.set_trailing_metadata(metadata)
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+
+def adapter_status(exc: AdapterError) -> grpc.StatusCode:
+    """LoadAdapter's and UnloadAdapter's refusals (engine.proto)."""
+    for kind, code in ((RuntimeUpdatingOff, grpc.StatusCode.FAILED_PRECONDITION),
+                       (PathNotAllowed, grpc.StatusCode.PERMISSION_DENIED),
+                       (AdapterNotFound, grpc.StatusCode.NOT_FOUND)):
+        if isinstance(exc, kind):
+            return code
+    return grpc.StatusCode.INVALID_ARGUMENT
 
 
 def outputs_to(loop: asyncio.AbstractEventLoop) -> Callable[[list[RequestOutput]], None]:
@@ -135,6 +148,9 @@ class EngineServicer(pb_grpc.EngineServicer):
             log.info("refused: draining")
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
             return
+        except AdapterNotFound as exc:  # unloaded between the model check and the queue
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            return
         asked = job.params.stopping.max_tokens
         capped = f" (capped from {asked}: what the context leaves)" if (asked or 0) > job.max_tokens else ""
         log.info("generate: %d prompt tokens, n=%d, max_tokens=%d%s%s%s", len(job.prompt_ids), job.params.n,
@@ -187,7 +203,11 @@ class EngineServicer(pb_grpc.EngineServicer):
         """The engine's request for a GenerateRequest, queued. Raises InvalidRequest, QueueFull or Draining."""
         params = request_params(request)
         ids, tools, grammar, answer = await self._off_loop(self._prepare, request, params.stopping.max_tokens)
-        adapter = self.engine.adapters.get(request.model) if self.engine.adapters and request.model else None
+        adapter = None
+        if self.engine.adapters is not None and request.model and request.model != self.loaded.model_id:
+            adapter = self.engine.adapters.get(request.model)
+            if adapter is None:  # unloaded since _check_model: never the base model's answer under its name
+                raise AdapterNotFound(f"model {request.model!r} is not served here: its LoRA adapter was unloaded")
         job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
                       max_tokens=0, sink=sink, grammar=grammar, answer_grammar=answer, tools=tools, log_id=log_id,
                       adapter=adapter)
@@ -267,11 +287,39 @@ class EngineServicer(pb_grpc.EngineServicer):
                              kv_cache_usage=load.kv_usage, block_size=config.block_size,
                              num_blocks=self.engine.scheduler.blocks.num_blocks,
                              prefix_caching=config.enable_prefix_caching, draining=self.draining,
-                             model=self.loaded.model_id)
+                             model=self.loaded.model_id, resident_adapters=[
+                                 adapter.name for adapter in (self.engine.adapters.all() if self.engine.adapters
+                                                              else []) if adapter.slot])
 
     async def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
         adapters = self.engine.adapters.all() if self.engine.adapters else []
         return pb.ListModelsResponse(models=[self._model_info(), *(self._model_info(a.name) for a in adapters)])
+
+    async def LoadAdapter(self, request: pb.LoadAdapterRequest, context) -> pb.ModelInfo:
+        REQUEST_ID.set(caller_request_id(context) or None)
+        await self._check_lora(context)
+        try:  # reads the adapter's files and moves its weights: off the loop
+            adapter = await self._off_loop(self.engine.load_adapter, request.name, request.path)
+        except AdapterError as exc:
+            log.info("LoRA adapter %r from %r refused: %s", request.name, request.path, exc)
+            await context.abort(adapter_status(exc), str(exc))
+        return self._model_info(adapter.name)
+
+    async def UnloadAdapter(self, request: pb.UnloadAdapterRequest, context) -> pb.UnloadAdapterResponse:
+        REQUEST_ID.set(caller_request_id(context) or None)
+        await self._check_lora(context)
+        try:
+            self.engine.unload_adapter(request.name)
+        except AdapterError as exc:
+            await context.abort(adapter_status(exc), str(exc))
+        return pb.UnloadAdapterResponse()
+
+    async def _check_lora(self, context: grpc.aio.ServicerContext) -> None:
+        if self.engine.adapters is None:  # also an embedding model's engine
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"this engine serves no LoRA adapters for {self.loaded.model_id!r}: start it with "
+                                "--enable-lora (and --allow-runtime-lora-updating --lora-dirs DIR to load them at run "
+                                "time)")
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:
         await self._check_model(request.model, context)

@@ -1,6 +1,8 @@
 """An exact view of the token blocks one replica's prefix cache holds, from the engine's KV events
 (engine_service/serving/kv_events.py), keyed as the engine keys them: by a hash chained over each block's
-token ids, so a prompt cut into the same blocks is held as far as its leading blocks are (`match`).
+token ids, from the LoRA adapter's namespace (the events' `lora_name`: an adapter's blocks hold other K/V
+than the base model's for the same tokens), so a prompt cut into the same blocks is held as far as its
+leading blocks are (`match`).
 
 Events arrive after the engine's step stored the blocks, so the router `expect`s the blocks of each
 request it sends here until the events confirm them (or EXPECT_S passes): a burst sharing a new prefix
@@ -17,15 +19,15 @@ from itertools import takewhile
 
 from smg_grpc_proto.generated import common_pb2
 
-from .prefix import chained_blocks
+from .prefix import chained_blocks, namespace
 
 # How long a block the router sent here counts as held before the engine's events say it is.
 EXPECT_S = 30.0
 
 
-def token_blocks(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """A prompt's blocks as KvIndex keys them (Python's hash of a tuple of ints: the same in every process)."""
-    return chained_blocks(tuple(token_ids), block_size)
+def token_blocks(token_ids: Sequence[int], block_size: int, lora_name: str = "") -> list[int]:
+    """A prompt's blocks as KvIndex keys them, for the LoRA adapter `lora_name` ("": the base model)."""
+    return chained_blocks(tuple(token_ids), block_size, namespace(lora_name))
 
 
 class KvIndex:
@@ -56,7 +58,7 @@ class KvIndex:
                     self._clear()
 
     def _stored(self, stored: common_pb2.KvBlocksStored) -> None:
-        parent = 0
+        parent = namespace(stored.lora_name)
         if stored.HasField("parent_block_hash"):
             found = self._keys.get(stored.parent_block_hash)
             if found is None:  # a parent never seen (or gone): the chain cannot be named

@@ -95,6 +95,20 @@ class CacheAware:
         return replica.load - least.load > self.balance_abs and replica.load > self.balance_rel * least.load
 
 
+def prefer_resident(replicas: Sequence[Replica], model: str, balance_abs: int = DEFAULT_BALANCE_ABS,
+                    balance_rel: float = DEFAULT_BALANCE_REL) -> Sequence[Replica]:
+    """For a LoRA adapter's request: the replicas where it is resident (one elsewhere must first bring it in,
+    evicting another, or wait for a slot), unless all of those are loaded beyond the balance thresholds
+    (cache_aware's) compared with the least loaded; for any other model, `replicas`."""
+    resident = [replica for replica in replicas if replica.resident(model)]
+    if not resident or len(resident) == len(replicas):
+        return replicas
+    least, best = min(replica.load for replica in replicas), min(replica.load for replica in resident)
+    if best - least > balance_abs and best > balance_rel * least:
+        return replicas
+    return resident
+
+
 def make_policy(name: str, balance_abs: int = DEFAULT_BALANCE_ABS,
                 balance_rel: float = DEFAULT_BALANCE_REL) -> RoundRobin | LeastLoad | CacheAware:
     if name == "round_robin":

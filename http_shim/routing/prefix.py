@@ -47,10 +47,16 @@ def prefix_blocks(request: pb.GenerateRequest) -> list[int]:
     return chained_blocks(prompt_text(request), BLOCK_CHARS)
 
 
-def chained_blocks(items: str | tuple[int, ...], size: int) -> list[int]:
-    """Hashes of the whole `size`-long blocks of `items`, each chained to the one before: a block's hash
-    stands for the whole prefix up to its end."""
-    hashes, chained = [], 0
+def namespace(name: str) -> int:
+    """Where a chain of blocks starts for a LoRA adapter `name` ("": the base model, 0): the same tokens under
+    another adapter hold other keys and values, so their blocks must not match."""
+    return hash(("lora", name)) if name else 0
+
+
+def chained_blocks(items: str | tuple[int, ...], size: int, start: int = 0) -> list[int]:
+    """Hashes of the whole `size`-long blocks of `items`, each chained to the one before (the first to
+    `start`: namespace()): a block's hash stands for the whole prefix up to its end."""
+    hashes, chained = [], start
     for start in range(0, len(items) - size + 1, size):
         chained = hash((chained, items[start:start + size]))
         hashes.append(chained)

@@ -67,6 +67,14 @@ class Replica:
     def serves(self, model: str) -> bool:
         return any(info.id == model for info in self.models)
 
+    def adapter(self, model: str) -> bool:
+        """`model` is a LoRA adapter here (its KV events carry its name: kv_index.py)."""
+        return any(info.id == model and info.parent for info in self.models)
+
+    def resident(self, model: str) -> bool:
+        """`model` is a LoRA adapter resident here, as the last load report said (not kept on the host)."""
+        return self.report is not None and model in self.report.resident_adapters
+
     def call_started(self) -> None:
         with self._lock:
             self.inflight += 1

@@ -14,7 +14,7 @@ from clients.errors import ConduitError
 from conduit.v1 import engine_pb2 as pb
 
 from .kv_index import token_blocks
-from .prefix import BLOCK_CHARS, chained_blocks, prompt_text
+from .prefix import BLOCK_CHARS, chained_blocks, namespace, prompt_text
 
 log = logging.getLogger("http_shim.routing")
 
@@ -31,7 +31,7 @@ class RequestPrefix:
         self.metadata = metadata
         text = prompt_text(request)
         self.chars = len(text)
-        self.text = chained_blocks(text, BLOCK_CHARS)
+        self.text = chained_blocks(text, BLOCK_CHARS, namespace(model))  # apart per model: an adapter's too
         self._ids: list[int] | None = None
         self._asked = False
 
@@ -54,11 +54,12 @@ class RequestPrefix:
                 log.info("tokenize for routing failed (%s): routed by text", error.code.name)
         return self._ids
 
-    def token_blocks(self, client: EngineClient, block_size: int) -> list[int] | None:
-        """The prompt's token blocks; none for a prompt under MIN_PROMPT_TOKENS; None when unknown."""
+    def token_blocks(self, client: EngineClient, block_size: int, lora_name: str = "") -> list[int] | None:
+        """The prompt's token blocks (under the LoRA adapter `lora_name`, "" for a base model); none for a
+        prompt under MIN_PROMPT_TOKENS; None when unknown."""
         if self.chars < MIN_PROMPT_TOKENS // 2:  # not asked: a token is nearly always a character or more (the template
             return []  # would have to add over MIN_PROMPT_TOKENS / 2 tokens of its own)
         ids = self.token_ids(client)
         if ids is None:
             return None
-        return token_blocks(ids, block_size) if len(ids) >= MIN_PROMPT_TOKENS else []
+        return token_blocks(ids, block_size, lora_name) if len(ids) >= MIN_PROMPT_TOKENS else []

@@ -24,7 +24,8 @@ from clients.errors import ConduitError, from_status
 from conduit.v1 import engine_pb2 as pb
 
 from ..metrics import ShimMetrics
-from .policies import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, CacheAware, Choice, View, make_policy
+from .policies import (DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_POLICY, CacheAware, Choice, View, make_policy,
+                       prefer_resident)
 from .pool import ReplicaPool
 from .replica import SERVING, UNREACHABLE, Replica
 from .request_prefix import RequestPrefix
@@ -56,6 +57,7 @@ class Router:
                  metrics: ShimMetrics | None = None) -> None:
         """`metrics`: the shim's, whose router_* metrics this keeps; None: kept in a registry nobody reads."""
         self._policy = make_policy(config.policy, config.balance_abs, config.balance_rel)
+        self._balance = (config.balance_abs, config.balance_rel)
         self.metrics = metrics or ShimMetrics()
         self._lock = threading.Lock()
         self._engines: dict[str, RoutedEngine] = {}  # by model: a listed one
@@ -69,7 +71,8 @@ class Router:
             return self._engines.setdefault(model, RoutedEngine(self, model))
 
     def serving(self, model: str) -> list[Replica]:
-        """The replicas listing `model`, healthy ones first."""
+        """The replicas listing `model`, healthy ones first (a LoRA adapter is listed where it is loaded;
+        `choose` prefers those where it is resident: policies.prefer_resident)."""
         replicas = [replica for replica in self.pool.replicas() if replica.serves(model)]
         return sorted(replicas, key=lambda replica: replica.state != SERVING)
 
@@ -79,7 +82,8 @@ class Router:
         candidates = [replica for replica in self.serving(prefix.model) if replica not in exclude]
         if not candidates:
             return None
-        healthy = [replica for replica in candidates if replica.state == SERVING]
+        healthy = prefer_resident([replica for replica in candidates if replica.state == SERVING], prefix.model,
+                                  *self._balance)
         tokens = self._token_blocks(healthy, prefix)  # outside the lock: it may ask an engine
         with self._lock:
             if not healthy:
@@ -102,7 +106,8 @@ class Router:
                  for replica in healthy}
         if len(sizes) != 1 or 0 in sizes:
             return None
-        return prefix.token_blocks(min(healthy, key=lambda replica: replica.load).client, sizes.pop())
+        return prefix.token_blocks(min(healthy, key=lambda replica: replica.load).client, sizes.pop(),
+                                   prefix.model if any(r.adapter(prefix.model) for r in healthy) else "")
 
     def _replica_changed(self, replica: Replica) -> None:
         """Its gauges read it when scraped, from its arrival until it is retired."""

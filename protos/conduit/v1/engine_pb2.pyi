@@ -364,6 +364,24 @@ class ListModelsResponse(_message.Message):
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
 
+class LoadAdapterRequest(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class UnloadAdapterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnloadAdapterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class GetModelInfoRequest(_message.Message):
     __slots__ = ("model",)
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -411,7 +429,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("running_requests", "waiting_requests", "kv_cache_usage", "block_size", "num_blocks", "prefix_caching", "draining", "model")
+    __slots__ = ("running_requests", "waiting_requests", "kv_cache_usage", "block_size", "num_blocks", "prefix_caching", "draining", "model", "resident_adapters")
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -420,6 +438,7 @@ class LoadReport(_message.Message):
     PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     running_requests: int
     waiting_requests: int
     kv_cache_usage: float
@@ -428,7 +447,8 @@ class LoadReport(_message.Message):
     prefix_caching: bool
     draining: bool
     model: str
-    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., prefix_caching: _Optional[bool] = ..., draining: _Optional[bool] = ..., model: _Optional[str] = ...) -> None: ...
+    resident_adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., prefix_caching: _Optional[bool] = ..., draining: _Optional[bool] = ..., model: _Optional[str] = ..., resident_adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EmbedInput(_message.Message):
     __slots__ = ("text", "token_ids")

@@ -74,6 +74,16 @@ class EngineStub:
                 request_serializer=conduit_dot_v1_dot_engine__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=conduit_dot_v1_dot_engine__pb2.EmbedResponse.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/conduit.v1.Engine/LoadAdapter',
+                request_serializer=conduit_dot_v1_dot_engine__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=conduit_dot_v1_dot_engine__pb2.ModelInfo.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/conduit.v1.Engine/UnloadAdapter',
+                request_serializer=conduit_dot_v1_dot_engine__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=conduit_dot_v1_dot_engine__pb2.UnloadAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -102,7 +112,7 @@ class EngineServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListModels(self, request, context):
-        """Models this engine serves (one today).
+        """Models this engine serves: its model, then its LoRA adapters.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -142,6 +152,27 @@ class EngineServicer:
         """Embeds a batch of inputs with an embedding model: one vector per input, in order. An
         engine serves either generation or embeddings: Embed on a generation model, and Generate
         (or GenerateMany) on an embedding model, end with FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadAdapter(self, request, context):
+        """Loads a LoRA adapter at run time (vLLM's /v1/load_lora_adapter): it is in ListModels at once.
+        Only with --enable-lora and --allow-runtime-lora-updating (else FAILED_PRECONDITION), and only
+        from a folder under the engine's --lora-dirs, symlinks resolved (else PERMISSION_DENIED).
+        NOT_FOUND: no such folder; INVALID_ARGUMENT: the name is taken, or the folder is not an adapter
+        this engine can serve (not PEFT LoRA, another base model's shapes, a rank above --max-lora-rank,
+        --max-loras loaded already); the message names the problem.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Unloads a LoRA adapter (vLLM's /v1/unload_lora_adapter): it leaves ListModels and takes no new
+        requests at once; the requests running with it finish, then its weights and its prefix-cache
+        blocks are dropped. NOT_FOUND for a name not loaded; FAILED_PRECONDITION as for LoadAdapter.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -189,6 +220,16 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=conduit_dot_v1_dot_engine__pb2.EmbedRequest.FromString,
                     response_serializer=conduit_dot_v1_dot_engine__pb2.EmbedResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=conduit_dot_v1_dot_engine__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=conduit_dot_v1_dot_engine__pb2.ModelInfo.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=conduit_dot_v1_dot_engine__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=conduit_dot_v1_dot_engine__pb2.UnloadAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -407,6 +448,60 @@ class Engine:
             '/conduit.v1.Engine/Embed',
             conduit_dot_v1_dot_engine__pb2.EmbedRequest.SerializeToString,
             conduit_dot_v1_dot_engine__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/conduit.v1.Engine/LoadAdapter',
+            conduit_dot_v1_dot_engine__pb2.LoadAdapterRequest.SerializeToString,
+            conduit_dot_v1_dot_engine__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/conduit.v1.Engine/UnloadAdapter',
+            conduit_dot_v1_dot_engine__pb2.UnloadAdapterRequest.SerializeToString,
+            conduit_dot_v1_dot_engine__pb2.UnloadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,
