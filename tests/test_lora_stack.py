@@ -15,7 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 import torch
-from conftest import STARTUP_TIMEOUT_S
+from conftest import STARTUP_TIMEOUT_S, torch_threads
 from lora_files import merged, scale_of, write_adapter
 
 import goldens
@@ -34,7 +34,11 @@ TOKENS = 12
 def expected(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[list[tuple[str, float]]]]]:
     """The adapters' folder, and transformers' greedy answer to each question by each model (merged), as
     (token text, logprob) up to its first near-tie (goldens.NEAR_TIE: there any CPU may go either way)."""
-    folder = tmp_path_factory.mktemp("adapters")
+    with torch_threads(1):  # small ops beside the other worker: two threads wait on each other (conftest.py)
+        return _references(tmp_path_factory.mktemp("adapters"))
+
+
+def _references(folder: Path) -> tuple[Path, dict[str, list[list[tuple[str, float]]]]]:
     loaded = load_model(None, device="cpu", dtype="float32")
     tokenizer = loaded.tokenizer
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
