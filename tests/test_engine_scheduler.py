@@ -207,12 +207,15 @@ def test_an_interactive_arrival_preempts_batch_sequences_for_kv_blocks() -> None
 
 def test_an_interactive_decode_short_of_a_block_preempts_a_batch_sequence_not_a_newer_interactive_one() -> None:
     scheduler, _ = make_scheduler(num_blocks=3, prefix_caching=False)
-    live, batch_seq, newer_live = make_seq(3), make_seq(4, batch=True), make_seq(3)
-    scheduler.waiting.extend([live, batch_seq, newer_live])
-    run_step(scheduler)  # 1 block each: all three run
-    assert scheduler.running == [live, batch_seq, newer_live]
-    run_step(scheduler)  # each decodes its 4th token: the batch one needs a second block, none is free
+    batch_seq, live, newer_live = make_seq(2, batch=True), make_seq(4), make_seq(3)
+    scheduler.waiting.append(batch_seq)
+    run_step(scheduler)  # the batch one runs alone first
+    scheduler.waiting.extend([live, newer_live])
+    run_step(scheduler)  # one block each: all three run
+    assert scheduler.running == [batch_seq, live, newer_live] and scheduler.blocks.num_free == 0
+    run_step(scheduler)  # `live` decodes its 6th token: a second block, none free
     assert batch_seq in scheduler.waiting and scheduler.running == [live, newer_live]
+    assert len(live.block_table) == 2
 
 
 def test_a_request_waits_until_its_prompt_fits_in_free_blocks() -> None:
