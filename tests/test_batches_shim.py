@@ -279,7 +279,8 @@ def test_metrics_count_requests_and_batches(client, shim) -> None:
 # ------------------------------------------------------------------ durability
 
 def test_a_shim_restarted_mid_batch_takes_it_up_and_runs_no_answered_request_again(fake, embedder, tmp_path) -> None:
-    """Each request is told apart by its system message: the engine must see each exactly once."""
+    """Each request is told apart by its system message: the engine must see each exactly once. A second
+    shim started on the same store folder meanwhile leaves the batch to the shim that runs it."""
     count = 16
     lines = [{**chat_line(f"d{k}", "slow:0.2"), "body": {"model": MODEL_ID, "messages": [
         {"role": "system", "content": f"durable {k}"}, {"role": "user", "content": "slow:0.2"}]}} for k in range(count)]
@@ -293,6 +294,10 @@ def test_a_shim_restarted_mid_batch_takes_it_up_and_runs_no_answered_request_aga
         with _client(url) as sdk:
             batch = sdk.batches.create(input_file_id=upload(sdk, lines), endpoint="/v1/chat/completions",
                                        completion_window="24h")
+            wait(sdk, batch.id, lambda b: b.request_counts and b.request_counts.completed >= 1)
+            beside, beside_url = _start(fake, embedder, tmp_path, "--batch-max-in-flight", "2")
+            with _client(beside_url) as other_shim:
+                assert other_shim.batches.retrieve(batch.id).status == "in_progress"
             wait(sdk, batch.id, lambda b: b.request_counts and b.request_counts.completed >= 3)
     finally:
         stop_process(process)  # a drain: the requests in flight finish and are kept
@@ -304,6 +309,7 @@ def test_a_shim_restarted_mid_batch_takes_it_up_and_runs_no_answered_request_aga
             outputs = file_lines(sdk, done.output_file_id)
     finally:
         stop_process(process)
+        stop_process(beside)
     assert done.status == "completed" and done.request_counts.completed == count
     assert sorted(line["custom_id"] for line in outputs) == sorted(f"d{k}" for k in range(count))
     assert sorted(heard()) == sorted(f"durable {k}" for k in range(count)), "each request ran once, across the restart"

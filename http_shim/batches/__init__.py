@@ -2,7 +2,8 @@
 `batch`) run through the shim's own routes at a priority below interactive traffic, their answers
 collected into output and error files (docs/batches.md). protocol.py types the requests, lines.py
 checks an input file, store.py keeps batches and their requests' outcomes (SQLite), dispatch.py runs
-one request through its route, runner.py runs the batches, routes.py serves them per tenant."""
+one request through its route, runner.py runs the batches (claims.py: each in one shim only),
+routes.py serves them per tenant."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ..files import FileStore
 from ..metrics import ShimMetrics
 from .protocol import BATCHES_API, BATCHES_ROUTE
 from .routes import register_batch_routes
+from .claims import RunnerClaims
 from .runner import DEFAULT_MAX_IN_FLIGHT, BatchRunner
 from .store import BatchStore
 
@@ -23,7 +25,7 @@ def open_batches(app: Flask, store_dir: str, files: FileStore, drain: Drain, met
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> BatchRunner:
     """The routes, and the runner (started: it takes up the batches a stop left unfinished)."""
     store = BatchStore(store_dir)
-    runner = BatchRunner(app, store, files, drain, metrics, max_in_flight)
+    runner = BatchRunner(app, store, files, drain, metrics, RunnerClaims(store_dir), max_in_flight)
     register_batch_routes(app, store, files, runner)
     runner.start()
     return runner

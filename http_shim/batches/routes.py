@@ -38,7 +38,7 @@ def register_batch_routes(app: Flask, store: BatchStore, files: FileStore, runne
                           f"'{record.purpose}'.", "input_file_id")
         expires = body.output_expires_after and body.output_expires_after.seconds
         batch = new_batch(record.id, body.endpoint, body.metadata, expires)
-        store.create(tenant(), batch)
+        store.create(tenant(), batch, runner.id)
         runner.submit(batch["id"])
         return json_response(public(batch))
 

@@ -30,6 +30,7 @@ from ..drain import Drain
 from ..files import FileStore, TooLarge
 from ..ids import new_id
 from ..metrics import ShimMetrics
+from .claims import RunnerClaims
 from .dispatch import run_request
 from .lines import line_error, read_lines
 from .store import BatchStore, Outcome
@@ -56,18 +57,31 @@ def _usage(body: dict[str, Any]) -> tuple[int, int, int, int]:
 
 class BatchRunner:
     def __init__(self, app: Flask, store: BatchStore, files: FileStore, drain: Drain, metrics: ShimMetrics,
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
+                 claims: RunnerClaims, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
         self.app, self.store, self.files, self.drain, self.metrics = app, store, files, drain, metrics
+        self.claims = claims
         self._slots = Pool(max_in_flight)
         self._running: dict[str, gevent.Greenlet] = {}
-        self._cancelled: set[str] = set()
+
+    @property
+    def id(self) -> str:
+        """What a batch records as its runner (claims.py)."""
+        return self.claims.id
 
     def start(self) -> None:
-        """Takes up the batches a stop left unfinished."""
+        """Takes up the batches a stopped shim left unfinished (not those another live shim runs)."""
         for batch_id in self.store.active():
-            log.info("batch %s: taken up again", batch_id)
-            self.submit(batch_id)
+            if self._take(batch_id):
+                log.info("batch %s: taken up again", batch_id)
         self._publish()
+
+    def _take(self, batch_id: str) -> bool:
+        """Runs the batch here if it is this runner's or its runner is gone."""
+        runner = self.store.runner(batch_id)
+        if runner != self.id and (self.claims.alive(runner) or not self.store.claim(batch_id, self.id, runner)):
+            return False
+        self.submit(batch_id)
+        return True
 
     def submit(self, batch_id: str) -> None:
         if batch_id not in self._running:
@@ -75,12 +89,12 @@ class BatchRunner:
         self._publish()
 
     def cancel(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Marks an unfinished batch `cancelling` (no new request starts); the runner ends it `cancelled`."""
+        """Marks an unfinished batch `cancelling`: its runner (here or in another shim on this store)
+        starts no new request and ends it `cancelled`."""
         if batch["status"] in ("validating", "in_progress"):
             batch.update(status="cancelling", cancelling_at=int(time.time()))
             self.store.save(batch)
-            self._cancelled.add(batch["id"])
-            self.submit(batch["id"])
+            self._take(batch["id"])
         return batch
 
     # ---------------------------------------------------------------- a batch
@@ -103,7 +117,6 @@ class BatchRunner:
             self.store.save(batch)
         finally:
             self._running.pop(batch_id, None)
-            self._cancelled.discard(batch_id)
             self._publish()
 
     def _batch(self, batch_id: str) -> dict[str, Any]:
@@ -134,7 +147,8 @@ class BatchRunner:
             self.store.save(batch)
 
     def _stopping(self, batch: dict[str, Any]) -> bool:
-        return batch["id"] in self._cancelled or time.time() >= batch["expires_at"] or self.drain.draining
+        return (self.drain.draining or time.time() >= batch["expires_at"]
+                or self.store.status(batch["id"]) == "cancelling")
 
     def _run_requests(self, batch: dict[str, Any]) -> None:
         pending = self.store.pending(batch["id"])

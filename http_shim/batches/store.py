@@ -1,8 +1,8 @@
 """The Batch API's store: each batch's object, and its requests with their outcomes as they complete,
 in SQLite (`batches.sqlite3` beside the Files and Responses stores' files; `:memory:`: this process only).
 
-A batch's object (the openai SDK's `Batch`) is kept as JSON with its owner (the tenant: auth.tenant)
-and status beside it for the queries. Its requests are rows written at validation; each gets its
+A batch's object (the openai SDK's `Batch`) is kept as JSON with its owner (the tenant: auth.tenant),
+its status, and the runner that runs it (runner.py: a shim's, while that shim lives) beside it. Its requests are rows written at validation; each gets its
 outcome (the output or error file's line) as it completes, committed at once, so a shim that stops
 mid-batch resumes with the rows that have none (runner.py). Once the output and error files are
 written the rows go; `request_counts` and `usage` stay in the object.
@@ -65,17 +65,31 @@ class BatchStore:
                                    check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS batches (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
-                         "id TEXT UNIQUE NOT NULL, owner TEXT NOT NULL, status TEXT NOT NULL, object TEXT NOT NULL)")
+                         "id TEXT UNIQUE NOT NULL, owner TEXT NOT NULL, status TEXT NOT NULL, object TEXT NOT NULL, runner TEXT)")
         self._db.execute("CREATE TABLE IF NOT EXISTS requests (batch_id TEXT NOT NULL, idx INTEGER NOT NULL, "
                          "custom_id TEXT NOT NULL, body TEXT NOT NULL, outcome TEXT, ok INTEGER, "
                          + ", ".join(f"{u} INTEGER" for u in _USAGE) + ", PRIMARY KEY (batch_id, idx))")
 
     # ---------------------------------------------------------------- batches
 
-    def create(self, owner: str, batch: dict[str, Any]) -> None:
+    def create(self, owner: str, batch: dict[str, Any], runner: str) -> None:
         with self._lock:
-            self._db.execute("INSERT INTO batches (id, owner, status, object) VALUES (?, ?, ?, ?)",
-                             (batch["id"], owner, batch["status"], json.dumps(batch)))
+            self._db.execute("INSERT INTO batches (id, owner, status, object, runner) VALUES (?, ?, ?, ?, ?)",
+                             (batch["id"], owner, batch["status"], json.dumps(batch), runner))
+
+    def runner(self, batch_id: str) -> str | None:
+        with self._lock:
+            return self._db.execute("SELECT runner FROM batches WHERE id = ?", (batch_id,)).fetchone()[0]
+
+    def claim(self, batch_id: str, runner: str, previous: str | None) -> bool:
+        """The batch is `runner`'s now, unless another claimed it since `previous` was read."""
+        with self._lock:
+            return self._db.execute("UPDATE batches SET runner = ? WHERE id = ? AND runner IS ?",
+                                    (runner, batch_id, previous)).rowcount == 1
+
+    def status(self, batch_id: str) -> str:
+        with self._lock:
+            return self._db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()[0]
 
     def save(self, batch: dict[str, Any]) -> None:
         with self._lock:
