@@ -63,9 +63,7 @@ def assert_same_greedy(live: list[dict], batched: list[dict]) -> None:
 def test_a_300_request_chat_batch_answers_as_the_live_endpoint(openai_client) -> None:
     lines = [{"custom_id": f"q{k}", "method": "POST", "url": "/v1/chat/completions", "body": chat_body(k)}
              for k in range(LINES)]
-    started = time.monotonic()
     batch, outputs = run_batch(openai_client, lines, "/v1/chat/completions")
-    print(f"batch of {LINES}: {time.monotonic() - started:.1f}s")
     assert batch.status == "completed" and batch.error_file_id is None, batch
     assert batch.request_counts.completed == LINES and batch.request_counts.failed == 0
     assert batch.usage.output_tokens == sum(o["response"]["body"]["usage"]["completion_tokens"]
