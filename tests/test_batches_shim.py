@@ -313,3 +313,54 @@ def test_a_shim_restarted_mid_batch_takes_it_up_and_runs_no_answered_request_aga
     assert done.status == "completed" and done.request_counts.completed == count
     assert sorted(line["custom_id"] for line in outputs) == sorted(f"d{k}" for k in range(count))
     assert sorted(heard()) == sorted(f"durable {k}" for k in range(count)), "each request ran once, across the restart"
+
+
+def test_a_batch_past_its_window_ends_expired_with_its_answers(fake, embedder, tmp_path) -> None:
+    """Stopped mid-batch, its expires_at moved to the past in the store (24 hours are not waited for):
+    the next start ends it `expired`, the requests not run in the error file as batch_expired."""
+    import sqlite3
+
+    lines = [chat_line(f"x{k}", "slow:0.2") for k in range(10)]
+    process, url = _start(fake, embedder, tmp_path, "--batch-max-in-flight", "1")
+    try:
+        with _client(url) as sdk:
+            batch = sdk.batches.create(input_file_id=upload(sdk, lines), endpoint="/v1/chat/completions",
+                                       completion_window="24h")
+            wait(sdk, batch.id, lambda b: b.request_counts and b.request_counts.completed >= 1)
+    finally:
+        stop_process(process)
+    with sqlite3.connect(tmp_path / "batches.sqlite3") as db:
+        db.execute("UPDATE batches SET object = json_set(object, '$.expires_at', 1) WHERE id = ?", (batch.id,))
+    process, url = _start(fake, embedder, tmp_path)
+    try:
+        with _client(url) as sdk:
+            done = wait(sdk, batch.id)
+            outputs, errors = file_lines(sdk, done.output_file_id), file_lines(sdk, done.error_file_id)
+    finally:
+        stop_process(process)
+    assert done.status == "expired" and done.expired_at and done.completed_at is None
+    assert 1 <= len(outputs) < 10 and len(outputs) + len(errors) == 10 == done.request_counts.total
+    assert done.request_counts.failed == len(errors)
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"} and all(e["response"] is None for e in errors)
+    assert [line["custom_id"] for line in outputs + errors] == [f"x{k}" for k in range(10)]
+
+
+def test_a_request_the_engine_refuses_for_a_while_is_tried_again(client, fake) -> None:
+    """An engine whose queue is full (429) or that is away (503) gets the request again, with backoff."""
+    import grpc
+
+    def calls() -> int:
+        return sum(1 for r in fake.engine.requests if r.chat.messages and r.chat.messages[-1].content == "try again")
+
+    fake.engine.refuse = grpc.StatusCode.RESOURCE_EXHAUSTED
+    try:
+        batch = client.batches.create(input_file_id=upload(client, [chat_line("t", "try again")]),
+                                      endpoint="/v1/chat/completions", completion_window="24h")
+        deadline = time.monotonic() + 30
+        while calls() < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        fake.engine.refuse = None
+    done = wait(client, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 1 and calls() >= 2
