@@ -157,6 +157,24 @@ def test_each_request_is_answered_as_the_live_endpoint_answers_it(client, shim, 
         assert live_calls and {r.priority for r in live_calls} == {pb.PRIORITY_INTERACTIVE}
 
 
+def test_the_objects_are_the_sdks_types_field_for_field(client, shim) -> None:
+    """Every field the shim writes is one of the SDK's `Batch` (and `BatchError`, `BatchUsage`), and validates."""
+    import httpx
+    from openai.types import Batch
+
+    done = run_batch(client, [chat_line("a")])
+    failed = run_batch(client, b"nope\n")
+    for batch in (done, failed):
+        raw = httpx.get(f"{shim}/v1/batches/{batch.id}", headers={"Authorization": f"Bearer {KEY_A}"}).json()
+        assert set(raw) == set(Batch.model_fields), set(raw) ^ set(Batch.model_fields)
+        parsed = Batch.model_validate(raw)
+        for part in ("errors", "usage", "request_counts"):
+            value = getattr(parsed, part)
+            if value is not None:
+                assert set(raw[part]) <= set(type(value).model_fields)
+    assert set(raw["errors"]["data"][0]) == {"code", "message", "param", "line"}
+
+
 def test_usage_sums_the_answers_usage(client) -> None:
     batch = run_batch(client, [chat_line("a", "one two three"), chat_line("b", "four", max_tokens=2)])
     outputs = file_lines(client, batch.output_file_id)
