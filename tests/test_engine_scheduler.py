@@ -218,6 +218,32 @@ def test_an_interactive_decode_short_of_a_block_preempts_a_batch_sequence_not_a_
     assert len(live.block_table) == 2
 
 
+def test_apart_a_step_with_interactive_work_holds_no_batch_sequence() -> None:
+    """batch_apart (the CPU's default): batch sequences keep their cache and wait out interactive work."""
+    scheduler = Scheduler(BlockManager(64, BLOCK, CopyLog()), max_batch_size=8, max_step_tokens=32, batch_apart=True)
+    batch_seq = make_seq(3, batch=True)
+    scheduler.waiting.append(batch_seq)
+    run_step(scheduler)
+    decode, _ = run_step(scheduler)
+    assert decode == [batch_seq], "alone, it runs"
+    live = make_seq(3)
+    scheduler.waiting.append(live)
+    decode, prefill = run_step(scheduler)
+    assert decode == [] and prefill == [(live, 3)], "the step is the interactive request's alone"
+    decode, _ = run_step(scheduler)
+    assert decode == [live] and batch_seq in scheduler.running and batch_seq.block_table, "waiting, cache kept"
+    scheduler.release(live)
+    decode, _ = run_step(scheduler)
+    assert decode == [batch_seq]
+    shared = Scheduler(BlockManager(64, BLOCK, CopyLog()), max_batch_size=8, max_step_tokens=32)
+    batch_seq, live = make_seq(3, batch=True), make_seq(3)
+    shared.waiting.append(batch_seq)
+    run_step(shared)
+    shared.waiting.append(live)
+    decode, prefill = run_step(shared)
+    assert decode == [batch_seq] and prefill == [(live, 3)], "shared: the batch sequence fills the room beside it"
+
+
 def test_a_request_waits_until_its_prompt_fits_in_free_blocks() -> None:
     scheduler, _ = make_scheduler(num_blocks=3)
     big, small = make_seq(13), make_seq(2)

@@ -17,7 +17,9 @@ Priorities: batch work (`Request.batch`, the shim's Batch API) takes only the ro
 requests leave. A waiting interactive sequence is always admitted before any batch one (a batch
 sequence never goes ahead of it, even when it cannot be admitted yet); one that finds no free place
 or too few blocks first preempts running batch sequences, newest first; and when a decode needs a
-block, a batch sequence is the victim before any interactive one.
+block, a batch sequence is the victim before any interactive one. With `batch_apart` (the default on
+the CPU, where a step's time grows with its rows: EngineConfig.batch_steps), a step that has interactive
+work holds no batch sequence at all: they keep their cache and wait for a step without interactive work.
 
 After a step fails, recovery.py names the requests it suspects (`suspects`, by request id):
 a step then holds the sequences of at most one suspect, beside any others, so the next
@@ -68,8 +70,10 @@ def embedding_inputs(batch: ScheduledBatch) -> set[int]:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_batch_size: int, max_step_tokens: int) -> None:
+    def __init__(self, blocks: BlockManager, max_batch_size: int, max_step_tokens: int,
+                 batch_apart: bool = False) -> None:
         self.blocks = blocks
+        self.batch_apart = batch_apart
         self.max_batch_size = max_batch_size
         self.max_step_tokens = max_step_tokens
         self.waiting: deque[Sequence] = deque()
@@ -84,8 +88,11 @@ class Scheduler:
         batch = ScheduledBatch()
         allowed = _OneSuspect(self.suspects)
         self._yield_to_interactive()
+        with_batch_work = not (self.batch_apart and self._interactive_work())
         # Interactive decodes reserve their blocks first: a batch victim is then never one already scheduled.
         for seq in sorted(self.running, key=_is_batch):
+            if seq.request.batch and not with_batch_work:
+                break  # (sorted: the batch sequences come last)
             if seq.is_decoding and allowed(seq) and self._make_room(seq):
                 batch.decode.append(seq)
         budget = self.max_step_tokens - len(batch.decode)
@@ -94,9 +101,13 @@ class Scheduler:
         # is prompts under way, then arrivals.
         budget = self._prefill_running(batch, budget, allowed, batch_work=False)
         budget = self._admit_waiting(batch, budget, allowed, batch_work=False)
-        budget = self._prefill_running(batch, budget, allowed, batch_work=True)
-        self._admit_waiting(batch, budget, allowed, batch_work=True)
+        if with_batch_work:
+            budget = self._prefill_running(batch, budget, allowed, batch_work=True)
+            self._admit_waiting(batch, budget, allowed, batch_work=True)
         return batch
+
+    def _interactive_work(self) -> bool:
+        return any(not seq.request.batch for seq in self.running) or any(not seq.request.batch for seq in self.waiting)
 
     def _prefill_running(self, batch: ScheduledBatch, budget: int, allowed: _OneSuspect, batch_work: bool) -> int:
         for seq in self.running:

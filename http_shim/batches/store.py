@@ -2,10 +2,11 @@
 in SQLite (`batches.sqlite3` beside the Files and Responses stores' files; `:memory:`: this process only).
 
 A batch's object (the openai SDK's `Batch`) is kept as JSON with its owner (the tenant: auth.tenant),
-its status, and the runner that runs it (runner.py: a shim's, while that shim lives) beside it. Its requests are rows written at validation; each gets its
-outcome (the output or error file's line) as it completes, committed at once, so a shim that stops
-mid-batch resumes with the rows that have none (runner.py). Once the output and error files are
-written the rows go; `request_counts` and `usage` stay in the object.
+its status, and the runner that runs it (runner.py: a shim's, while that shim lives) beside it. Its
+requests are rows written at validation; each gets its outcome (the output or error file's line) as it
+completes, committed at once, so a shim that stops mid-batch resumes with the rows that have none
+(runner.py). Once the output and error files are written the rows go; `request_counts` and `usage`
+stay in the object.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ class BatchStore:
                                    check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS batches (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
-                         "id TEXT UNIQUE NOT NULL, owner TEXT NOT NULL, status TEXT NOT NULL, object TEXT NOT NULL, runner TEXT)")
+                         "id TEXT UNIQUE NOT NULL, owner TEXT NOT NULL, status TEXT NOT NULL, object TEXT NOT NULL, "
+                         "runner TEXT)")
         self._db.execute("CREATE TABLE IF NOT EXISTS requests (batch_id TEXT NOT NULL, idx INTEGER NOT NULL, "
                          "custom_id TEXT NOT NULL, body TEXT NOT NULL, outcome TEXT, ok INTEGER, "
                          + ", ".join(f"{u} INTEGER" for u in _USAGE) + ", PRIMARY KEY (batch_id, idx))")
@@ -171,8 +173,9 @@ class BatchStore:
     def tally(self, batch_id: str) -> tuple[dict[str, int], dict[str, Any] | None]:
         """`request_counts` and `usage` as the requests' outcomes say."""
         with self._lock:
-            row = self._db.execute("SELECT COUNT(*), COALESCE(SUM(ok), 0), COALESCE(SUM(outcome IS NOT NULL AND ok = 0),"
-                                   " 0), " + ", ".join(f"COALESCE(SUM({u}), 0)" for u in _USAGE)
+            row = self._db.execute("SELECT COUNT(*), COALESCE(SUM(ok), 0), "
+                                   "COALESCE(SUM(outcome IS NOT NULL AND ok = 0), 0), "
+                                   + ", ".join(f"COALESCE(SUM({u}), 0)" for u in _USAGE)
                                    + " FROM requests WHERE batch_id = ?", (batch_id,)).fetchone()
         total, completed, failed, inputs, cached, outputs, reasoning = row
         usage = {"input_tokens": inputs, "input_tokens_details": {"cached_tokens": cached},
