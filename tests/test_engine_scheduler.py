@@ -235,6 +235,10 @@ def test_apart_a_step_with_interactive_work_holds_no_batch_sequence() -> None:
     scheduler.release(live)
     decode, _ = run_step(scheduler)
     assert decode == [batch_seq]
+    long_batch = make_seq(30, batch=True)
+    scheduler.waiting.append(long_batch)
+    _, prefill = run_step(scheduler)
+    assert prefill == [(long_batch, 8)], "a batch step prefills a quarter of the step's 32 tokens"
     shared = Scheduler(BlockManager(64, BLOCK, CopyLog()), max_batch_size=8, max_step_tokens=32)
     batch_seq, live = make_seq(3, batch=True), make_seq(3)
     shared.waiting.append(batch_seq)

@@ -19,7 +19,9 @@ sequence never goes ahead of it, even when it cannot be admitted yet); one that 
 or too few blocks first preempts running batch sequences, newest first; and when a decode needs a
 block, a batch sequence is the victim before any interactive one. With `batch_apart` (the default on
 the CPU, where a step's time grows with its rows: EngineConfig.batch_steps), a step that has interactive
-work holds no batch sequence at all: they keep their cache and wait for a step without interactive work.
+work holds no batch sequence at all: they keep their cache and wait for a step without interactive work;
+and a batch step prefills at most a quarter of the step's tokens, so an interactive arrival never waits
+long for the step under way to end.
 
 After a step fails, recovery.py names the requests it suspects (`suspects`, by request id):
 a step then holds the sequences of at most one suspect, beside any others, so the next
@@ -102,6 +104,8 @@ class Scheduler:
         budget = self._prefill_running(batch, budget, allowed, batch_work=False)
         budget = self._admit_waiting(batch, budget, allowed, batch_work=False)
         if with_batch_work:
+            if self.batch_apart:
+                budget = min(budget, self.max_step_tokens // 4)
             budget = self._prefill_running(batch, budget, allowed, batch_work=True)
             self._admit_waiting(batch, budget, allowed, batch_work=True)
         return batch
