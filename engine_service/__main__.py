@@ -30,7 +30,8 @@ if __name__ == "__main__":
     die_with_parent()
 
 from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
-from engine_service.core.config import BOUNDS, QUANTIZATIONS, EngineConfig, LoraConfig, LoraModule  # noqa: E402
+from engine_service.core.config import (BATCH_STEPS, BOUNDS, QUANTIZATIONS, EngineConfig, LoraConfig,  # noqa: E402
+                                        LoraModule)
 from engine_service.core.speculation import SpeculativeConfig  # noqa: E402
 from engine_service.model.cpu_isa import cpu_facts, describe, keep_onednn_off_amx  # noqa: E402
 from engine_service.text.reasoning import PARSER_CHOICES  # noqa: E402
@@ -66,6 +67,10 @@ def build_parser() -> EnvArgumentParser:
     d = EngineConfig()
     p.add_argument("--max-batch-size", metavar="N", type=bounded("max_batch_size"), default=d.max_batch_size,
                    help="sequences decoded together")
+    p.add_argument("--batch-steps", choices=BATCH_STEPS, default=d.batch_steps,
+                   help="batch-priority requests (the Batch API's) beside interactive ones: shared (they fill the "
+                        "room in each step), apart (a step with interactive work holds none), auto (apart on the "
+                        "CPU, where a step's time grows with its rows; shared on a GPU)")
     p.add_argument("--max-queue", metavar="N", type=bounded("max_waiting"), default=d.max_waiting,
                    help="waiting requests before RESOURCE_EXHAUSTED (HTTP 429 through the shim)")
     p.add_argument("--max-step-tokens", metavar="N", type=bounded("max_step_tokens"), default=d.max_step_tokens,
@@ -223,7 +228,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             quantization=args.quantization, deterministic=args.deterministic, native_kernels=args.native_kernels,
             stream_interval=args.stream_interval, reasoning_parser=args.reasoning_parser,
             enable_embeddings=args.enable_embeddings, speculative=args.speculative_config,
-            lora=lora_config(args))
+            lora=lora_config(args), batch_steps=args.batch_steps)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     return args

@@ -16,6 +16,8 @@ from werkzeug.exceptions import HTTPException
 from clients.errors import ConduitError
 from conduit_common.bearer import BearerSecrets
 
+from .batches import DEFAULT_MAX_IN_FLIGHT as DEFAULT_BATCH_IN_FLIGHT
+from .batches import open_batches
 from .connection import ABANDON_BODY_KEY
 from .context import ShimContext
 from .auth import set_tenant
@@ -80,6 +82,8 @@ class ShimConfig:
     retrieval_model: str = DEFAULT_RETRIEVAL_MODEL
     # The mcp tool of /v1/responses (mcp/): the servers it may reach (none by default) and its limits.
     mcp: McpConfig = McpConfig()
+    # The Batch API's requests in the engines at once, all batches together (batches/runner.py).
+    batch_max_in_flight: int = DEFAULT_BATCH_IN_FLIGHT
 
 
 def _error(error: APIError) -> Response:
@@ -112,6 +116,7 @@ def create_app(config: ShimConfig, connect: Connect) -> ObservedApp:
     if files is not None:
         register_files(app, files)
         retrieval = open_retrieval(app, store_dir, files, models, config.retrieval_model)
+        open_batches(app, store_dir, files, drain, metrics, config.batch_max_in_flight)
     register_responses(app, ctx, store, retrieval, McpSettings(config.mcp, metrics))
     register_messages(app, ctx)
     register_embeddings(app, ctx)

@@ -50,6 +50,11 @@ def set_tenant(api_key: str | None) -> None:
     g.conduit_tenant = tenant_of(api_key) if api_key else ""
 
 
+def set_tenant_digest(owner: str) -> None:
+    """For work done later on a tenant's behalf (a batch's requests): the owner recorded, no key needed."""
+    g.conduit_tenant = owner
+
+
 def tenant() -> str:
     """The current request's tenant: '' where the shim has no API keys."""
     return g.get(_TENANT_KEY, "")

@@ -55,5 +55,15 @@ class ShimMetrics:
             "0 while it publishes none).",
             ["replica"])
 
+        # The Batch API (batches/): its requests by outcome, those queued and running, batches by status.
+        self.batch_requests = counter("conduit:batch_requests", "Batch API requests finished, by outcome: completed "
+                                      "(a 2xx answer, in the output file), failed (an error answer, in the error "
+                                      "file), expired (not run within the completion window).", ["state"])
+        self.batch_requests_waiting = gauge("conduit:batch_requests_waiting", "Requests of running batches not "
+                                            "started yet (the batch queue's depth).")
+        self.batch_requests_running = gauge("conduit:batch_requests_running", "Batch API requests in the engine now "
+                                            "(at batch priority; at most --batch-max-in-flight).")
+        self.batches = gauge("conduit:batches", "Batches this shim's store holds, by status.", ["status"])
+
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

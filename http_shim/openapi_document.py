@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from .batches.protocol import BATCHES_API
 from .embeddings.protocol import EMBEDDINGS_API
 from .files.protocol import FILES_API
 from .retrieval.protocol import RETRIEVAL_API, RETRIEVAL_BODILESS
@@ -24,13 +25,15 @@ from .service import SERVICE_API
 
 
 def openapi_document(limits: RequestLimits, auth_required: bool) -> dict[str, Any]:
-    parts = [OPENAI_API, RESPONSES_API, MESSAGES_API, EMBEDDINGS_API, FILES_API, RETRIEVAL_API, SERVICE_API]
+    parts = [OPENAI_API, RESPONSES_API, MESSAGES_API, EMBEDDINGS_API, FILES_API, RETRIEVAL_API, BATCHES_API,
+             SERVICE_API]
     paths: dict[str, Any] = {}
 
     schemas: dict[str, Schema] = {}
     for part in parts:
         paths.update({op.path: op.path_item() for op in part.operations})
-        paths.update(part.paths)
+        for path, item in part.paths.items():  # beside an operation's post on the same path
+            paths[path] = {**paths.get(path, {}), **item}
         schemas.update(part.schemas)
     for path, item in RETRIEVAL_BODILESS.items():  # beside the operations' post on the same paths
         paths[path] = {**paths.get(path, {}), **item}

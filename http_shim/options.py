@@ -22,6 +22,7 @@ from conduit.v1.contract import (ENGINE_TOKEN_ENV, KEEPALIVE_TIME_S, KEEPALIVE_T
 from .app import DEFAULT_MAX_BODY_BYTES, ShimConfig
 from .auth import KEY_ENV, KEYS_ENV, collect_keys
 from .cors import CorsPolicy, normal_origin
+from .batches import DEFAULT_MAX_IN_FLIGHT as DEFAULT_BATCH_IN_FLIGHT
 from .files import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_STORE_BYTES, FileLimits
 from .retrieval import DEFAULT_RETRIEVAL_MODEL
 from .limits import DEFAULT_LIMITS, RequestLimits
@@ -56,6 +57,8 @@ def shim_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sh
     """The ShimConfig the flags give; bad values end the program with a usage error."""
     if args.max_body_bytes < 1:
         parser.error("--max-body-bytes must be positive")
+    if args.batch_max_in_flight < 1:
+        parser.error("--batch-max-in-flight must be positive")
     if args.read_timeout < 0 or args.max_connections < 1:
         parser.error("--read-timeout must be >= 0 and --max-connections positive")
     for origin in args.cors_allow_origin:
@@ -79,6 +82,7 @@ def shim_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sh
             files_limits=FileLimits(args.files_max_bytes, args.files_store_max_bytes),
             retrieval_model=args.retrieval_model,
             mcp=mcp_config(parser, args),
+            batch_max_in_flight=args.batch_max_in_flight,
         )
     except ValueError as error:
         parser.error(str(error))
@@ -182,6 +186,9 @@ def add_responses_store_args(parser: EnvArgumentParser) -> None:
                             "whose engine embeds")
     group.add_argument("--files-store-max-bytes", type=int, metavar="N", default=DEFAULT_MAX_STORE_BYTES,
                        help="most bytes of all files together")
+    group.add_argument("--batch-max-in-flight", type=int, metavar="N", default=DEFAULT_BATCH_IN_FLIGHT,
+                       help="Batch API requests (all batches together) in the engines at once, at batch priority "
+                            "(docs/batches.md); batches live in the store folder's batches.sqlite3")
 
 
 def add_hardening_args(parser: EnvArgumentParser) -> None:

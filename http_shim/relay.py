@@ -26,7 +26,7 @@ from .errors import APIError, internal_error
 from .metrics import ShimMetrics
 from .models import ServedModels
 from .observe import REQUEST_ID_KEY, ROUTE_KEY
-from .web import engine_metadata, request_id
+from .web import engine_metadata, engine_priority, request_id
 
 log = logging.getLogger("http_shim")
 
@@ -60,10 +60,12 @@ class Relay:
         stream, which the drain tracks until `close` (which `sse` and `collect` call). `chain(first,
         start)`: a stream of several rounds (the Responses API's file_search) made of the first one and
         more that `start` opens on the same engines; the drain tracks it."""
-        metadata, rid = engine_metadata(), request_id()
+        metadata, rid, priority = engine_metadata(), request_id(), engine_priority()
         info, engine = self._models.route(model, metadata=metadata)
 
         def start(calls: list[pb.GenerateRequest]) -> EngineStream:
+            for call in calls:
+                call.priority = priority  # a Batch API line's calls go below interactive ones
             return EngineStream(engine, calls, self._timeout_s, metadata, rid)
 
         stream = start(requests)

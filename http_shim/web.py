@@ -9,6 +9,7 @@ from typing import Any
 from flask import Response, current_app, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from conduit.v1 import engine_pb2 as pb
 from conduit.v1.contract import REQUEST_ID_METADATA_KEY
 
 from .connection import ABANDON_BODY_KEY, READ_DONE_KEY, request_timeout_error
@@ -18,6 +19,16 @@ from .observe import REQUEST_ID_KEY
 
 def request_id() -> str:
     return request.environ.get(REQUEST_ID_KEY, "")
+
+
+# Set in the environ of a Batch API line run through a route (batches/dispatch.py): its engine calls go
+# at batch priority, below every interactive request (GenerateRequest.priority).
+BATCH_LINE_KEY = "conduit.batch_line"
+
+
+def engine_priority() -> int:
+    """The priority of this request's engine calls: batch for a Batch API line, else interactive."""
+    return pb.PRIORITY_BATCH if request.environ.get(BATCH_LINE_KEY) else pb.PRIORITY_INTERACTIVE
 
 
 def engine_metadata() -> list[tuple[str, str]]:

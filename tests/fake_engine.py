@@ -121,6 +121,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.refuse: grpc.StatusCode | None = None  # every call fails with it before any response
         self.list_failures = 0  # ListModels calls that fail first (an engine just up, too busy to answer)
         self.embed_calls: list[int] = []  # each Embed call's number of inputs
+        self.embed_priorities: list[int] = []  # and its priority (interactive or batch)
         self.embed_gate = threading.Event()  # Embed calls wait while it is clear
         self.embed_gate.set()
 
@@ -166,6 +167,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             context.set_trailing_metadata([(PARAM_METADATA_KEY, "dimensions")])
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "dimensions must be 4")
         self.embed_calls.append(len(request.inputs))
+        self.embed_priorities.append(request.priority)
         while not self.embed_gate.is_set():
             await asyncio.sleep(0.01)
         for i, item in enumerate(request.inputs):

@@ -35,9 +35,10 @@ class CopyLog:
         self.copies.append((src, dst))
 
 
-def make_seq(prompt_len: int, n: int = 1) -> Sequence:
+def make_seq(prompt_len: int, n: int = 1, batch: bool = False) -> Sequence:
     params = RequestParams(SamplingParams(), StoppingParams(), n=n)
-    request = Request("r", list(range(1, prompt_len + 1)), params, max_tokens=100, sink=lambda events: None)
+    request = Request("r", list(range(1, prompt_len + 1)), params, max_tokens=100, sink=lambda events: None,
+                      batch=batch)
     seqs = [Sequence(request, i, stop_ids=set(), matcher=None, output=None) for i in range(n)]
     request.sequences = seqs
     seqs[0].forks = seqs[1:]
@@ -134,6 +135,117 @@ def test_out_of_blocks_preempts_the_newest_sequence_which_later_recomputes() -> 
     decode, prefill = run_step(scheduler)
     assert prefill == [(new, tokens)], \
         "readmitted, it recomputes its prompt and the tokens it had generated"
+
+
+def test_a_batch_sequence_is_never_admitted_ahead_of_a_waiting_interactive_one() -> None:
+    """Batch work (GenerateRequest.priority BATCH) takes only the room interactive requests leave."""
+    scheduler, _ = make_scheduler(max_batch=2)
+    batch_first, live = make_seq(2, batch=True), make_seq(2)
+    scheduler.waiting.extend([batch_first, live])
+    _, prefill = run_step(scheduler)
+    assert [seq for seq, _ in prefill] == [live, batch_first], "the interactive one first, though it came later"
+    # The batch full of interactive sequences: a batch arrival waits, and when a place frees, the
+    # interactive one behind it takes it.
+    scheduler.release(batch_first)
+    other_live, waiting_batch, late_live = make_seq(2), make_seq(2, batch=True), make_seq(2)
+    scheduler.waiting.extend([other_live])
+    run_step(scheduler)
+    scheduler.waiting.extend([waiting_batch, late_live])
+    run_step(scheduler)
+    assert scheduler.running == [live, other_live] and list(scheduler.waiting) == [waiting_batch, late_live]
+    scheduler.release(live)
+    run_step(scheduler)
+    assert late_live in scheduler.running and waiting_batch in scheduler.waiting
+
+
+def test_a_batch_sequence_waits_while_an_interactive_one_cannot_get_its_blocks() -> None:
+    """Never ahead of a waiting interactive request: not even into blocks too few for it."""
+    scheduler, _ = make_scheduler(num_blocks=4, prefix_caching=False)
+    running = make_seq(8)  # 2 blocks (3 once it decodes)
+    scheduler.waiting.append(running)
+    run_step(scheduler)
+    big, small_batch = make_seq(8), make_seq(2, batch=True)  # 2 blocks needed, 1 free; the batch one needs 1
+    scheduler.waiting.extend([big, small_batch])
+    run_step(scheduler)
+    assert list(scheduler.waiting) == [big, small_batch], "the batch sequence would fit, and still waits"
+    scheduler.release(running)
+    _, prefill = run_step(scheduler)
+    assert [seq for seq, _ in prefill][0] is big
+
+
+def test_an_interactive_arrival_preempts_the_newest_batch_sequence_when_there_is_no_room() -> None:
+    scheduler, _ = make_scheduler(max_batch=2, prefix_caching=False)
+    old_batch, new_batch = make_seq(3, batch=True), make_seq(3, batch=True)
+    scheduler.waiting.extend([old_batch, new_batch])
+    run_step(scheduler)
+    run_step(scheduler)
+    assert scheduler.running == [old_batch, new_batch]
+    live = make_seq(3)
+    scheduler.waiting.append(live)
+    decode, prefill = run_step(scheduler)
+    assert prefill == [(live, 3)] and decode == [old_batch], "admitted at once, in the preempted one's place"
+    assert list(scheduler.waiting) == [new_batch] and new_batch.num_cached == 0 and new_batch.block_table == []
+    assert scheduler.num_preemptions == 1
+    scheduler.release(live)
+    tokens = len(new_batch.token_ids)
+    _, prefill = run_step(scheduler)
+    assert prefill == [(new_batch, tokens)], "it recomputes once room returns"
+
+
+def test_an_interactive_arrival_preempts_batch_sequences_for_kv_blocks() -> None:
+    scheduler, _ = make_scheduler(num_blocks=4, prefix_caching=False)
+    batch_seqs = [make_seq(4, batch=True), make_seq(4, batch=True)]  # 2 blocks each once they decode
+    scheduler.waiting.extend(batch_seqs)
+    run_step(scheduler)
+    run_step(scheduler)
+    assert scheduler.blocks.num_free == 0
+    live = make_seq(6)  # 2 blocks
+    scheduler.waiting.append(live)
+    _, prefill = run_step(scheduler)
+    assert prefill == [(live, 6)] and batch_seqs[1] in scheduler.waiting and batch_seqs[0] in scheduler.running
+
+
+def test_an_interactive_decode_short_of_a_block_preempts_a_batch_sequence_not_a_newer_interactive_one() -> None:
+    scheduler, _ = make_scheduler(num_blocks=3, prefix_caching=False)
+    batch_seq, live, newer_live = make_seq(2, batch=True), make_seq(4), make_seq(3)
+    scheduler.waiting.append(batch_seq)
+    run_step(scheduler)  # the batch one runs alone first
+    scheduler.waiting.extend([live, newer_live])
+    run_step(scheduler)  # one block each: all three run
+    assert scheduler.running == [batch_seq, live, newer_live] and scheduler.blocks.num_free == 0
+    run_step(scheduler)  # `live` decodes its 6th token: a second block, none free
+    assert batch_seq in scheduler.waiting and scheduler.running == [live, newer_live]
+    assert len(live.block_table) == 2
+
+
+def test_apart_a_step_with_interactive_work_holds_no_batch_sequence() -> None:
+    """batch_apart (the CPU's default): batch sequences keep their cache and wait out interactive work."""
+    scheduler = Scheduler(BlockManager(64, BLOCK, CopyLog()), max_batch_size=8, max_step_tokens=32, batch_apart=True)
+    batch_seq = make_seq(3, batch=True)
+    scheduler.waiting.append(batch_seq)
+    run_step(scheduler)
+    decode, _ = run_step(scheduler)
+    assert decode == [batch_seq], "alone, it runs"
+    live = make_seq(3)
+    scheduler.waiting.append(live)
+    decode, prefill = run_step(scheduler)
+    assert decode == [] and prefill == [(live, 3)], "the step is the interactive request's alone"
+    decode, _ = run_step(scheduler)
+    assert decode == [live] and batch_seq in scheduler.running and batch_seq.block_table, "waiting, cache kept"
+    scheduler.release(live)
+    decode, _ = run_step(scheduler)
+    assert decode == [batch_seq]
+    long_batch = make_seq(30, batch=True)
+    scheduler.waiting.append(long_batch)
+    _, prefill = run_step(scheduler)
+    assert prefill == [(long_batch, 8)], "a batch step prefills a quarter of the step's 32 tokens"
+    shared = Scheduler(BlockManager(64, BLOCK, CopyLog()), max_batch_size=8, max_step_tokens=32)
+    batch_seq, live = make_seq(3, batch=True), make_seq(3)
+    shared.waiting.append(batch_seq)
+    run_step(shared)
+    shared.waiting.append(live)
+    decode, prefill = run_step(shared)
+    assert decode == [batch_seq] and prefill == [(live, 3)], "shared: the batch sequence fills the room beside it"
 
 
 def test_a_request_waits_until_its_prompt_fits_in_free_blocks() -> None:

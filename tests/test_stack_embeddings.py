@@ -346,3 +346,27 @@ def test_responses_file_search_forced_streamed_and_the_agents_sdk(client, librar
     result = agents.Runner.run_sync(agent, "Where did improvised saxophone music start?")
     assert result.final_output
     assert any(getattr(i.raw_item, "type", "") == "file_search_call" for i in result.new_items)
+
+
+# ------------------------------------------------------------------ the Batch API (issue 56) on this stack
+
+def test_a_50_request_embeddings_batch_answers_as_the_live_endpoint(client) -> None:
+    """On this module's stack (the session stack serves no embedding model): each request's vectors as
+    the live endpoint gives them (as close as two live requests: inputs share padded steps differently)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_batches_stack import run_batch
+
+    short = [text for text in TEXTS if len(text) < 400]  # within the model's context: no truncation needed
+    bodies = [{"model": MODEL, "input": [short[k], short[-1 - k]], "encoding_format": "float"} for k in range(50)]
+    lines = [{"custom_id": f"e{k}", "method": "POST", "url": "/v1/embeddings", "body": body}
+             for k, body in enumerate(bodies)]
+    batch, outputs = run_batch(client, lines, "/v1/embeddings")
+    assert batch.status == "completed" and batch.request_counts.completed == 50 and batch.error_file_id is None
+    with ThreadPoolExecutor(8) as pool:
+        live = list(pool.map(lambda body: client.embeddings.create(**body), bodies))
+    batched = np.array([item["embedding"] for k in range(50) for item in outputs[f"e{k}"]["response"]["body"]["data"]],
+                       dtype=np.float32)
+    assert_close(batched, np.array([item.embedding for answer in live for item in answer.data], dtype=np.float32))
+    assert [outputs[f"e{k}"]["response"]["body"]["usage"] for k in range(50)] == [a.usage.model_dump() for a in live]
+    assert batch.usage.input_tokens == sum(a.usage.prompt_tokens for a in live)

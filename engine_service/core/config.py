@@ -106,6 +106,9 @@ class LoraConfig:
         return max(self.max_cpu_loras, self.max_loras)
 
 
+BATCH_STEPS = ("auto", "shared", "apart")
+
+
 @dataclass
 class EngineConfig:
     max_batch_size: int = 32
@@ -127,6 +130,10 @@ class EngineConfig:
     enable_embeddings: bool = False
     speculative: SpeculativeConfig | None = None  # n-gram speculative decoding (core/speculation.py); None: off
     lora: LoraConfig | None = None  # LoRA adapters (core/adapters.py); None: off
+    # Batch-priority work (GenerateRequest.priority) beside interactive work: "shared" (batch sequences fill the
+    # room in a step), "apart" (a step with interactive work holds none: on the CPU a step's time grows with its
+    # rows, so they would slow it), "auto" (apart on the CPU, shared on a GPU).
+    batch_steps: str = "auto"
 
     @property
     def segments(self) -> Segments:
@@ -142,6 +149,8 @@ class EngineConfig:
         if self.max_step_tokens < self.max_batch_size:  # a full batch's decodes would leave no token to start one
             raise ValueError(f"max_step_tokens ({self.max_step_tokens}) must be at least max_batch_size "
                              f"({self.max_batch_size})")
+        if self.batch_steps not in BATCH_STEPS:
+            raise ValueError(f"batch_steps must be one of {', '.join(BATCH_STEPS)}, not {self.batch_steps!r}")
         if self.reasoning_parser not in PARSER_CHOICES:
             raise ValueError(f"reasoning_parser must be one of {', '.join(PARSER_CHOICES)}, not {self.reasoning_parser!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:

@@ -47,6 +47,7 @@ class EmbedJob:
     sink: Callable[[torch.Tensor | None, FinishReason], None]
     log_id: str = ""
     arrival: float = 0.0
+    batch: bool = False  # batch work (EmbedRequest.priority): packed after every interactive job's inputs
     finished: bool = False
     vectors: list[torch.Tensor | None] = field(default_factory=list)
     order: deque[int] = field(default_factory=deque)  # input indexes not yet run, shortest first
@@ -191,10 +192,11 @@ class EmbeddingEngine:
         log.debug("step: %d rows of up to %d tokens", len(rows), max(len(job.inputs[i]) for job, i in rows))
 
     def _pack(self) -> list[tuple[EmbedJob, int]]:
-        """(job, input index) pairs for this step: first come first served, padded size in budget."""
+        """(job, input index) pairs for this step: first come first served, interactive jobs before batch
+        ones, padded size in budget."""
         rows: list[tuple[EmbedJob, int]] = []
         longest = 0
-        for job in self._jobs.values():
+        for job in sorted(self._jobs.values(), key=lambda job: job.batch):  # stable: arrival order within each
             while job.order and len(rows) < self.max_rows:
                 length = len(job.inputs[job.order[0]])
                 if rows and (len(rows) + 1) * max(longest, length) > self.max_step_tokens:

@@ -128,7 +128,8 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, metrics: EngineMetri
     blocks = BlockManager(num_blocks - 1,  # the runner keeps the last block for padding
                           config.block_size, runner.cache.copy_block, config.enable_prefix_caching,
                           config.segments)
-    scheduler = Scheduler(blocks, config.max_batch_size, config.max_step_tokens)
+    batch_apart = config.batch_steps == "apart" or (config.batch_steps == "auto" and loaded.device.type == "cpu")
+    scheduler = Scheduler(blocks, config.max_batch_size, config.max_step_tokens, batch_apart)
     if adapters is not None:
         scheduler.adapter_residency = adapters.resident
     admission = Admission(max_model_len, kv_capacity_tokens, vocab_size, config.max_batch_size)

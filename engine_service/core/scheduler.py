@@ -14,6 +14,16 @@ prompt, finished at their prompt's end: they read the cache but offer it nothing
 Requests that want their prompt's logprobs compute it all. A request of a LoRA adapter is admitted once its
 adapter is resident (core/adapters.py: --max-loras at once); while every slot is held it waits, as for blocks.
 
+Priorities: batch work (`Request.batch`, the shim's Batch API) takes only the room interactive
+requests leave. A waiting interactive sequence is always admitted before any batch one (a batch
+sequence never goes ahead of it, even when it cannot be admitted yet); one that finds no free place
+or too few blocks first preempts running batch sequences, newest first; and when a decode needs a
+block, a batch sequence is the victim before any interactive one. With `batch_apart` (the default on
+the CPU, where a step's time grows with its rows: EngineConfig.batch_steps), a step that has interactive
+work holds no batch sequence at all: they keep their cache and wait for a step without interactive work;
+and a batch step prefills at most a quarter of the step's tokens, so an interactive arrival never waits
+long for the step under way to end.
+
 After a step fails, recovery.py names the requests it suspects (`suspects`, by request id):
 a step then holds the sequences of at most one suspect, beside any others, so the next
 failure points at one request.
@@ -68,8 +78,10 @@ def embedding_inputs(batch: ScheduledBatch) -> set[int]:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_batch_size: int, max_step_tokens: int) -> None:
+    def __init__(self, blocks: BlockManager, max_batch_size: int, max_step_tokens: int,
+                 batch_apart: bool = False) -> None:
         self.blocks = blocks
+        self.batch_apart = batch_apart
         self.max_batch_size = max_batch_size
         self.max_step_tokens = max_step_tokens
         self.waiting: deque[Sequence] = deque()
@@ -85,30 +97,78 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         allowed = _OneSuspect(self.suspects)
-        for seq in list(self.running):
+        self._yield_to_interactive()
+        with_batch_work = not (self.batch_apart and self._interactive_work())
+        # Interactive decodes reserve their blocks first: a batch victim is then never one already scheduled.
+        for seq in sorted(self.running, key=_is_batch):
+            if seq.request.batch and not with_batch_work:
+                break  # (sorted: the batch sequences come last)
             if seq.is_decoding and allowed(seq) and self._make_room(seq):
                 batch.decode.append(seq)
         budget = self.max_step_tokens - len(batch.decode)
+        # Prompt chunks: interactive prompts under way, then interactive arrivals, then batch prompts
+        # under way, then batch arrivals (none while an interactive one waits). Without batch work this
+        # is prompts under way, then arrivals.
+        budget = self._prefill_running(batch, budget, allowed, batch_work=False)
+        budget = self._admit_waiting(batch, budget, allowed, batch_work=False)
+        if with_batch_work:
+            if self.batch_apart:
+                budget = min(budget, self.max_step_tokens // 4)
+            budget = self._prefill_running(batch, budget, allowed, batch_work=True)
+            self._admit_waiting(batch, budget, allowed, batch_work=True)
+        return batch
+
+    def _interactive_work(self) -> bool:
+        return any(not seq.request.batch for seq in self.running) or any(not seq.request.batch for seq in self.waiting)
+
+    def _prefill_running(self, batch: ScheduledBatch, budget: int, allowed: _OneSuspect, batch_work: bool) -> int:
         for seq in self.running:
             if budget <= 0:
                 break
-            if not seq.is_decoding and allowed(seq):
+            if seq.request.batch == batch_work and not seq.is_decoding and allowed(seq):
                 chunk = self._chunk(seq, budget, batch)
                 if not chunk or not self.blocks.reserve(seq, seq.num_cached + chunk):
                     continue
                 batch.prefill.append((seq, chunk))
                 budget -= chunk
-        while self.waiting and budget > 0 and self._batch_slots_used() + self._slots(self.waiting[0]) <= self.max_batch_size:
-            seq = self.waiting[0]
+        return budget
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int, allowed: _OneSuspect, batch_work: bool) -> int:
+        """Admits waiting sequences of one kind in order; batch ones only while no interactive one waits."""
+        while self.waiting and budget > 0:
+            seq = self._next_waiting()
+            if seq.request.batch != batch_work:
+                break
+            if self._batch_slots_used() + self._slots(seq) > self.max_batch_size:
+                break
             if not allowed(seq) or not self._adapter_resident(seq) or not self._admit(seq):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             self.running.append(seq)
             chunk = self._chunk(seq, budget, batch)
             if chunk:
                 batch.prefill.append((seq, chunk))
                 budget -= chunk
-        return batch
+        return budget
+
+    def _next_waiting(self) -> Sequence:
+        """The first waiting interactive sequence, else the first waiting one (batch)."""
+        return next((seq for seq in self.waiting if not seq.request.batch), self.waiting[0])
+
+    def _yield_to_interactive(self) -> None:
+        """Preempts running batch sequences, newest first, until the first waiting interactive one
+        has a place and the blocks its tokens need (cached prefixes not counted: it may take one more)."""
+        waiting = next((seq for seq in self.waiting if not seq.request.batch), None)
+        if waiting is None:
+            return
+        needed = -(-len(waiting.token_ids) // self.blocks.block_size)
+        while (self._batch_slots_used() + self._slots(waiting) > self.max_batch_size
+               or self.blocks.num_free < needed):
+            victim = next((seq for seq in reversed(self.running) if seq.request.batch), None)
+            if victim is None:
+                return
+            self.preempt(victim)
+            self.num_preemptions += 1
 
     def _chunk(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> int:
         """Prompt tokens seq computes this step: the rest of its prompt if the budget holds it, else
@@ -168,9 +228,10 @@ class Scheduler:
         return 1 + len(seq.forks)  # choices that will join once the prompt is prefilled
 
     def _make_room(self, seq: Sequence) -> bool:
-        """Ensure seq has a block for its next token, preempting newer sequences if needed."""
+        """Ensure seq has a block for its next token, preempting newer sequences if needed: the newest
+        batch sequence first (so a batch sequence only ever preempts batch ones)."""
         while not self.blocks.reserve(seq, seq.num_cached + 1):
-            victim = self.running[-1]
+            victim = next((s for s in reversed(self.running) if s.request.batch), self.running[-1])
             self.preempt(victim)
             self.num_preemptions += 1
             if victim is seq:
@@ -194,6 +255,10 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.blocks.free(seq)
+
+
+def _is_batch(seq: Sequence) -> bool:
+    return seq.request.batch
 
 
 class _OneSuspect:

@@ -46,6 +46,9 @@ class Request:
     # each (params.n of them), ending at the end of its prompt with its last token's hidden row.
     inputs: list[list[int]] | None = None
     adapter: Adapter | None = None  # its LoRA adapter (core/adapters.py); None: the base model
+    # Batch work (GenerateRequest.priority): admitted only into room interactive requests leave, and
+    # preempted first when they need places or blocks (scheduler.py).
+    batch: bool = False
 
     @property
     def cache_salt(self) -> bytes:

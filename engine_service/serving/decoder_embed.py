@@ -56,7 +56,8 @@ class DecoderEmbedServicer(EngineServicer):
         queue: asyncio.Queue[list] = asyncio.Queue()
         job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=inputs[0],
                       params=RequestParams(SamplingParams(), StoppingParams(), n=len(inputs)), max_tokens=0,
-                      sink=queue.put_nowait, inputs=inputs, log_id=log_id)
+                      sink=queue.put_nowait, inputs=inputs, log_id=log_id,
+                      batch=request.priority == pb.PRIORITY_BATCH)
         try:
             self.engine.submit(job)
         except InvalidRequest as exc:  # checked above already; the engine's own check, to be sure

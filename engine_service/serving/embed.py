@@ -172,7 +172,8 @@ class EmbeddingServicer(EngineServicer):
         def sink(vectors: torch.Tensor | None, reason: FinishReason) -> None:  # on the engine's thread
             loop.call_soon_threadsafe(lambda: done.done() or done.set_result((vectors, reason)))
 
-        job = EmbedJob(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", inputs=inputs, sink=sink, log_id=log_id)
+        job = EmbedJob(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", inputs=inputs, sink=sink, log_id=log_id,
+                       batch=request.priority == pb.PRIORITY_BATCH)
         try:
             self.engine.submit(job)
         except QueueFull as exc:

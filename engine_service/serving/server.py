@@ -210,7 +210,7 @@ class EngineServicer(pb_grpc.EngineServicer):
                 raise AdapterNotFound(f"model {request.model!r} is not served here: its LoRA adapter was unloaded")
         job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
                       max_tokens=0, sink=sink, grammar=grammar, answer_grammar=answer, tools=tools, log_id=log_id,
-                      adapter=adapter)
+                      adapter=adapter, batch=request.priority == pb.PRIORITY_BATCH)
         self._reasoning(job, request)
         self.engine.submit(job)
         return job

@@ -57,7 +57,7 @@ class EmbedCoalescer:
     def embed(self, engine: Any, request: pb.EmbedRequest, timeout: float | None, metadata: Any) -> EmbedAnswer:
         """`engine.embed(request=...)`'s answer for this request, maybe from a call shared with others.
         Raises ConduitError as that call would."""
-        key = (engine, request.model,
+        key = (engine, request.model, request.priority,  # a Batch API line's call shares none of a live one
                request.dimensions if request.HasField("dimensions") else None,
                request.truncate_prompt_tokens if request.HasField("truncate_prompt_tokens") else None)
         waiter = _Waiter(request, metadata)

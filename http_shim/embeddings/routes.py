@@ -18,7 +18,7 @@ from conduit.v1 import engine_pb2 as pb
 from ..context import ShimContext
 from ..errors import APIError, from_engine_error
 from ..protocol.base import parse
-from ..web import engine_metadata, json_response, read_body, request_id
+from ..web import engine_metadata, engine_priority, json_response, read_body, request_id
 from .coalesce import EmbedAnswer, EmbedCoalescer
 from .protocol import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
 
@@ -35,6 +35,7 @@ def register_embeddings(app: Flask, ctx: ShimContext) -> None:
         info, engine = ctx.models.route(body.model, metadata=calls)
         embed_request = body.to_pb(request_id())
         embed_request.model = info.id
+        embed_request.priority = engine_priority()
         try:
             answer = coalescer.embed(engine, embed_request, ctx.request_timeout_s, calls)
         except ConduitError as exc:
