@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -21,6 +22,23 @@ from mcp_types import PaginatedRequestParams
 
 from .allowlist import NotAllowed, parse_url
 from .server import McpFailure, McpServer, http_failure
+
+
+def _import_httpcore_without_a_broken_trio() -> None:
+    """httpx2 imports httpcore2 at its first client, and httpcore2 imports trio wherever it is installed; under
+    gevent's patches trio's import fails (no `select.epoll`; from a pool thread, its `ldconfig` subprocess), and
+    every MCP call failed with it. The clients here run on asyncio: where trio cannot be imported, it is marked
+    absent (an ImportError, which httpcore2 expects), at the shim's start."""
+    try:
+        import trio  # noqa: F401
+    except Exception:  # noqa: BLE001 - whatever broke it
+        for name in [n for n in sys.modules if n == "trio" or n.startswith("trio.")]:
+            del sys.modules[name]
+        sys.modules["trio"] = None  # type: ignore[assignment]
+    import httpcore2  # noqa: F401
+
+
+_import_httpcore_without_a_broken_trio()
 
 log = logging.getLogger("http_shim")
 # httpx2 logs each request (and its URL) at INFO: not the shim's story to tell.
