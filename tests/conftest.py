@@ -286,6 +286,16 @@ def fake() -> Iterator[FakeEngineServer]:
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def embedder() -> Iterator[FakeEngineServer]:
+    """A fake engine serving an embedding model (fake_engine.EMBEDDER_ID: vectors from bags of words)."""
+    from fake_engine import EMBEDDER_ID, FakeEngineServer
+
+    server = FakeEngineServer(model_id=EMBEDDER_ID).start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
     """The default stack; its `base_url` is for the openai SDK, `engine_address` for gRPC, and

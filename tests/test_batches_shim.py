@@ -26,13 +26,6 @@ FINAL = ("failed", "completed", "expired", "cancelled")
 VOLATILE = {"id", "created", "created_at", "completed_at"}
 
 
-@pytest.fixture(scope="module")
-def embedder() -> Iterator[FakeEngineServer]:
-    server = FakeEngineServer(model_id=EMBEDDER_ID).start()
-    yield server
-    server.stop()
-
-
 def _start(fake: FakeEngineServer, embedder: FakeEngineServer, store_dir: Path, *extra: str):
     return start_shim(f"{fake.address},{embedder.address}", "--responses-store-dir", str(store_dir),
                       "--retrieval-model", EMBEDDER_ID, "--api-key", KEY_A, "--api-key", KEY_B, *extra)

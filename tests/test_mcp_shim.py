@@ -57,13 +57,6 @@ def dead_url() -> str:
 
 
 @pytest.fixture(scope="module")
-def embedder() -> Iterator[FakeEngineServer]:
-    server = FakeEngineServer(model_id=EMBEDDER_ID).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def shim_log() -> Iterator[Path]:
     with tempfile.TemporaryDirectory() as folder:
         yield Path(folder) / "shim.log"

@@ -24,13 +24,6 @@ MAX_FILE_BYTES = 100_000
 
 
 @pytest.fixture(scope="module")
-def embedder() -> Iterator[FakeEngineServer]:
-    server = FakeEngineServer(model_id=EMBEDDER_ID).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("retrieval-store")
 
