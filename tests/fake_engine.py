@@ -309,7 +309,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         if script.startswith(PASSAGES_ANSWER):  # quote the first passage (its line after "[1] NAME:")
             passage = script.split("\n")[3] if script.count("\n") >= 3 else "nothing"
             return [f"{word} " for word in passage.split()[:40]]
-        if request.WhichOneof("input") == "chat" and request.chat.messages[-1].role == "tool":
+        messages = request.chat.messages if request.WhichOneof("input") == "chat" else []
+        if messages and messages[-1].role == "tool":
             return ["The tool said: ", script]
         return ["Hello", " from", " choice", f" {choice}", "."]
 
