@@ -435,3 +435,24 @@ def test_ingestion_embeds_a_few_chunks_at_a_time_while_chat_streams(client, fake
         calls = ingest()
         chat.result()
     assert len(calls) >= 60 // PACED_CHUNKS and max(calls) <= PACED_CHUNKS, calls
+
+
+@pytest.mark.parametrize("route", ["/v1/files", "/v1/vector_stores", "/v1/batches"])
+def test_a_limit_of_non_ascii_digits_is_a_400(shim: str, route: str) -> None:
+    """"²" is a digit to str.isdigit() but no int (a 500 once, found by the fuzzer)."""
+    answer = httpx.get(f"{shim}{route}", params={"limit": "²"}, headers={"Authorization": f"Bearer {KEY_A}"})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "limit", answer.text
+
+
+def test_other_numbers_of_non_ascii_digits_are_400s(shim: str, client) -> None:
+    """The same "²" in a logit_bias key and the Responses API's own list and replay numbers."""
+    auth = {"Authorization": f"Bearer {KEY_A}"}
+    chat = httpx.post(f"{shim}/v1/chat/completions", headers=auth, json={
+        "model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "logit_bias": {"²": 1}})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "logit_bias"
+    response_id = client.responses.create(model=MODEL_ID, input="hi").id
+    items = httpx.get(f"{shim}/v1/responses/{response_id}/input_items", headers=auth, params={"limit": "²"})
+    assert items.status_code == 400 and items.json()["error"]["param"] == "limit"
+    replay = httpx.get(f"{shim}/v1/responses/{response_id}", headers=auth,
+                       params={"stream": "true", "starting_after": "²"})
+    assert replay.status_code == 400 and replay.json()["error"]["param"] == "starting_after"

@@ -59,7 +59,8 @@ message_stop) or an error event."""
     try:
         _check_answer(case, response)
     except AssertionError:
-        print(f"failing request: {case.method} {case.path} headers={case.headers} body={json.dumps(case.body)}")
+        print(f"failing request: {case.method} {case.path} headers={case.headers} query={case.query} "
+              f"body={json.dumps(case.body, default=repr)}")  # default: schemathesis's NOT_SET for no body
         raise
 
 

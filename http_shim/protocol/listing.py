@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from .base import ApiModel, Str, int_in, one_of
+
+ASCII_INTEGER = re.compile(r"-?[0-9]+")
 
 
 class ListQuery(ApiModel):
@@ -25,7 +28,7 @@ def query_values(args: Mapping[str, str], integers: tuple[str, ...] = ("limit",)
     values: dict[str, Any] = dict(args.items())
     for name in integers:
         text = values.get(name)
-        if isinstance(text, str) and text.lstrip("-").isdigit():
+        if isinstance(text, str) and ASCII_INTEGER.fullmatch(text):  # not isdigit(): "²" is a digit to it
             values[name] = int(text)
     return values
 

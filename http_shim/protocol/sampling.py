@@ -26,7 +26,7 @@ def _logit_bias(value: Any) -> dict[int, float]:
         raise fail("'{param}' must be an object.")
     bias: dict[int, float] = {}
     for key, weight in value.items():
-        if not (isinstance(key, str) and key.isdigit() and int(key) <= UINT32_MAX):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) <= UINT32_MAX):
             raise fail("'{param}' keys must be token ids as strings, got {got}.", got=got(key))
         if not is_number(weight) or weight not in LOGIT_BIAS_RANGE:
             raise fail("'{param}' values must be numbers in {range}, got {got}.", range=LOGIT_BIAS_RANGE,

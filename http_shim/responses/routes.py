@@ -20,6 +20,7 @@ from ..context import ShimContext
 from ..engine_stream import EngineStream
 from ..errors import APIError, invalid
 from ..protocol.base import parse
+from ..protocol.listing import ASCII_INTEGER
 from ..web import json_response, read_body, request_id
 from ..auth import tenant
 from ..retrieval.routes import store_expired
@@ -190,7 +191,7 @@ class ResponsesRoutes:
         if request.args.get("stream", "false").lower() != "true":
             return json_response(response)
         after = request.args.get("starting_after", "-1")
-        if not after.lstrip("-").isdigit():
+        if not ASCII_INTEGER.fullmatch(after):
             raise invalid("'starting_after' must be an integer.", "starting_after")
         events = ResponseEvents.replay(response) if response["status"] != "in_progress" else []
         body = b"".join(e for k, e in enumerate(events) if k > int(after))
@@ -207,7 +208,7 @@ class ResponsesRoutes:
         if order not in ("asc", "desc"):
             raise invalid(f"'order' must be 'asc' or 'desc', got '{order}'.", "order")
         limit_text = request.args.get("limit", "20")
-        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_LIST_LIMIT:
+        if not ASCII_INTEGER.fullmatch(limit_text) or not 1 <= int(limit_text) <= MAX_LIST_LIMIT:
             raise invalid(f"'limit' must be an integer between 1 and {MAX_LIST_LIMIT}.", "limit")
         ordered = items if order == "asc" else items[::-1]
         after = request.args.get("after")
