@@ -39,21 +39,39 @@ def folders(base: torch.nn.Module, tmp_path_factory: pytest.TempPathFactory) -> 
             for slot, (targets, rank, alpha, rslora) in ADAPTERS.items()}
 
 
-def serving(base: torch.nn.Module, folders: dict, quantization: str = "none", lean: bool = True) -> ModelRunner:
+def serving(base: torch.nn.Module, folders: dict, quantization: str = "none", lean: bool = True,
+            deterministic: bool = False) -> ModelRunner:
     runner = ModelRunner(copy.deepcopy(base), CPU, torch.float32, 16, 40, 256, quantization=quantization,
-                         lean_forward=lean)
+                         lean_forward=lean, deterministic=deterministic)
     for slot, (folder, _) in folders.items():
         runner.load_adapter(slot, read_adapter(folder, runner.linear_shapes, 64))
     return runner
 
 
-def next_token_logits(runner: ModelRunner, slots: list[int]) -> dict[int, torch.Tensor]:
-    """Each slot's prompt prefilled in one step together (blocks apart); its next token's logits."""
+def next_token_logits(runner: ModelRunner, slots: list[int], decode_token: int | None = None
+                      ) -> dict[int, torch.Tensor]:
+    """Each slot's prompt prefilled in one step together (blocks apart); its next token's logits. With
+    `decode_token`: that token then decoded by all of them in one step; the logits after it."""
     seqs = [RunnerSeq(slot, PROMPTS[slot], block_table=[3 * i, 3 * i + 1, 3 * i + 2]) for i, slot in enumerate(slots)]
     for seq, slot in zip(seqs, slots):
         seq.request.adapter_slot = slot
     logits = runner.run(ScheduledBatch(prefill=[(seq, len(seq.token_ids)) for seq in seqs]).step_input())
+    if decode_token is not None:
+        for seq in seqs:
+            seq.token_ids = [*seq.token_ids, decode_token]
+            seq.num_cached = len(seq.token_ids) - 1
+        logits = runner.run(ScheduledBatch(decode=seqs).step_input())
     return {slot: logits.next_token[slot] for slot in slots}
+
+
+def reference_logprobs(base: torch.nn.Module, folders: dict, slot: int, ids: list[int]) -> torch.Tensor:
+    """transformers' next-token logprobs after `ids`, the slot's adapter merged into the weights (0: none)."""
+    model = base
+    if slot:
+        targets, rank, alpha, rslora = ADAPTERS[slot]
+        model = merged(base, folders[slot][1], scale_of(rank, alpha, rslora))
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0, -1], dim=-1)
 
 
 @pytest.mark.parametrize("lean", [True, False], ids=["lean forward", "transformers forward"])
@@ -61,12 +79,7 @@ def test_each_adapter_computes_what_transformers_does_with_it_merged(base, folde
     runner = serving(base, folders, lean=lean)
     together = next_token_logits(runner, [0, 1, 2])
     for slot, prompt in PROMPTS.items():
-        reference = base
-        if slot:
-            targets, rank, alpha, rslora = ADAPTERS[slot]
-            reference = merged(base, folders[slot][1], scale_of(rank, alpha, rslora))
-        with torch.no_grad():
-            want = torch.log_softmax(reference(torch.tensor([prompt])).logits[0, -1], dim=-1)
+        want = reference_logprobs(base, folders, slot, prompt)
         got = torch.log_softmax(together[slot], dim=-1)
         assert (got - want).abs().max() < 1e-4, slot
         if slot:
@@ -75,12 +88,46 @@ def test_each_adapter_computes_what_transformers_does_with_it_merged(base, folde
             assert (want - plain).abs().max() > 0.5, "the adapter changes the answer"
 
 
+@pytest.mark.parametrize("slots", [[2, 0, 1], [1, 2, 0, 1, 1]], ids=["as many rows each", "padded"])
+def test_decode_rows_of_several_adapters_in_one_batched_pair_compute_what_each_merged_adapter_does(
+        base, folders, slots: list[int]):
+    """Decode rows of two adapters and the base model: the stacked path (linear.py's StackedRuns), its
+    rows in order (one each) or gathered and padded (adapter 1 has three, adapter 2 one)."""
+    runner = serving(base, folders)
+    prompts = [PROMPTS[slot][k:] for k, slot in enumerate(slots)]  # a prompt of its own each
+    seqs = [RunnerSeq(k, prompt, block_table=[3 * k, 3 * k + 1, 3 * k + 2]) for k, prompt in enumerate(prompts)]
+    for seq, slot in zip(seqs, slots):
+        seq.request.adapter_slot = slot
+    runner.run(ScheduledBatch(prefill=[(seq, len(seq.token_ids)) for seq in seqs]).step_input())
+    for seq in seqs:
+        seq.token_ids = [*seq.token_ids, 7]
+        seq.num_cached = len(seq.token_ids) - 1
+    logits = runner.run(ScheduledBatch(decode=seqs).step_input())
+    stacked = runner.rows.stacked_runs
+    assert stacked is not None and stacked.slots == (1, 2)
+    assert (stacked.first is None) == (len(slots) == 5), "in order without padding, else gathered"
+    for seq, slot in zip(seqs, slots):
+        want = reference_logprobs(base, folders, slot, seq.token_ids)
+        assert (torch.log_softmax(logits.next_token[seq.seq_id], dim=-1) - want).abs().max() < 1e-4, seq.seq_id
+
+
 @pytest.mark.parametrize("quantization", ["none", "int8"])
 def test_a_row_gets_the_same_bits_alone_and_beside_other_adapters(base, folders, quantization: str) -> None:
     runner = serving(base, folders, quantization)
     together = next_token_logits(runner, [2, 0, 1])
     for slot in PROMPTS:
         assert torch.equal(next_token_logits(runner, [slot])[slot], together[slot]), slot
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+def test_with_deterministic_a_decode_row_gets_the_same_bits_alone_and_beside_other_adapters(base, folders,
+                                                                                            quantization: str):
+    """--deterministic: decode rows of several adapters keep a low-rank pair per run (no batched pair)."""
+    runner = serving(base, folders, quantization, deterministic=True)
+    together = next_token_logits(runner, [2, 0, 1], decode_token=7)
+    assert runner.rows.stacked_runs is None
+    for slot in PROMPTS:
+        assert torch.equal(next_token_logits(runner, [slot], decode_token=7)[slot], together[slot]), slot
 
 
 def test_an_unloaded_adapter_leaves_the_base_model_as_it_was(base, folders) -> None:

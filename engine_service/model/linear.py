@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from collections.abc import Callable
 
+from engine_service.model.lora import LoraPairs
 from engine_service.model.native import Kernels
 from engine_service.model.weight_formats import QUANTIZATIONS
 
@@ -59,13 +60,17 @@ class RowGroups:
     `full` says per group whether low-bit linears run their full (bf16) copy: for prompt segments,
     and for more than `low_bit_max_rows` decode rows, where oneDNN's GEMM is faster. None: never
     (deterministic: the low-bit kernel for every row, no copies kept). `runs` are the rows of a LoRA
-    adapter (model/lora.py), each run within one group: one low-rank matmul pair per run."""
+    adapter (model/lora.py), each run within one group: one low-rank matmul pair per run. Decode rows of
+    several adapters take one batched pair for them all instead (`stacked_runs`), unless deterministic: its
+    padding makes a row's rounding depend on the others, as the full copies do. A prompt segment's runs never
+    do: it computes alike whatever else the step holds (model/step.py)."""
 
     def __init__(self, low_bit_max_rows: int | None = LOW_BIT_MAX_ROWS) -> None:
         self.low_bit_max_rows = low_bit_max_rows
         self.bounds = [0]  # group i is rows bounds[i]:bounds[i + 1]
         self.full: list[bool] = []
         self.runs: list[tuple[int, int, int]] = []  # (first row, end row, adapter slot)
+        self.stacked_runs: StackedRuns | None = None  # where the runs span several adapters
 
     @property
     def keeps_full_copies(self) -> bool:
@@ -74,14 +79,19 @@ class RowGroups:
     def set_for_step(self, groups: list[tuple[int, bool]], runs: list[tuple[int, int, int]] = ()) -> None:
         """The step's groups in row order, as (rows, is a prompt segment), empty ones dropped; and the
         runs of rows with an adapter, as (first row, end row, adapter slot)."""
-        self.bounds, self.full, self.runs = [0], [], list(runs)
+        self.bounds, self.full, self.runs, self.stacked_runs = [0], [], list(runs), None
         for rows, prompt in groups:
             if rows:
                 self.bounds.append(self.bounds[-1] + rows)
                 self.full.append(self.keeps_full_copies and (prompt or rows > self.low_bit_max_rows))
+        decode_rows = groups[0][0] if groups and not groups[0][1] else 0
+        decode_runs = [run for run in self.runs if run[1] <= decode_rows]
+        if self.keeps_full_copies and len({slot for _, _, slot in decode_runs}) > 1:
+            self.stacked_runs = StackedRuns(decode_runs, self.bounds[-1])
+            self.runs = self.runs[len(decode_runs):]  # (the decode rows come first)
 
     def apply(self, compute: Callable[[torch.Tensor, bool], torch.Tensor], rows: torch.Tensor,
-              lora: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
+              lora: LoraPairs | None = None) -> torch.Tensor:
         """compute(group's rows, full) over each group, joined, plus each adapter run's low-rank part
         from `lora` (slot -> (A.T, (scale * B).T), model/lora.py), computed in the pair's dtype; [rows, features]
         in and out. Rows that are not the step's (a model's layer over some of them) go in one call, and cannot
@@ -91,9 +101,11 @@ class RowGroups:
             out = compute(rows, any(self.full))
         else:
             out = torch.cat([compute(rows[a:b], full) for a, b, full in zip(self.bounds, self.bounds[1:], self.full)])
-        if lora and self.runs:
+        if lora and (self.runs or self.stacked_runs):
             if not planned:
                 raise RuntimeError("a LoRA adapter on a layer that computes part of the step's rows")
+            if self.stacked_runs is not None:
+                self.stacked_runs.add_to(out, rows, lora)
             wide = None  # the rows in the pairs' dtype, converted once for every run
             for first, end, slot in self.runs:
                 if (pair := lora.get(slot)) is not None:
@@ -101,6 +113,50 @@ class RowGroups:
                     wide = rows.to(a_t.dtype) if wide is None else wide
                     out[first:end] += (wide[first:end] @ a_t) @ b_t  # added in the pairs' dtype, rounded once
         return out
+
+
+class StackedRuns:
+    """A step's adapter rows laid out for batched matmuls (LoraPairs.stacked): entry i holds the rows of
+    slots[i] in row order, padded to the longest entry's `length`; `gather` picks each place's row (padding:
+    row 0, whose products are never read back) and `back` each row's place in the flat result, or one past it
+    (a zero row) for a row of the base model. Where the places are rows first..first + places in order (rows
+    sorted by adapter, as many of each: the common case), neither index is needed."""
+
+    def __init__(self, runs: list[tuple[int, int, int]], num_rows: int) -> None:
+        by_slot: dict[int, list[int]] = {}
+        for first, end, slot in runs:
+            by_slot.setdefault(slot, []).extend(range(first, end))
+        self.slots = tuple(sorted(by_slot))
+        self.length = max(map(len, by_slot.values()))
+        places = len(self.slots) * self.length
+        gather, back = [0] * places, [places] * num_rows
+        for index, slot in enumerate(self.slots):
+            for offset, row in enumerate(by_slot[slot]):
+                gather[index * self.length + offset] = row
+                back[row] = index * self.length + offset
+        in_order = gather == list(range(gather[0], gather[0] + places))
+        self.first = gather[0] if in_order else None
+        self._indices = {} if in_order else {"cpu": (torch.tensor(gather), torch.tensor(back))}
+
+    def add_to(self, out: torch.Tensor, rows: torch.Tensor, lora: LoraPairs) -> None:
+        """Adds to `out` [rows, out] each row's adapter's scale * B(A x), computed in the pairs' dtype and
+        rounded once into out's."""
+        stacks = lora.stacked(self.slots)
+        if stacks is None:
+            return
+        a, b = stacks
+        if self.first is not None:
+            end = self.first + len(self.slots) * self.length
+            x = rows[self.first:end].to(a.dtype).view(len(self.slots), self.length, -1)
+            out[self.first:end] += torch.bmm(torch.bmm(x, a), b).view(end - self.first, -1)
+            return
+        device = rows.device.type
+        if device not in self._indices:
+            self._indices[device] = tuple(t.to(rows.device) for t in self._indices["cpu"])
+        gather, back = self._indices[device]
+        x = rows.to(a.dtype).index_select(0, gather).view(len(self.slots), self.length, -1)
+        products = torch.bmm(torch.bmm(x, a), b).view(-1, b.shape[-1])
+        out += torch.cat((products, products.new_zeros(1, products.shape[1]))).index_select(0, back)
 
 
 def resolve_quantization(requested: str | None, device: torch.device, dtype: torch.dtype,
@@ -140,7 +196,7 @@ class PackedLinear(torch.nn.Module):
                  rows: RowGroups | None = None) -> None:
         super().__init__()
         self.rows = rows
-        self.lora: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {}  # adapter slot -> (A.T, (scale * B).T)
+        self.lora: LoraPairs | None = LoraPairs()  # adapter slot -> (A.T, (scale * B).T)
         self.out_features, self.in_features = weight.shape
         self.compute_dtype = weight.dtype if packable(weight.dtype) else torch.float32
         self.weight = torch.nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(
@@ -195,7 +251,7 @@ class LowBitLinear(torch.nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.rows = rows
-        self.lora: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {}  # adapter slot -> (A.T, (scale * B).T)
+        self.lora: LoraPairs | None = LoraPairs()  # adapter slot -> (A.T, (scale * B).T)
         self.full: PackedLinear | Int8Panels | None = None
         # The copy's forward as a plain attribute: a decode step calls ~120 linears, and nn.Module's
         # attribute lookup for a submodule costs ~1 us each time.
@@ -327,7 +383,7 @@ class RowLinear(torch.nn.Module):
         self.weight, self.bias = linear.weight, linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.rows = rows
-        self.lora: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.lora = LoraPairs()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = self.rows.apply(lambda group, full: F.linear(group, self.weight, self.bias), _flat(x), self.lora)

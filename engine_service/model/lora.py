@@ -4,8 +4,10 @@ An adapter is a folder with `adapter_config.json` (`r`, `lora_alpha`, `target_mo
 `adapter_model.safetensors` (`base_model.model.<module>.lora_A.weight` [r, in] and `.lora_B.weight`
 [out, r]). The linear's output for a row of that adapter gains scale * B(A x), scale = lora_alpha / r
 (rsLoRA: lora_alpha / sqrt(r)); the base weights stay as they are (bf16, int8, native kernels): the
-low-rank path runs beside them, per run of rows that share an adapter (RowGroups in linear.py), never a
-merged copy. Where the lean Llama forward fused q/k/v (gate/up) into one linear, the adapter's pieces
+low-rank path runs beside them, never a merged copy: per run of rows that share an adapter (RowGroups in
+linear.py), or, for a step whose rows span several adapters, as two batched matmuls over the adapters'
+pairs stacked (LoraPairs.stacked): a handful of torch calls a linear however many adapters the step holds,
+where each run's own matmuls cost every linear ~5 calls more per adapter (~5 us each on the CPU). Where the lean Llama forward fused q/k/v (gate/up) into one linear, the adapter's pieces
 become one pair: their A's stacked and their B's on a block diagonal, zeros where a piece is not
 targeted. What PEFT can express and this does not compute is refused at load, naming the field.
 """
@@ -37,6 +39,43 @@ class LoraWeights:
     path: str
     rank: int
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+class LoraPairs(dict):
+    """One linear's resident adapters, slot -> (A.T [in, r], (scale * B).T [r, out]); and the pairs of a set of
+    slots stacked for batched matmuls, each rank padded with zeros to the largest (zero terms add nothing),
+    kept until a step asks for another set or an adapter comes or goes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._stacked: tuple[tuple[int, ...], tuple[torch.Tensor, torch.Tensor] | None] | None = None
+
+    def __setitem__(self, slot: int, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self._stacked = None
+        super().__setitem__(slot, pair)
+
+    def pop(self, slot: int, *default: object) -> object:
+        self._stacked = None
+        return super().pop(slot, *default)
+
+    def stacked(self, slots: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(A's [S, in, r], B's [S, r, out]) of `slots` in order, zeros for a slot this linear has no pair of;
+        None when it has none of them."""
+        if self._stacked is None or self._stacked[0] != slots:
+            pairs = [self.get(slot) for slot in slots]
+            present = [pair for pair in pairs if pair is not None]
+            stacks = None
+            if present:
+                (a0, b0), rank = present[0], max(a.shape[1] for a, _ in present)
+                a_stack = a0.new_zeros(len(slots), a0.shape[0], rank)
+                b_stack = b0.new_zeros(len(slots), rank, b0.shape[1])
+                for index, pair in enumerate(pairs):
+                    if pair is not None:
+                        a_stack[index, :, :pair[0].shape[1]] = pair[0]
+                        b_stack[index, :pair[1].shape[0]] = pair[1]
+                stacks = (a_stack, b_stack)
+            self._stacked = (slots, stacks)
+        return self._stacked[1]
 
 
 def read_adapter(folder: str | Path, shapes: dict[str, tuple[int, int]], max_rank: int) -> LoraWeights:
