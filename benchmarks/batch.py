@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=lambda s: [int(c) for c in s.split(",")], default=[8, 16, 32])
     parser.add_argument("--live-requests", type=int, default=128, help="live requests at each concurrency")
-    parser.add_argument("--batch-max-in-flight", type=int, default=16)
+    parser.add_argument("--batch-max-in-flight", type=int, default=32, help="the shim's default")
     parser.add_argument("--ttft-requests", type=int, default=6, help="requests per stream for TTFT")
     parser.add_argument("--ttft-max-tokens", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)

@@ -69,7 +69,8 @@ def build_parser() -> EnvArgumentParser:
                    help="sequences decoded together")
     p.add_argument("--batch-steps", choices=BATCH_STEPS, default=d.batch_steps,
                    help="batch-priority requests (the Batch API's) beside interactive ones: shared (they fill the "
-                        "room in each step), apart (a step with interactive work holds none), auto (apart on the "
+                        "room in each step), apart (a step with interactive work holds none, and a step of batch work stops "
+                        "between layers for an interactive arrival, to run again later), auto (apart on the "
                         "CPU, where a step's time grows with its rows; shared on a GPU)")
     p.add_argument("--max-queue", metavar="N", type=bounded("max_waiting"), default=d.max_waiting,
                    help="waiting requests before RESOURCE_EXHAUSTED (HTTP 429 through the shim)")

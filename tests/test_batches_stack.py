@@ -11,9 +11,11 @@ from __future__ import annotations
 import io
 import json
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from common import MODEL, RECOMPUTE_LOGPROB_TOLERANCE
 
@@ -31,13 +33,17 @@ def chat_body(k: int) -> dict:
             "max_tokens": MAX_TOKENS, "logprobs": True, "top_logprobs": 2}
 
 
-def run_batch(client, lines: list[dict], endpoint: str, timeout_s: float = 900.0):
-    """Uploads the lines, runs them as a batch and waits for its end; the batch and its output lines by custom_id."""
+def run_batch(client, lines: list[dict], endpoint: str, timeout_s: float = 900.0, while_running=None):
+    """Uploads the lines, runs them as a batch and waits for its end; the batch and its output lines by custom_id.
+    `while_running()` is called once the batch has answered a line."""
     data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
     upload = client.files.create(file=("requests.jsonl", io.BytesIO(data)), purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint=endpoint, completion_window="24h")
     deadline = time.monotonic() + timeout_s
     while batch.status not in ("completed", "failed", "expired", "cancelled"):
+        if while_running is not None and batch.request_counts and batch.request_counts.completed:
+            while_running()
+            while_running = None
         assert time.monotonic() < deadline, batch
         time.sleep(0.5)
         batch = client.batches.retrieve(batch.id)
@@ -60,17 +66,31 @@ def assert_same_greedy(live: list[dict], batched: list[dict]) -> None:
     assert len(live) == len(batched)
 
 
-def test_a_300_request_chat_batch_answers_as_the_live_endpoint(openai_client) -> None:
+def given_way(metrics_url: str) -> float:
+    """The engine's count of batch steps that stopped for an interactive arrival."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               if family.name == "conduit:batch_steps_given_way" for sample in family.samples
+               if sample.name.endswith("_total"))
+
+
+def test_a_300_request_chat_batch_answers_as_the_live_endpoint(openai_client, stack) -> None:
+    """The live requests go while the batch runs: the batch steps they arrive during give way (the CPU's
+    --batch-steps apart) and are run again, which changes no answer."""
     lines = [{"custom_id": f"q{k}", "method": "POST", "url": "/v1/chat/completions", "body": chat_body(k)}
              for k in range(LINES)]
-    batch, outputs = run_batch(openai_client, lines, "/v1/chat/completions")
+    before = given_way(stack.metrics_url)
+    with ThreadPoolExecutor(8) as pool:
+        asked = []
+        batch, outputs = run_batch(openai_client, lines, "/v1/chat/completions", while_running=lambda: asked.extend(
+            pool.submit(openai_client.chat.completions.create, **chat_body(k)) for k in COMPARED))
+        live = {k: future.result() for k, future in zip(COMPARED, asked)}
     assert batch.status == "completed" and batch.error_file_id is None, batch
     assert batch.request_counts.completed == LINES and batch.request_counts.failed == 0
     assert batch.usage.output_tokens == sum(o["response"]["body"]["usage"]["completion_tokens"]
                                             for o in outputs.values())
-    with ThreadPoolExecutor(8) as pool:
-        live = dict(zip(COMPARED, pool.map(lambda k: openai_client.chat.completions.create(**chat_body(k)),
-                                           COMPARED)))
+    assert given_way(stack.metrics_url) > before, "no batch step gave way to the live requests"
     for k, answer in live.items():
         line = outputs[f"q{k}"]["response"]
         choice = line["body"]["choices"][0]

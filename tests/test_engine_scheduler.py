@@ -237,8 +237,8 @@ def test_apart_a_step_with_interactive_work_holds_no_batch_sequence() -> None:
     assert decode == [batch_seq]
     long_batch = make_seq(30, batch=True)
     scheduler.waiting.append(long_batch)
-    _, prefill = run_step(scheduler)
-    assert prefill == [(long_batch, 8)], "a batch step prefills a quarter of the step's 32 tokens"
+    decode, prefill = run_step(scheduler)
+    assert prefill == [(long_batch, 30)], "a batch step prefills as much as any step (it gives way mid-step)"
     shared = Scheduler(BlockManager(64, BLOCK, CopyLog()), max_batch_size=8, max_step_tokens=32)
     batch_seq, live = make_seq(3, batch=True), make_seq(3)
     shared.waiting.append(batch_seq)
@@ -303,15 +303,15 @@ def test_requests_arriving_together_fill_free_slots_before_the_queue() -> None:
     inbox = Inbox(max_waiting=2)
 
     def submit(seq: Sequence) -> None:
-        inbox.put(seq, len(scheduler.waiting), scheduler.free_slots(), admit=lambda: None)
+        inbox.put(seq.request, len(scheduler.waiting), scheduler.free_slots(), admit=lambda: None)
 
     seqs = [make_seq(2) for _ in range(4)]
     for seq in seqs[:3]:
         submit(seq)
     with pytest.raises(QueueFull):
         submit(seqs[3])
-    taken, _ = inbox.take()  # the loop's step
-    scheduler.waiting.extend(taken)
+    taken, _ = inbox.take()  # the loop's step (the core makes each request's sequences)
+    scheduler.waiting.extend(seq for seq in seqs if any(seq.request is request for request in taken))
     run_step(scheduler)
     assert scheduler.running == seqs[:1] and scheduler.free_slots() == 0
     with pytest.raises(QueueFull):

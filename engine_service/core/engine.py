@@ -144,6 +144,8 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, metrics: EngineMetri
     core = EngineCore(scheduler, runner, requests, choices, StepRecovery(scheduler, requests, choices), pacing,
                       recorder, speculator)
     loop = EngineLoop(core, Inbox(config.max_waiting), on_outputs, recorder)
+    if batch_apart:
+        core.batch_gives_way = loop.inbox.interactive_waiting
     loop.adapters = adapters
     if metrics is not None:
         metrics.cache_config(config.block_size, num_blocks - 1, config.enable_prefix_caching)

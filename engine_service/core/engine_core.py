@@ -2,6 +2,11 @@
 returning the step's outputs: for each request that has news, its events (the prompt, new text,
 finals). vLLM's EngineCore; the busy loop that feeds it and hands its outputs on is engine_loop.py.
 
+A step of batch work alone (the Batch API's, with `batch_apart`) gives way to an interactive arrival: the
+runner stops it between two layers (model/step.py's StepGaveWay) and it runs again from the start, so a
+live request's first token waits for one layer of it, not the whole step. Nothing of it counts until
+it ends: the scheduler advances only what ran whole.
+
 It runs on the loop's thread only. The rest is in objects named for their jobs: a request's n
 choices and their forks (choices.py), the requests in flight and the events each is told
 (requests.py), what a failed step does (recovery.py: only the request at fault fails), echo's
@@ -12,6 +17,7 @@ prompt logprobs (prompt_logprobs.py), how often a request is told (pacing.py), t
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -28,7 +34,7 @@ from engine_service.core.scheduler import ScheduledBatch, Scheduler, embedding_i
 from engine_service.core.sequence import Request, Sequence
 from engine_service.core.speculation import Speculator
 from engine_service.model.runner import ModelRunner
-from engine_service.model.step import StepLogits
+from engine_service.model.step import StepGaveWay, StepLogits
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +51,9 @@ class EngineCore:
         self.recovery = recovery
         self.pacing = pacing
         self.recorder = recorder
+        # Whether an interactive request has arrived (the inbox's interactive_waiting; engine.py sets it
+        # where batch steps run apart): asked between a batch step's layers. None: steps run whole.
+        self.batch_gives_way: Callable[[], bool] | None = None
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -75,10 +84,14 @@ class EngineCore:
         if batch:
             if self.speculator is not None:
                 self.speculator.draft(batch)
+            give_way = self.batch_gives_way if batch.only_batch_work() else None
             try:
-                logits = self.runner.run(batch.step_input(prompt_logprobs.wanted(batch), embedding_inputs(batch)))
+                logits = self.runner.run(batch.step_input(prompt_logprobs.wanted(batch), embedding_inputs(batch)),
+                                         give_way)
                 self.scheduler.advance(batch)
                 sampled = self._postprocess(batch, logits)
+            except StepGaveWay:
+                self.recorder.gave_way()
             except Exception:
                 self.recovery.failed(batch)
             else:

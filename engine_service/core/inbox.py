@@ -2,7 +2,8 @@
 
 The loop owns everything else and runs on one thread; these are the only calls that cross into
 it, under one lock, and each wakes the loop if it is idle. The loop takes what arrived at the
-start of every step (`take`).
+start of every step (`take`). `interactive_waiting` is read without the lock, between a batch step's
+layers (core/engine_core.py: such a step gives way to an interactive arrival).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class Inbox:
         self._wake = threading.Event()
         self._requests: list[Request] = []
         self._aborts: list[str] = []
+        self._interactive = 0  # of the requests not yet taken, those that are not batch work
         self._draining = False  # no new requests; the loop ends once the rest are done or cut
         self._drain_deadline = math.inf  # time.monotonic()
 
@@ -42,6 +44,7 @@ class Inbox:
                 raise QueueFull(f"the engine's queue is full ({self.max_waiting} waiting); retry later")
             admit()
             self._requests.append(request)
+            self._interactive += not request.batch
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
@@ -54,12 +57,17 @@ class Inbox:
         with self._lock:
             requests, self._requests = self._requests, []
             aborts, self._aborts = self._aborts, []
+            self._interactive = 0
         return requests, aborts
 
     def pending_adapters(self) -> set:
         """The LoRA adapters of the requests submitted and not yet taken."""
         with self._lock:
             return {request.adapter for request in self._requests if request.adapter is not None}
+
+    def interactive_waiting(self) -> bool:
+        """Whether an interactive request arrived since the last `take` (a snapshot, without the lock)."""
+        return self._interactive > 0
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -84,6 +92,7 @@ class Inbox:
         with self._lock:
             self._draining = True
             self._requests = []
+            self._interactive = 0
 
     def wake(self) -> None:
         self._wake.set()

@@ -98,6 +98,8 @@ class EngineMetrics:
         self.kv_usage = gauge("conduit:kv_cache_usage_perc",
                               "KV-cache usage as a fraction, 0 to 1: 1 means every block is in use.")
         self.preemptions = counter("conduit:num_preemptions", "Sequences preempted because the KV cache was full.")
+        self.steps_given_way = counter("conduit:batch_steps_given_way",
+                                       "Batch steps stopped between layers for an interactive arrival (rerun later).")
         self.prompt_tokens = counter("conduit:prompt_tokens", "Prompt tokens of requests whose prefill completed.")
         self.generation_tokens = counter("conduit:generation_tokens", "Generated tokens (all choices).")
         self.prefix_cache_queries = counter("conduit:prefix_cache_queries",
@@ -246,6 +248,11 @@ class StepRecorder:
         for position in range(max(accepted)):
             taken = sum(count > position for count in accepted)
             metrics.spec_accepted_per_position.labels(metrics._model_name, str(position)).inc(taken)
+
+    def gave_way(self) -> None:
+        """A batch step stopped for an interactive arrival (core/engine_core.py)."""
+        if self.metrics is not None:
+            self.metrics.steps_given_way.inc()
 
     def finished(self, reason: str, arrival: float, count: int = 1, adapter: str = "") -> None:
         if self.metrics is not None and count:

@@ -21,8 +21,8 @@ or too few blocks first preempts running batch sequences, newest first; and when
 block, a batch sequence is the victim before any interactive one. With `batch_apart` (the default on
 the CPU, where a step's time grows with its rows: EngineConfig.batch_steps), a step that has interactive
 work holds no batch sequence at all: they keep their cache and wait for a step without interactive work;
-and a batch step prefills at most a quarter of the step's tokens, so an interactive arrival never waits
-long for the step under way to end.
+and a step of batch work alone stops between layers when an interactive request arrives (engine_core.py),
+so that arrival waits for one layer of it, never the whole step.
 
 After a step fails, recovery.py names the requests it suspects (`suspects`, by request id):
 a step then holds the sequences of at most one suspect, beside any others, so the next
@@ -55,6 +55,9 @@ class ScheduledBatch:
 
     def sequences(self) -> list[Sequence]:
         return [*self.decode, *(seq for seq, _ in self.prefill)]
+
+    def only_batch_work(self) -> bool:
+        return all(seq.request.batch for seq in self.sequences())
 
     def step_input(self, wants_prompt_logprobs: set[int] = frozenset(), wants_hidden: set[int] = frozenset()
                    ) -> StepInput:
@@ -112,8 +115,6 @@ class Scheduler:
         budget = self._prefill_running(batch, budget, allowed, batch_work=False)
         budget = self._admit_waiting(batch, budget, allowed, batch_work=False)
         if with_batch_work:
-            if self.batch_apart:
-                budget = min(budget, self.max_step_tokens // 4)
             budget = self._prefill_running(batch, budget, allowed, batch_work=True)
             self._admit_waiting(batch, budget, allowed, batch_work=True)
         return batch

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_service.model.kv_cache import KVCache
+from engine_service.model.step import StepGaveWay
 
 
 ATTENTION_NAME = "conduit_paged"
@@ -61,6 +62,8 @@ class StepLayout:
     # Attends the decode rows in place in the cache (model/native.py's decode_attention op), for a
     # model it supports (the runner checks); None: gather, then SDPA.
     decode_kernel: Callable[..., torch.Tensor] | None = None
+    # Asked at each layer's attention: True stops the step there (StepGaveWay). None: the step runs whole.
+    give_way: Callable[[], bool] | None = None
 
     def decode_mask(self, window: int | None) -> torch.Tensor:
         """[num_decode, 1, 1, max_decode_context]: each row's own context (its last `window` tokens)."""
@@ -134,6 +137,8 @@ def attend_packed(layer_idx: int, query: torch.Tensor, key: torch.Tensor, value:
                   softcap: float | None = None) -> torch.Tensor:
     """The step's packed tokens, query [T, Hq, D] and key/value [T, Hkv, D] (views of any strides):
     writes the new k/v into the cache and returns the attention output [T, Hq, D]."""
+    if layout.give_way is not None and layout.give_way():
+        raise StepGaveWay(f"gave way at layer {layer_idx}")
     cache = layout.cache
     block_size = cache.shape.block_size
     k_cache = cache.keys[layer_idx]

@@ -8,6 +8,7 @@ prepare_decode and prepare_prefill pack the tokens, forward runs the model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -129,14 +130,15 @@ class ModelRunner:
         self.scratch_block = num_blocks - 1
 
     @torch.inference_mode()
-    def run(self, step: StepInput) -> StepLogits:
+    def run(self, step: StepInput, give_way: Callable[[], bool] | None = None) -> StepLogits:
+        """give_way: asked before each layer; True stops the step there (StepGaveWay, model/step.py)."""
         batch = PackedBatch()
         self.prepare_decode(batch, step.decode)
         if len(batch.decode_lens) == 1 and self.pads_single_rows:
             self.add_padding_row(batch)
         self.prepare_prefill(batch, step.prefill)
         self.set_row_groups(batch)
-        logits, hidden = self.forward(batch)
+        logits, hidden = self.forward(batch, give_way)
         return StepLogits(
             next_token={seq_id: logits[row] for seq_id, row in batch.next_token_rows.items()},
             drafts={seq_id: logits[first:first + count] for seq_id, (first, count) in batch.draft_rows.items()},
@@ -236,7 +238,8 @@ class ModelRunner:
             if chunk.ends_prompt and chunk.wants_hidden:
                 batch.hidden_rows[chunk.seq_id] = batch.next_token_rows[chunk.seq_id]
 
-    def forward(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, batch: PackedBatch, give_way: Callable[[], bool] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The model over the packed batch: float32 logits of the kept rows, on the CPU; and where
         `batch.hidden_rows` wants any, the final norm's output at the kept rows (else None)."""
         device = self.device
@@ -259,6 +262,7 @@ class ModelRunner:
             max_decode_context=max_context,
             prefills=batch.prefills,
             decode_kernel=self.decode_attention,
+            give_way=give_way,
         )
         input_ids = torch.tensor([batch.input_ids], device=device)
         position_ids = torch.tensor([batch.positions], device=device)

@@ -87,6 +87,12 @@ class StepInput:
     prefill: list[PromptChunk] = field(default_factory=list)
 
 
+class StepGaveWay(Exception):
+    """The step stopped between two layers because its `give_way` said so (a batch step an interactive
+    request arrived during: core/engine_core.py). It leaves nothing behind that counts: the keys and values
+    it wrote sit past each sequence's cached length, so the step runs again later from the start."""
+
+
 @dataclass
 class StepLogits:
     """Logits rows the step produced, by purpose."""

@@ -37,7 +37,7 @@ from .store import BatchStore, Outcome
 
 log = logging.getLogger("http_shim.batches")
 
-DEFAULT_MAX_IN_FLIGHT = 16  # requests of all batches in the engine at once
+DEFAULT_MAX_IN_FLIGHT = 32  # requests of all batches in the engines at once: the engine's default batch size
 RETRIED_STATUSES = (429, 503)  # the engine's queue was full, or it was away: worth another try
 RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 8.0)  # ~24 s in all: an engine restart fits
 OUTPUT_PURPOSE = "batch_output"
