@@ -21,7 +21,7 @@ from clients.engine_client import EngineClient
 from conduit.v1 import engine_pb2 as pb
 from conduit.v1 import engine_pb2_grpc as pb_grpc
 from conduit.v1.contract import PARAM_METADATA_KEY
-from engine_service.core.config import EngineConfig
+from engine_service.core.config import EngineConfig, LoraConfig, LoraModule
 from engine_service.core.engine import Engine, build_engine
 from engine_service.core.scheduler import ScheduledBatch
 from engine_service.model.runner import ModelRunner
@@ -29,6 +29,7 @@ from engine_service.serving.background import BackgroundServer
 from engine_service.serving.decoder_embed import DecoderEmbedServicer
 from engine_service.serving.server import EngineServicer, outputs_to
 from engine_service.serving.vllm_worker import VllmWorker
+from lora_files import merged, scale_of, write_adapter
 from tiny_models import RunnerSeq, tiny_config, tiny_in_memory
 
 pytestmark = pytest.mark.in_process_engine
@@ -52,11 +53,12 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def reference(folder: Path, inputs: list[list[int]]) -> torch.Tensor:
-    """transformers' AutoModel: each input's last hidden state alone, normalized."""
+def reference(folder: Path, inputs: list[list[int]], model: torch.nn.Module | None = None) -> torch.Tensor:
+    """transformers' AutoModel (or the base `model` of a causal LM): each input's last hidden state alone,
+    normalized."""
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(folder).eval()
+    model = model or AutoModel.from_pretrained(folder).eval()
     with torch.no_grad():
         rows = [model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1] for ids in inputs]
     return torch.nn.functional.normalize(torch.stack(rows), dim=-1)
@@ -138,6 +140,29 @@ def test_vectors_equal_transformers_last_hidden_state_on_each_input_alone(folder
     again = client.embed([ids[1]])
     assert torch.allclose(torch.tensor(list(again.embeddings[0].values)), got[1], atol=1e-5)
     assert blocks.num_free == free and len(blocks.chains) == cached and not engine.scheduler.running
+
+
+def test_a_lora_adapters_name_as_model_embeds_with_the_adapter(folder, tmp_path) -> None:
+    """--enable-lora beside --enable-embeddings: `model` = an adapter's name gives the vectors of the base model
+    with that adapter merged (never the base model's under the adapter's name), and names the adapter back."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(folder).eval()
+    pairs = write_adapter(tmp_path / "tuned", base, ("q_proj", "down_proj"), 4, 8.0, seed=3)
+    server, engine = serve(folder, True, lora=LoraConfig(modules=(LoraModule("tuned", str(tmp_path / "tuned")),)))
+    pump = Pump(engine)
+    try:
+        with EngineClient(server.address, timeout=60) as engine_client:
+            tuned, plain = engine_client.embed(TEXTS, model="tuned"), engine_client.embed(TEXTS)
+    finally:
+        pump.close()
+        server.stop(grace=1.0)
+    ids = [engine.tokenizer(text)["input_ids"] for text in TEXTS]
+    want = reference(folder, ids, merged(base, pairs, scale_of(4, 8.0)).model)
+    vectors = lambda response: torch.tensor([list(e.values) for e in response.embeddings])  # noqa: E731
+    assert torch.allclose(vectors(tuned), want, atol=1e-4) and tuned.model == "tuned"
+    assert torch.allclose(vectors(plain), reference(folder, ids), atol=1e-4)
+    assert not torch.allclose(vectors(plain), want, atol=1e-2), "the adapter changes the vectors"
 
 
 def test_an_embed_beside_a_running_stream(folder, served, client) -> None:

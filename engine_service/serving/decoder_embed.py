@@ -5,7 +5,7 @@ cancelled, drained and counted like generation, batched in the same steps as the
 the step-token budget (chunked like any prompt); its vector is the final norm's hidden state at its
 last token, normalized (core/choices.py), and its blocks are freed at once. The inputs are checked and
 the answer packed as an embedding model's engine does (serving/embed.py), against the view of the
-model that `embedding_view` gives.
+model that `embedding_view` gives. A LoRA adapter's name as `model` embeds with the adapter, as it generates.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import grpc
 import torch
 
 from conduit.v1 import engine_pb2 as pb
+from engine_service.core.adapter_dirs import AdapterNotFound
 from engine_service.core.engine import Engine
 from engine_service.core.events import FinalEvent
 from engine_service.core.params import (Draining, InvalidRequest, QueueFull, RequestParams, SamplingParams,
@@ -54,12 +55,14 @@ class DecoderEmbedServicer(EngineServicer):
         request_id, log_id = call_ids(request, context)
         inputs = await checked_inputs(self, self.embedding, request, context, self.embedding.max_context_length)
         queue: asyncio.Queue[list] = asyncio.Queue()
-        job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=inputs[0],
-                      params=RequestParams(SamplingParams(), StoppingParams(), n=len(inputs)), max_tokens=0,
-                      sink=queue.put_nowait, inputs=inputs, log_id=log_id,
-                      batch=request.priority == pb.PRIORITY_BATCH)
         try:
+            job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=inputs[0],
+                          params=RequestParams(SamplingParams(), StoppingParams(), n=len(inputs)), max_tokens=0,
+                          sink=queue.put_nowait, inputs=inputs, log_id=log_id, adapter=self.adapter_of(request.model),
+                          batch=request.priority == pb.PRIORITY_BATCH)
             self.engine.submit(job)
+        except AdapterNotFound as exc:  # unloaded between the model check and here
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         except InvalidRequest as exc:  # checked above already; the engine's own check, to be sure
             await abort_invalid(context, exc, None)
         except QueueFull as exc:
@@ -80,4 +83,8 @@ class DecoderEmbedServicer(EngineServicer):
                 self.engine.abort(job.request_id)
         log.info("embedded %d input(s), %d tokens, %.3fs", len(inputs), sum(map(len, inputs)),
                  time.monotonic() - job.arrival)
-        return embed_response(self.embedding, request, torch.stack([vectors[i] for i in range(len(inputs))]), inputs)
+        response = embed_response(self.embedding, request, torch.stack([vectors[i] for i in range(len(inputs))]),
+                                  inputs)
+        if job.adapter is not None:
+            response.model = job.adapter.name
+        return response

@@ -28,7 +28,7 @@ from engine_service.text import prompts, truncation
 from engine_service.serving.convert import EventEncoder, request_params
 from engine_service.serving.many import ManyCalls
 from engine_service.core.adapter_dirs import AdapterNotFound, PathNotAllowed
-from engine_service.core.adapters import RuntimeUpdatingOff
+from engine_service.core.adapters import Adapter, RuntimeUpdatingOff
 from engine_service.core.engine import Engine
 from engine_service.model.lora import AdapterError
 from engine_service.core.requests import RequestOutput, deliver
@@ -203,17 +203,23 @@ class EngineServicer(pb_grpc.EngineServicer):
         """The engine's request for a GenerateRequest, queued. Raises InvalidRequest, QueueFull or Draining."""
         params = request_params(request)
         ids, tools, grammar, answer = await self._off_loop(self._prepare, request, params.stopping.max_tokens)
-        adapter = None
-        if self.engine.adapters is not None and request.model and request.model != self.loaded.model_id:
-            adapter = self.engine.adapters.get(request.model)
-            if adapter is None:  # unloaded since _check_model: never the base model's answer under its name
-                raise AdapterNotFound(f"model {request.model!r} is not served here: its LoRA adapter was unloaded")
+        adapter = self.adapter_of(request.model)
         job = Request(request_id=f"{request_id}/{uuid.uuid4().hex[:8]}", prompt_ids=ids, params=params,
                       max_tokens=0, sink=sink, grammar=grammar, answer_grammar=answer, tools=tools, log_id=log_id,
                       adapter=adapter, batch=request.priority == pb.PRIORITY_BATCH)
         self._reasoning(job, request)
         self.engine.submit(job)
         return job
+
+    def adapter_of(self, model: str) -> Adapter | None:
+        """The LoRA adapter a request's `model` names (None: the base model). AdapterNotFound where it was
+        unloaded since _check_model: never the base model's answer under an adapter's name."""
+        if self.engine.adapters is None or not model or model == self.loaded.model_id:
+            return None
+        adapter = self.engine.adapters.get(model)
+        if adapter is None:
+            raise AdapterNotFound(f"model {model!r} is not served here: its LoRA adapter was unloaded")
+        return adapter
 
     def _reasoning(self, job: Request, request: pb.GenerateRequest) -> None:
         """A reasoning model's chat: where its output starts (read from the prompt's end: the
