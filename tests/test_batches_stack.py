@@ -42,7 +42,7 @@ def run_batch(client, lines: list[dict], endpoint: str, timeout_s: float = 900.0
     deadline = time.monotonic() + timeout_s
     while batch.status not in ("completed", "failed", "expired", "cancelled"):
         if while_running is not None and batch.request_counts and batch.request_counts.completed:
-            while_running()
+            while_running(batch.request_counts.completed)
             while_running = None
         assert time.monotonic() < deadline, batch
         time.sleep(0.5)
@@ -81,16 +81,21 @@ def test_a_300_request_chat_batch_answers_as_the_live_endpoint(openai_client, st
     lines = [{"custom_id": f"q{k}", "method": "POST", "url": "/v1/chat/completions", "body": chat_body(k)}
              for k in range(LINES)]
     before = given_way(stack.metrics_url)
+    asked, sent_at = [], []
+
+    def ask_live(completed: int) -> None:
+        sent_at.append((time.monotonic(), completed))
+        asked.extend(pool.submit(openai_client.chat.completions.create, **chat_body(k)) for k in COMPARED)
+
     with ThreadPoolExecutor(8) as pool:
-        asked = []
-        batch, outputs = run_batch(openai_client, lines, "/v1/chat/completions", while_running=lambda: asked.extend(
-            pool.submit(openai_client.chat.completions.create, **chat_body(k)) for k in COMPARED))
+        batch, outputs = run_batch(openai_client, lines, "/v1/chat/completions", while_running=ask_live)
+        ended = time.monotonic()
         live = {k: future.result() for k, future in zip(COMPARED, asked)}
     assert batch.status == "completed" and batch.error_file_id is None, batch
     assert batch.request_counts.completed == LINES and batch.request_counts.failed == 0
     assert batch.usage.output_tokens == sum(o["response"]["body"]["usage"]["completion_tokens"]
                                             for o in outputs.values())
-    assert given_way(stack.metrics_url) > before, "no batch step gave way to the live requests"
+    assert given_way(stack.metrics_url) > before, ("no batch step gave way to the live requests", sent_at, ended)
     for k, answer in live.items():
         line = outputs[f"q{k}"]["response"]
         choice = line["body"]["choices"][0]

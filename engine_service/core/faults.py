@@ -39,8 +39,8 @@ class FaultInjectingRunner:
         self.decode = decode
         self.scheduler = scheduler
 
-    def run(self, step: StepInput) -> StepLogits:
-        logits = self.runner.run(step)
+    def run(self, step: StepInput, give_way: Callable[[], bool] | None = None) -> StepLogits:
+        logits = self.runner.run(step, give_way)
         stepped = {row.seq_id for row in step.decode} | {chunk.seq_id for chunk in step.prefill}
         requests = {seq.request.request_id: seq.request for seq in self.scheduler.running if seq.seq_id in stepped}
         marked = sorted(r.log_id for r in requests.values() if self.marker in self.decode(r.prompt_ids))
