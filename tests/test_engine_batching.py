@@ -239,7 +239,7 @@ def test_a_long_prompt_does_not_stall_running_streams(stub):
     runner = stub.Generate(chat("Tell me a long story.", stopping=pb.StoppingParams(max_tokens=400, ignore_eos=True)))
     stream = iter(runner)
     next(stream)  # PromptInfo: the stream is running
-    long_prompt = pb.GenerateRequest(text="word " * 3000, stopping=pb.StoppingParams(max_tokens=1))
+    long_prompt = pb.GenerateRequest(text="word " * 2200, stopping=pb.StoppingParams(max_tokens=1))
     first_token = threading.Event()
 
     def send_long() -> None:
@@ -256,8 +256,8 @@ def test_a_long_prompt_does_not_stall_running_streams(stub):
         during += msg.WhichOneof("kind") == "chunk"
     runner.cancel()
     sender.join()
-    # 3000 words take at least six steps of the default 512-token budget (the stream got 9 tokens
-    # meanwhile when measured); the stream advances on each (unchunked, the prompt would be one step).
+    # 2200 words take at least four steps of the default 512-token budget; the stream advances on each
+    # (unchunked, the prompt would be one step).
     assert during >= 3
 
 
@@ -272,7 +272,9 @@ def test_a_long_prompt_in_tokenization_does_not_stall_running_streams(stub, stac
     runner = stub.Generate(chat("Tell me a long story.", stopping=pb.StoppingParams(max_tokens=400, ignore_eos=True)))
     stream = iter(runner)
     next(stream)  # PromptInfo: the stream is running
-    messages = [pb.ChatMessage(role="user", content=f"{HOLD_MARKER} " + "word " * 2000)]
+    # Short: the hold stands for a long tokenization (the hook holds it, whatever its length), and a long
+    # prompt's prefill afterwards would only cost time.
+    messages = [pb.ChatMessage(role="user", content=f"{HOLD_MARKER} and a few words")]
     if call == "Generate":
         sender = threading.Thread(target=lambda: collect(stub, pb.GenerateRequest(
             chat=pb.ChatInput(messages=messages), stopping=pb.StoppingParams(max_tokens=1))))

@@ -140,7 +140,7 @@ def test_cache_aware_routing_keeps_a_shared_prefix_on_the_engine_that_holds_it(f
     _, gateway = fleet
     hits_before = gateway.metric('smg_cache_aware_policy_branch_total{branch="event_hit"}')
     for doc in range(4):
-        words = " ".join(f"w{doc}x{i}" for i in range(120))
+        words = " ".join(f"w{doc}x{i}" for i in range(60))
         system = {"role": "system", "content": f"Document {doc}: {words}"}
         cached = []
         for question in range(3):
