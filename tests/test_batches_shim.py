@@ -199,6 +199,24 @@ def test_a_malformed_input_file_fails_the_batch_naming_the_line(client, content,
     assert batch.output_file_id is batch.error_file_id is None and batch.request_counts.total == 0
 
 
+def test_an_embeddings_batch_over_50000_inputs_in_all_fails_before_it_runs(client) -> None:
+    """OpenAI's cap counts the inputs across the requests (a text, or one list of token ids, is one input)."""
+    from http_shim.batches.lines import MAX_EMBEDDING_INPUTS, read_lines
+
+    def lines(count: int, per_line: int) -> bytes:
+        body = {"model": EMBEDDER_ID, "input": ["x"] * per_line}
+        return "\n".join(json.dumps({"custom_id": f"e{k}", "method": "POST", "url": "/v1/embeddings", "body": body})
+                         for k in range(count)).encode()
+
+    assert read_lines(lines(25, 2000), "/v1/embeddings")[1] == [], "at the cap: runs"
+    ids = {"custom_id": "t", "method": "POST", "url": "/v1/embeddings", "body": {"model": EMBEDDER_ID, "input": [1] * 9}}
+    assert read_lines(json.dumps(ids).encode(), "/v1/embeddings")[1] == [], "token ids are one input"
+    batch = run_batch(client, lines(25, 2000) + b"\n" + lines(1, 1).replace(b'"e0"', b'"over"'), "/v1/embeddings")
+    assert batch.status == "failed" and batch.request_counts.total == 0, batch
+    [error] = batch.errors.data
+    assert error.code == "too_many_embedding_inputs" and str(MAX_EMBEDDING_INPUTS) in error.message
+
+
 def test_every_bad_line_is_named(client) -> None:
     lines = [json.dumps(chat_line(f"c{k}")) for k in range(3)] + ["{", json.dumps(chat_line("c1"))]
     batch = run_batch(client, "\n".join(lines).encode())

@@ -1,6 +1,7 @@
 """A batch's input file read and checked whole (the `validating` step), as OpenAI does: each line a
 JSON object {custom_id, method: "POST", url: the batch's endpoint, body: an object}, custom_ids unique,
-no `stream: true`, at most MAX_LINES lines. Any problem fails the whole batch before a line runs, with
+no `stream: true`, at most MAX_LINES lines (and, for /v1/embeddings, MAX_EMBEDDING_INPUTS inputs in all).
+Any problem fails the whole batch before a line runs, with
 `errors` naming each line at fault (1-based; up to MAX_REPORTED of them). A body that is an object is
 not checked here: the endpoint's own validation answers it when the line runs (a 400 in the error file,
 exactly as the live endpoint answers it)."""
@@ -13,6 +14,8 @@ from typing import Any
 
 MAX_LINES = 50_000  # OpenAI's cap on requests per batch
 MAX_REPORTED = 100  # errors listed in a failed batch's `errors`
+MAX_EMBEDDING_INPUTS = 50_000  # OpenAI's cap on embedding inputs across a /v1/embeddings batch's requests
+EMBEDDINGS = "/v1/embeddings"
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,19 @@ def read_lines(content: bytes, endpoint: str) -> tuple[list[BatchLine], list[dic
     if len(lines) + len(errors) > MAX_LINES:
         errors.insert(0, line_error("too_many_requests", f"The input file has {len(lines) + len(errors)} requests; "
                                                          f"a batch may hold at most {MAX_LINES}."))
+    inputs = sum(embedding_inputs(line.body.get("input")) for line in lines) if endpoint == EMBEDDINGS else 0
+    if inputs > MAX_EMBEDDING_INPUTS:
+        errors.insert(0, line_error("too_many_embedding_inputs", f"The input file's requests hold {inputs} embedding "
+                                    f"inputs; a batch may hold at most {MAX_EMBEDDING_INPUTS} across its requests."))
     return lines, errors[:MAX_REPORTED]
+
+
+def embedding_inputs(value: Any) -> int:
+    """How many inputs an embeddings body's `input` holds: a text or one list of token ids is one, a list of
+    texts (or of token-id lists) one each. (A malformed one is the endpoint's to refuse when its line runs.)"""
+    if isinstance(value, list) and value and not all(isinstance(item, int) for item in value):
+        return len(value)
+    return 1
 
 
 def _check(raw: bytes, number: int, endpoint: str, seen: set[str]) -> tuple[dict[str, Any] | None, Any]:
