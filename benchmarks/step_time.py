@@ -54,17 +54,20 @@ def build_runner(weights: str, deterministic: bool, num_blocks: int, lean_forwar
 
 
 def compiled(runner: ModelRunner, cpp_wrapper: bool) -> ModelRunner:
-    """`runner` with its lean forward under torch.compile (inductor; each shape compiles at its first step)."""
+    """`runner` with its lean forward's layers (final_hidden) under torch.compile (inductor; each shape compiles
+    at its first step); the output head as it was."""
+    import types
+
     import torch._inductor.config
 
-    forward = runner.lean.__call__
+    lean = runner.lean
+    compiled_forward = torch.compile(lean.final_hidden, dynamic=False)
 
-    def call(*args):
+    def final_hidden(*args):
         with torch._inductor.config.patch(cpp_wrapper=cpp_wrapper):
             return compiled_forward(*args)
 
-    compiled_forward = torch.compile(forward, dynamic=False)
-    runner.lean = call
+    runner.lean = types.SimpleNamespace(final_hidden=final_hidden, lm_head=lean.lm_head)
     return runner
 
 
