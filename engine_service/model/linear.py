@@ -289,9 +289,12 @@ class Int8Linear(LowBitLinear):
     def __init__(self, linear: torch.nn.Linear, rows: RowGroups | None,
                  native: Kernels | None = None) -> None:
         super().__init__(linear, rows)
-        w = linear.weight.detach().float()
-        scales = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-        self.register_buffer("weight", torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8))
+        # In place on a float32 copy (a tied weight, the output head's, is the embedding's too): an engine start
+        # quantizes every linear, and each temporary of the whole weight cost its time.
+        codes = linear.weight.detach().to(torch.float32, copy=True)
+        scales = (torch.linalg.vector_norm(codes, float("inf"), dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+        codes.div_(scales[:, None]).round_().clamp_(-127, 127)
+        self.register_buffer("weight", codes.to(torch.int8))
         self.register_buffer("scales", scales.to(linear.weight.dtype))
         self.native = native if native is not None and native.supports_int8(self.weight, linear.weight.dtype) else None
         # The native kernel takes float32 scales: the same values as `scales`, which the bf16 copy uses too.
@@ -307,8 +310,8 @@ class Int8Linear(LowBitLinear):
             # at every row count than the native GEMM on the int8 weights packed in panels.
             self.full = Int8Panels(self.native, self.weight, self.float_scales, self.bias)
             self._full_forward = self.full.forward
-        else:
-            self.keep_full_copy((self.weight.float() * self.scales.float()[:, None]).to(linear.weight.dtype))
+        elif self.keeps_full_copy:
+            self.keep_full_copy(codes.mul_(self.scales.float()[:, None]).to(linear.weight.dtype))
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         return self._matmul(rows)
