@@ -6,11 +6,12 @@ result under one folder (default benchmarks/out/gpu-check/):
    batch invariance, the prefix cache) and the stack tests through the shim, every engine on cuda:
    n-gram speculative decoding (greedy equality with and without drafts, sampling, grammars, stops) and
    LoRA adapters (transformers' merged answers) among them.
-3. bench.md / bench.json: a short `benchmarks.bench` run (shim and gRPC, 1, 8 and 32 streams);
-   bench-speculation.md / .json: the "quote" workload at one stream with n-gram drafts on.
+   Every engine compiles its decode step (--compiled-step auto: CUDA graphs per batch-size bucket), and
+   tests/test_gpu.py checks the compiled step's greedy tokens against an eager engine's (float32).
+3. bench.md / bench.json: a short `benchmarks.bench` run (shim and gRPC, 1, 8 and 32 streams), the compiled
+   step; bench-eager.md / .json: the same with --enforce-eager, to compare; bench-speculation.md / .json: the
+   "quote" workload at one stream with n-gram drafts on.
 4. summary.txt: the last line printed, what passed.
-
-The decode step runs eagerly on the GPU too: a compiled step (CUDA graphs) is not built yet.
 
 Without a CUDA GPU it writes env.txt, says so and exits 1: nothing was checked. It never touches the
 network (an air-gapped host: docs/operations-offline.md): the model comes from its wheel, and the
@@ -30,7 +31,7 @@ from xml.etree import ElementTree
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The model tier's stack tests: chat and completions through the shim, batching, the prefix cache.
-STACK_TESTS = ["tests/test_gpu.py", "tests/test_stack_chat.py", "tests/test_stack_completions.py",
+STACK_TESTS = ["tests/test_gpu.py", "tests/test_compiled_step.py", "tests/test_stack_chat.py", "tests/test_stack_completions.py",
                "tests/test_engine_batching.py", "tests/test_prefix_cache_stack.py", "tests/test_fidelity_tools.py",
                "tests/test_speculation_stack.py", "tests/test_lora_stack.py"]
 BENCH_ARGS = ["--skip-peer", "--concurrency", "1,8,32", "--repeats", "1", "--min-seconds", "15", "--prefix-samples", "3"]
@@ -104,13 +105,16 @@ def main() -> int:
                  f"--junitxml={args.out / 'tests.xml'}", *STACK_TESTS], args.out / "tests.log", env)
     bench = run([sys.executable, "-m", "benchmarks.bench", *BENCH_ARGS, "--engine-args=--device cuda",
                  "--json", str(args.out / "bench.json"), "--markdown"], args.out / "bench.md", env)
+    eager = run([sys.executable, "-m", "benchmarks.bench", *BENCH_ARGS, "--engine-args=--device cuda --enforce-eager",
+                 "--json", str(args.out / "bench-eager.json"), "--markdown"], args.out / "bench-eager.md", env)
     drafts = run([sys.executable, "-m", "benchmarks.bench", *SPECULATION_ARGS,
                   "--json", str(args.out / "bench-speculation.json"), "--markdown"],
                  args.out / "bench-speculation.md", env)
-    passed = tests == bench == drafts == 0
+    passed = tests == bench == eager == drafts == 0
     line = (f"gpu-check: {'PASSED' if passed else 'FAILED'}: tests {tally(args.out / 'tests.xml')} "
             f"({'ok' if tests == 0 else 'see tests.log'}), bench at 1, 8 and 32 streams "
-            f"{'done' if bench == 0 else 'FAILED, see bench.md'}, with drafts at 1 stream "
+            f"{'done' if bench == 0 else 'FAILED, see bench.md'}, eager {'done' if eager == 0 else 'FAILED, see bench-eager.md'}, "
+            f"with drafts at 1 stream "
             f"{'done' if drafts == 0 else 'FAILED, see bench-speculation.md'}; results in {args.out}")
     return finish(args.out, line, 0 if passed else 1)
 

@@ -53,21 +53,10 @@ def build_runner(weights: str, deterministic: bool, num_blocks: int, lean_forwar
                        lean_forward=lean_forward, native_kernels=native_kernels)
 
 
-def compiled(runner: ModelRunner, cpp_wrapper: bool) -> ModelRunner:
-    """`runner` with its lean forward's layers (final_hidden) under torch.compile (inductor; each shape compiles
-    at its first step); the output head as it was."""
-    import types
-
-    import torch._inductor.config
-
-    lean = runner.lean
-    compiled_forward = torch.compile(lean.final_hidden, dynamic=False)
-
-    def final_hidden(*args):
-        with torch._inductor.config.patch(cpp_wrapper=cpp_wrapper):
-            return compiled_forward(*args)
-
-    runner.lean = types.SimpleNamespace(final_hidden=final_hidden, lm_head=lean.lm_head)
+def compiled(runner: ModelRunner, max_rows: int) -> ModelRunner:
+    """`runner` with the engine's compiled decode step (model/compiled_step.py), every bucket up to `max_rows`
+    compiled now (the seconds printed)."""
+    print(f"compiled step: {runner.compile_decode(max_rows)}", flush=True)
     return runner
 
 
@@ -133,8 +122,8 @@ def main() -> None:
                         help="also time each weights choice with the lean forward's add + RMSNorm as torch ops "
                              "(F.rms_norm) instead of the native rms_norm.c")
     parser.add_argument("--compile", action="store_true",
-                        help="also time each weights choice's lean forward under torch.compile (inductor, with "
-                             "its Python wrapper and with its C++ one; compiled at the first step, not timed)")
+                        help="also time each weights choice with the engine's compiled decode step (--compiled-step "
+                             "on: torch.compile per batch-size bucket, compiled before timing; prefill stays eager)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; default: all cores")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall: elapsed time; cpu: this process's CPU time (with --threads 1, a step's own work "
@@ -159,10 +148,9 @@ def main() -> None:
                                                                                    dtype=dtype))
                         for weights in args.weights}
         if args.compile:
-            for wrapper in ("python", "cpp"):
-                runners |= {f"{label}{weights} (compiled, {wrapper} wrapper)": compiled(
-                    build_runner(weights, False, num_blocks, dtype=dtype), cpp_wrapper=wrapper == "cpp")
-                    for weights in args.weights}
+            runners |= {f"{label}{weights} (compiled)": compiled(
+                build_runner(weights, False, num_blocks, dtype=dtype), max(args.batches))
+                for weights in args.weights}
         if args.transformers_forward:
             runners |= {f"{label}{weights} (transformers)": build_runner(weights, False, num_blocks,
                                                                           lean_forward=False, dtype=dtype)

@@ -30,8 +30,8 @@ if __name__ == "__main__":
     die_with_parent()
 
 from conduit.v1.contract import ENGINE_TOKENS_ENV  # noqa: E402
-from engine_service.core.config import (BATCH_STEPS, BOUNDS, QUANTIZATIONS, EngineConfig, LoraConfig,  # noqa: E402
-                                        LoraModule)
+from engine_service.core.config import (BATCH_STEPS, BOUNDS, COMPILED_STEP_MODES, QUANTIZATIONS,  # noqa: E402
+                                        EngineConfig, LoraConfig, LoraModule)
 from engine_service.core.speculation import SpeculativeConfig  # noqa: E402
 from engine_service.model.cpu_isa import cpu_facts, describe, keep_onednn_off_amx  # noqa: E402
 from engine_service.text.reasoning import PARSER_CHOICES  # noqa: E402
@@ -103,6 +103,13 @@ def build_parser() -> EnvArgumentParser:
                         "native AVX-512/AVX2 kernels (compiled with the system's C and C++ compilers on first use, "
                         "cached; a batch-1 int8 step ~1.7x faster on AVX-512, ~1.9x on AVX2); "
                         "where they cannot be built, or with --no-native-kernels, torch's kernels")
+    p.add_argument("--compiled-step", choices=COMPILED_STEP_MODES, default=d.compiled_step,
+                   help="decode-only steps through a torch.compile'd forward, one graph per batch-size bucket "
+                        "(1, 2, 4, 8, 16, 32 rows, padded up), compiled at start and cached in the cache folder: "
+                        "on, off, auto (default: on a GPU, where the graphs are CUDA graphs; off on the CPU, "
+                        "where it measured no faster: benchmarks/RESULTS.md). Not with --deterministic or "
+                        "--enable-lora")
+    p.add_argument("--enforce-eager", action="store_true", help="vLLM's name for --compiled-step off")
     p.add_argument("--stream-interval", metavar="N|auto", type=stream_interval, default="auto",
                    help="send a stream's tokens every N steps (its first token and its end at once): fewer, "
                         "larger messages, which cost the shim and clients less CPU per token under load "
@@ -229,7 +236,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             quantization=args.quantization, deterministic=args.deterministic, native_kernels=args.native_kernels,
             stream_interval=args.stream_interval, reasoning_parser=args.reasoning_parser,
             enable_embeddings=args.enable_embeddings, speculative=args.speculative_config,
-            lora=lora_config(args), batch_steps=args.batch_steps)
+            lora=lora_config(args), batch_steps=args.batch_steps,
+            compiled_step="off" if args.enforce_eager else args.compiled_step)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     return args
@@ -351,6 +359,10 @@ def share_cores(loop: EngineLoop, args: argparse.Namespace, metrics: EngineMetri
     loop.before_step = yielding.before_step
     logging.getLogger(__name__).info("torch threads: %d, %d while the engine sharing the cores (%s) has work",
                                      threads, yielding.shared_threads, args.core_share)
+    compiled = getattr(loop.core.runner, "compiled", None)
+    if compiled is not None and yielding.shared_threads != threads:  # its graphs are built for a thread count
+        logging.getLogger(__name__).info("compiled decode step: for %d threads too in %.1f s", yielding.shared_threads,
+                                         compiled.warm_up(yielding.shared_threads))
 
 
 def embeds(args: argparse.Namespace) -> bool:

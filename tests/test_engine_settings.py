@@ -61,3 +61,16 @@ def test_the_engine_refuses_to_start_with_a_setting_out_of_bounds(argv, env, mes
     done = subprocess.run([sys.executable, "-m", "engine_service", "--port", "0", *argv], cwd=REPO_ROOT,
                           env={**child_env(), **env}, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("argv, compiled_step", [
+    ([], "auto"), (["--compiled-step", "on"], "on"), (["--enforce-eager"], "off"),
+    (["--compiled-step", "on", "--enforce-eager"], "off"),  # vLLM's flag wins: eager is what it asks for
+])
+def test_the_compiled_step_flags(argv: list[str], compiled_step: str) -> None:
+    assert parse_args(argv).config.compiled_step == compiled_step
+
+
+def test_an_unknown_compiled_step_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="compiled_step must be one of auto, on, off"):
+        EngineConfig(compiled_step="maybe")

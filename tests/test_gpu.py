@@ -1,6 +1,6 @@
 """The engine on a CUDA GPU (`make gpu-check` runs this with the stack tests; skipped without a GPU):
 greedy tokens equal transformers' own on the same device and weights (float32, full-precision
-weights), each prompt alone and in a batch; in bfloat16 a prompt decodes the same alone and in a
+weights), each prompt alone and in a batch; the compiled step (CUDA graphs) equals the eager one; in bfloat16 a prompt decodes the same alone and in a
 full batch up to its first near-tie; a warm prompt is served from the prefix cache with the same
 tokens."""
 
@@ -26,9 +26,11 @@ LOGPROB_TOLERANCE = 1e-3
 
 
 @contextmanager
-def cuda_engine(dtype: str) -> Iterator[Engine]:
+def cuda_engine(dtype: str, compiled_step: str = "auto") -> Iterator[Engine]:
+    """The default model's engine on the GPU; its decode step compiled (CUDA graphs) unless compiled_step="off"."""
     engine = build_engine(load_model(None, device="cuda", dtype=dtype),
-                          EngineConfig(quantization="none", kv_cache_gb=1.0, max_batch_size=16))
+                          EngineConfig(quantization="none", kv_cache_gb=1.0, max_batch_size=16,
+                                       compiled_step=compiled_step))
     engine.loop.start()
     try:
         yield engine
@@ -56,6 +58,23 @@ def test_greedy_tokens_match_transformers_on_the_same_gpu() -> None:
             for (ids, logprobs), have in zip(wanted, got):
                 assert have.ids == ids, label
                 assert have.logprobs == pytest.approx(logprobs, abs=LOGPROB_TOLERANCE), label
+
+
+def test_the_compiled_step_decodes_as_the_eager_one() -> None:
+    """float32: CUDA graphs of the compiled step against the eager forward, alone and in a batch of 7."""
+    runs = []
+    for compiled_step in ("on", "off"):
+        with cuda_engine("float32", compiled_step) as engine:
+            assert (engine.core.runner.compiled is not None) == (compiled_step == "on")
+            batch = prompts(engine) + random_prompts(5, 40, 300)
+            runs.append(([engine_greedy(engine, [p])[0] for p in prompts(engine)], engine_greedy(engine, batch)))
+            if compiled_step == "on":
+                assert engine.core.runner.compiled.steps > 0
+    (alone, batched), (eager_alone, eager_batched) = runs
+    assert [c.ids for c in alone] == [c.ids for c in eager_alone]
+    assert [c.ids for c in batched] == [c.ids for c in eager_batched]
+    for got, want in zip(alone + batched, eager_alone + eager_batched):
+        assert got.logprobs == pytest.approx(want.logprobs, abs=LOGPROB_TOLERANCE)
 
 
 def test_bfloat16_decodes_the_same_alone_and_in_a_full_batch() -> None:

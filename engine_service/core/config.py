@@ -107,6 +107,7 @@ class LoraConfig:
 
 
 BATCH_STEPS = ("auto", "shared", "apart")
+COMPILED_STEP_MODES = ("auto", "on", "off")
 
 
 @dataclass
@@ -134,6 +135,9 @@ class EngineConfig:
     # room in a step), "apart" (a step with interactive work holds none: on the CPU a step's time grows with its
     # rows, so they would slow it), "auto" (apart on the CPU, shared on a GPU).
     batch_steps: str = "auto"
+    # Decode-only steps through a torch.compile'd forward per batch-size bucket (model/compiled_step.py): "on",
+    # "off" (vLLM's --enforce-eager), "auto" (on a GPU, where it becomes CUDA graphs; off on the CPU).
+    compiled_step: str = "auto"
 
     @property
     def segments(self) -> Segments:
@@ -151,6 +155,8 @@ class EngineConfig:
                              f"({self.max_batch_size})")
         if self.batch_steps not in BATCH_STEPS:
             raise ValueError(f"batch_steps must be one of {', '.join(BATCH_STEPS)}, not {self.batch_steps!r}")
+        if self.compiled_step not in COMPILED_STEP_MODES:
+            raise ValueError(f"compiled_step must be one of {', '.join(COMPILED_STEP_MODES)}, not {self.compiled_step!r}")
         if self.reasoning_parser not in PARSER_CHOICES:
             raise ValueError(f"reasoning_parser must be one of {', '.join(PARSER_CHOICES)}, not {self.reasoning_parser!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:

@@ -14,6 +14,8 @@ import logging
 import time
 from collections.abc import Callable
 
+import torch
+
 from engine_service.core.adapter_dirs import AdapterNotFound
 from engine_service.core.adapters import Adapter, Adapters
 from engine_service.core.admission import Admission
@@ -30,6 +32,7 @@ from engine_service.core.requests import RequestOutput, Requests, deliver
 from engine_service.core.scheduler import Scheduler
 from engine_service.core.sequence import Request
 from engine_service.core.speculation import DRAFT_ROW_COST, Speculator
+from engine_service.model import compiled_step
 from engine_service.model.kv_cache import kv_cache_blocks
 from engine_service.model.linear import LOW_BIT_MAX_ROWS
 from engine_service.model.loader import LoadedModel
@@ -107,6 +110,18 @@ class Engine:
         return self.loop.load
 
 
+def compile_decode(runner: ModelRunner, config: EngineConfig, device: torch.device) -> str:
+    """The runner's decode steps compiled where config.compiled_step wants it and nothing rules it out; what
+    happened, for the start log."""
+    if not compiled_step.wanted(config.compiled_step, device):
+        return "off" if config.compiled_step == "off" else "off (--compiled-step auto: on GPUs only)"
+    if config.deterministic:
+        return "off (--deterministic: a compiled graph's kernels may round a row by the bucket it runs in)"
+    if config.lora is not None:
+        return "off (--enable-lora: adapter steps run eagerly, and loading one would recompile)"
+    return runner.compile_decode(config.max_batch_size)
+
+
 def build_engine(loaded: LoadedModel, config: EngineConfig, metrics: EngineMetrics | None = None,
                  on_outputs: Callable[[list[RequestOutput]], None] = deliver) -> Engine:
     """The engine over a loaded model: its KV cache sized, the runner, the scheduler and the rest
@@ -120,6 +135,7 @@ def build_engine(loaded: LoadedModel, config: EngineConfig, metrics: EngineMetri
     runner = ModelRunner(loaded.model, loaded.device, loaded.dtype, config.block_size, num_blocks, max_model_len,
                          config.quantization, config.deterministic, native_kernels=config.native_kernels,
                          segments=config.segments, enable_lora=config.lora is not None)
+    log.info("compiled decode step: %s", compile_decode(runner, config, loaded.device))
     adapters = None
     if config.lora is not None:
         adapters = Adapters(runner, config.lora, loaded.model_id)

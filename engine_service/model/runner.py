@@ -11,15 +11,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import logging
+
 import torch
 
 from engine_service.model import attention, llama, native
+from engine_service.model.compiled_step import CompiledDecode
 from engine_service.model.linear import (RowGroups, low_bit_max_rows, one_row_rounds_differently, quantize_linears,
                                          resolve_quantization, row_linears)
 from engine_service.model.lora import LoraWeights, linear_pairs
 from engine_service.model.rotary import install_rotary_table
 from engine_service.model.kv_cache import CacheShape, KVCache
 from engine_service.model.step import DecodeRow, PromptChunk, Segments, StepInput, StepLogits
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -126,19 +131,45 @@ class ModelRunner:
                                                  dtype)
         self.decode_attention = kernels.decode_attention if kernels is not None and fits else None
         self.block_size = block_size
+        self.max_blocks = -(-max_positions // block_size)  # the longest block table a sequence gets
         # The last block is never handed out: padding tokens write there.
         self.scratch_block = num_blocks - 1
+        self.compiled: CompiledDecode | None = None  # compile_decode
+
+    def compile_decode(self, max_rows: int) -> str:
+        """Decode-only steps of up to `max_rows` rows through a compiled forward (model/compiled_step.py), each
+        bucket compiled now; what happened, for the start log (on failure the steps stay eager)."""
+        if self.lean is None:
+            return "off (the model does not run the lean Llama forward)"
+        try:
+            compiled = CompiledDecode(self, max_rows)
+            seconds = compiled.warm_up()
+        except Exception as exc:  # whatever the compiler cannot take: eager, said once
+            return f"off, eager: the compiler failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        self.compiled = compiled
+        return f"compiled for {compiled.buckets} rows in {seconds:.1f} s"
 
     @torch.inference_mode()
     def run(self, step: StepInput, give_way: Callable[[], bool] | None = None) -> StepLogits:
         """give_way: asked before each layer; True stops the step there (StepGaveWay, model/step.py)."""
+        bucket = self.compiled.bucket(step) if self.compiled is not None and give_way is None else None
         batch = PackedBatch()
         self.prepare_decode(batch, step.decode)
-        if len(batch.decode_lens) == 1 and self.pads_single_rows:
+        if bucket is not None:
+            self.compiled.pad(batch, bucket)
+        elif len(batch.decode_lens) == 1 and self.pads_single_rows:
             self.add_padding_row(batch)
         self.prepare_prefill(batch, step.prefill)
         self.set_row_groups(batch)
-        logits, hidden = self.forward(batch, give_way)
+        if bucket is not None:
+            try:
+                logits, hidden = self.compiled.forward(batch), None
+            except Exception:  # a guard failed and its recompile did not take: eager from now on, said once
+                log.exception("the compiled decode step failed; decode steps run eagerly from now on")
+                self.compiled = None
+                return self.run(step, give_way)
+        else:
+            logits, hidden = self.forward(batch, give_way)
         return StepLogits(
             next_token={seq_id: logits[row] for seq_id, row in batch.next_token_rows.items()},
             drafts={seq_id: logits[first:first + count] for seq_id, (first, count) in batch.draft_rows.items()},
