@@ -31,7 +31,8 @@ from xml.etree import ElementTree
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The model tier's stack tests: chat and completions through the shim, batching, the prefix cache.
-STACK_TESTS = ["tests/test_gpu.py", "tests/test_compiled_step.py", "tests/test_stack_chat.py", "tests/test_stack_completions.py",
+STACK_TESTS = ["tests/test_gpu.py", "tests/test_compiled_step.py",
+               "tests/test_stack_chat.py", "tests/test_stack_completions.py",
                "tests/test_engine_batching.py", "tests/test_prefix_cache_stack.py", "tests/test_fidelity_tools.py",
                "tests/test_speculation_stack.py", "tests/test_lora_stack.py"]
 BENCH_ARGS = ["--skip-peer", "--concurrency", "1,8,32", "--repeats", "1", "--min-seconds", "15", "--prefix-samples", "3"]
@@ -113,8 +114,8 @@ def main() -> int:
     passed = tests == bench == eager == drafts == 0
     line = (f"gpu-check: {'PASSED' if passed else 'FAILED'}: tests {tally(args.out / 'tests.xml')} "
             f"({'ok' if tests == 0 else 'see tests.log'}), bench at 1, 8 and 32 streams "
-            f"{'done' if bench == 0 else 'FAILED, see bench.md'}, eager {'done' if eager == 0 else 'FAILED, see bench-eager.md'}, "
-            f"with drafts at 1 stream "
+            f"{'done' if bench == 0 else 'FAILED, see bench.md'}, "
+            f"eager {'done' if eager == 0 else 'FAILED, see bench-eager.md'}, with drafts at 1 stream "
             f"{'done' if drafts == 0 else 'FAILED, see bench-speculation.md'}; results in {args.out}")
     return finish(args.out, line, 0 if passed else 1)
 

@@ -107,7 +107,8 @@ def test_a_compiler_failure_leaves_the_steps_eager(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(compiled_step.CompiledDecode, "warm_up", refuse)
     runner = ModelRunner(tiny_in_memory(tiny_config(), torch.float32), CPU, torch.float32, BLOCK, 8, 256)
-    assert runner.compile_decode(MAX_ROWS) == "off, eager: the compiler failed (RuntimeError: inductor cannot lower this)"
+    outcome = runner.compile_decode(MAX_ROWS)
+    assert outcome == "off, eager: the compiler failed (RuntimeError: inductor cannot lower this)"
     assert runner.compiled is None
 
 

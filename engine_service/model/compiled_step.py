@@ -41,8 +41,8 @@ BUCKETS = (1, 2, 4, 8, 16, 32)
 
 
 def wanted(mode: str, device: torch.device) -> bool:
-    """mode: EngineConfig.compiled_step (on, off, auto: on a GPU only). On the CPU the compiled step measured no faster than the eager one (the native
-    kernels already run a layer's ops with little Python between them) while each bucket costs a compile."""
+    """mode: EngineConfig.compiled_step (on, off, auto: on a GPU only). On the CPU the compiled step measured no
+    faster than the eager one (the native kernels hold most of a step) while each bucket costs a compile."""
     return mode == "on" or (mode == "auto" and device.type == "cuda")
 
 
@@ -105,8 +105,8 @@ class CompiledDecode:
         # Gathered: the gather's length follows the width, a dimension left dynamic (at least 2: a size of 1
         # would be specialized), in whole powers of two so the gathers stay few sizes.
         width = runner.max_blocks if self.in_place else max(2, 1 << (needed - 1).bit_length())
-        block_ids = torch.tensor([b for table in batch.decode_tables for b in table[:width] + [0] * (width - len(table))],
-                                 dtype=torch.long, device=device)
+        tables = [b for table in batch.decode_tables for b in table[:width] + [0] * (width - len(table))]
+        block_ids = torch.tensor(tables, dtype=torch.long, device=device)
         if not self.in_place:
             torch._dynamo.mark_dynamic(block_ids, 0)
         tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
