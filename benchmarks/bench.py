@@ -147,28 +147,48 @@ async def run_prefix(servers: list[Server], samples: int) -> list[PrefixStats]:
 @contextlib.contextmanager
 def conduit_stack(
     args: argparse.Namespace,
-) -> Iterator[tuple[str | None, str | None, list[int], list[int]]]:
-    """Yields the shim's base URL, the engine's address, the engine's pids and the shim's: the
-    ones given (no pids), or a stack started here."""
+) -> Iterator[tuple[str | None, str | None, list[int], list[int], str | None]]:
+    """Yields the shim's base URL, the engine's address, the engine's pids and the shim's, and the engine's
+    metrics URL: the ones given (no pids, no metrics), or a stack started here."""
     if args.base_url or args.engine:
-        yield args.base_url, args.engine, [], []
+        yield args.base_url, args.engine, [], [], None
         return
-    from launcher.stack import Stack  # only needed when the bench starts the stack itself
+    from launcher.stack import Stack, free_port  # only needed when the bench starts the stack itself
 
     log("starting the Conduit stack (engine + shim)...")
     with Stack(model=args.model, engine_args=shlex.split(args.engine_args),
-               log_dir=peer.LOG_DIR / "stack") as stack:
+               log_dir=peer.LOG_DIR / "stack", metrics_port=free_port()) as stack:
         assert stack.engine is not None and stack.shim is not None
         engine_pid, shim_pid = stack.engine.pid, stack.shim.pid
-        yield stack.base_url, stack.engine_address, [engine_pid], [shim_pid]
+        yield stack.base_url, stack.engine_address, [engine_pid], [shim_pid], stack.metrics_url
 
 
-def start_servers(args: argparse.Namespace, wanted: list[str], stack: contextlib.ExitStack) -> list[Server]:
-    """Starts (or finds) every wanted server; all stay up, idle but for the one being measured."""
+def speculation(metrics_url: str | None) -> dict[str, float] | None:
+    """The engine's n-gram drafting over the whole run (its counters, named as vLLM's): drafts, draft tokens,
+    accepted tokens and their share; None when it drafted nothing (or runs without metrics)."""
+    if metrics_url is None:
+        return None
+    import urllib.request
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    counters = {name: sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                          if line.startswith(f"conduit:spec_decode_{name}_total"))
+                for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+    if not counters["num_draft_tokens"]:
+        return None
+    return {**counters, "acceptance_rate": counters["num_accepted_tokens"] / counters["num_draft_tokens"]}
+
+
+def start_servers(args: argparse.Namespace, wanted: list[str], stack: contextlib.ExitStack
+                  ) -> tuple[list[Server], str | None]:
+    """Starts (or finds) every wanted server; all stay up, idle but for the one being measured. Also the
+    Conduit engine's metrics URL where this run started it."""
     servers: list[Server] = []
+    metrics_url = None
     system = WORKLOADS[args.workload].system
     if "shim" in wanted or "grpc" in wanted:
-        base_url, engine, engine_pids, shim_pids = stack.enter_context(conduit_stack(args))
+        base_url, engine, engine_pids, shim_pids, metrics_url = stack.enter_context(conduit_stack(args))
         for name, address in (("shim", base_url), ("grpc", engine)):
             if name in wanted and not address:
                 log(f"{name} skipped: give --{'base-url' if name == 'shim' else 'engine'} too")
@@ -185,7 +205,7 @@ def start_servers(args: argparse.Namespace, wanted: list[str], stack: contextlib
             url, pid = stack.enter_context(
                 peer.llama_server(args.peer_binary, parallel=max(args.concurrency)))
             servers.append(Server(OpenAITarget("peer", url, args.max_tokens, system=system), [pid]))
-    return servers
+    return servers, metrics_url
 
 
 def conduit_model(servers: list[Server]) -> str:
@@ -290,12 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [t for t in ALL_TARGETS if t in args.only and not (t == "peer" and args.skip_peer)]
     began = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        servers = start_servers(args, wanted, stack)
+        servers, metrics_url = start_servers(args, wanted, stack)
         level = Level(args.multiplier, args.min_seconds)
         prompts = WORKLOADS[args.workload].prompts
         stats = asyncio.run(run_all(servers, args.concurrency, level, args.repeats, prompts))
         prefix = asyncio.run(run_prefix(servers, args.prefix_samples))
         engine_info = conduit_model(servers)
+        drafting = speculation(metrics_url)
     busy = [f"{s.target}@{s.concurrency}" for s in stats if s.other_cpu_pct > BUSY_OTHER_CPU_PCT]
     if busy:
         log(f"warning: other processes used over {BUSY_OTHER_CPU_PCT}% CPU during {', '.join(busy)}; "
@@ -306,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(report.markdown(stats, prefix))
     context = {**run_context(args, host, argv, engine_info), "elapsed_min": (time.perf_counter() - began) / 60}
+    if drafting is not None:
+        context["speculation"] = drafting
+        log(f"speculative decoding over the run: {drafting['num_drafts']:.0f} drafts, "
+            f"{drafting['num_draft_tokens']:.0f} draft tokens, {drafting['num_accepted_tokens']:.0f} accepted "
+            f"(acceptance rate {drafting['acceptance_rate']:.2f})")
     log(f"whole run: {context['elapsed_min']:.1f} minutes")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

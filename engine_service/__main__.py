@@ -121,11 +121,12 @@ def build_parser() -> EnvArgumentParser:
                         "a prefill-only sequence batched beside the chat traffic, its vector the final norm's "
                         "hidden state at its last token, normalized (how Qwen3-Embedding-style decoders embed); "
                         "only worth it for a model trained to embed. An embedding model's engine ignores it")
-    p.add_argument("--speculative-config", metavar="JSON", type=speculative_config, default=None,
+    p.add_argument("--speculative-config", metavar="JSON|off", type=speculative_config, default=d.speculative,
                    help='n-gram (prompt-lookup) speculative decoding, vLLM\'s form: \'{"method": "ngram", '
                         '"num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min": M}\' (defaults '
                         '4, 4, 2): drafts from a sequence\'s own prompt and output, checked in the step that '
-                        'decodes it; the output is the same as without (docs/engine.md). Off by default')
+                        'decodes it, only where it pays (few streams); the output is the same as without '
+                        '(docs/engine.md). On by default with those values; off: none')
     lora = p.add_argument_group("LoRA adapters", "fine-tunes served beside the base model, picked by `model` "
                                 "(docs/lora.md; vLLM's flag names)")
     lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (PEFT's format)")
@@ -213,7 +214,9 @@ def lora_module(text: str) -> LoraModule:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def speculative_config(text: str) -> SpeculativeConfig:
+def speculative_config(text: str) -> SpeculativeConfig | None:
+    if text.strip() == "off":
+        return None
     try:
         return SpeculativeConfig.parse(text)
     except ValueError as exc:

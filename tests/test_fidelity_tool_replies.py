@@ -10,8 +10,8 @@ a tag shown in a code fence is text; an answer in the response format stays the 
 when its `name` is a tool's name; a call beside a format is still a call. The last test runs the
 OpenAI Agents SDK's `output_type` agent whose answer has a tool's name in its `name` field.
 
-The stack here drafts tokens (n-gram speculative decoding, core/speculation.py): each reply repeats the
-conversation, the workload drafts are for, so it runs ~1.6x faster than on the session stack, and it shows
+The session stack drafts tokens (n-gram speculative decoding, on by default: core/speculation.py): each reply
+repeats the conversation, the workload drafts are for, so these run ~1.6x faster than without, and they show
 replies read alike when several of their tokens come in one step (one request alone computes the same
 greedy tokens with drafts as without: tests/test_speculation_stack.py).
 """
@@ -27,7 +27,6 @@ import openai
 import pydantic
 import pytest
 
-from conftest import STARTUP_TIMEOUT_S
 from launcher.stack import Stack
 from common import MODEL, lazy_module
 
@@ -35,14 +34,6 @@ agents = lazy_module("agents")
 anthropic = lazy_module("anthropic")
 
 pytestmark = pytest.mark.model
-
-DRAFTS = {"method": "ngram", "num_speculative_tokens": 4}
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
-    with Stack(engine_args=["--speculative-config", json.dumps(DRAFTS)], startup_timeout=STARTUP_TIMEOUT_S) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,11 @@
-"""n-gram speculative decoding (core/speculation.py): drafts from a sequence's own tokens, checked in
-the step that decodes it. The output is the one decoding without drafts gives: the same greedy tokens
-and logprobs, the same tokens for a seeded sampled request, the same stops, grammars and choices;
-checked against the session stack (no speculation) on the real default model."""
+"""n-gram speculative decoding (core/speculation.py, on by default): drafts from a sequence's own tokens,
+checked in the step that decodes it. The output is the one decoding without drafts gives: the same greedy
+tokens and logprobs, the same tokens for a seeded sampled request, the same stops, grammars and choices;
+the session stack (the defaults: drafting) checked against one started with `--speculative-config off`, on
+the real default model."""
 
 from __future__ import annotations
 
-import json
 import re
 import urllib.request
 from collections.abc import Iterator
@@ -17,7 +17,7 @@ import pytest
 from conftest import STARTUP_TIMEOUT_S
 
 from common import MODEL
-from launcher.stack import Stack, free_port
+from launcher.stack import Stack
 
 pytestmark = pytest.mark.model
 
@@ -30,14 +30,19 @@ QUOTE = f"Repeat this passage exactly, word for word:\n\n{PASSAGE}"
 CODE = f"Fix the typo in this code and show the whole code:\n\n{FUNCTION.replace('height)', 'heigth)', 1)}"
 STORY = "Write a short story about a cat who learns to fly."
 PROMPTS = {"quote": QUOTE, "code": CODE, "no repeats": STORY}
-CONFIG = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
 @pytest.fixture(scope="module")
-def speculating() -> Iterator[Stack]:
-    with Stack(engine_args=["--speculative-config", json.dumps(CONFIG)], metrics_port=free_port(),
-               startup_timeout=STARTUP_TIMEOUT_S) as stack:
+def plain() -> Iterator[Stack]:
+    """A stack that never drafts."""
+    with Stack(engine_args=["--speculative-config", "off"], startup_timeout=STARTUP_TIMEOUT_S) as stack:
         yield stack
+
+
+@pytest.fixture
+def speculating(stack: Stack) -> Stack:
+    """The session stack, which drafts by default."""
+    return stack
 
 
 def openai_client(stack: Stack) -> openai.OpenAI:
@@ -68,55 +73,55 @@ def accepted_tokens(stack: Stack) -> float:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("kind", PROMPTS)
-def test_greedy_chat_is_the_same_with_and_without_drafts(stack: Stack, speculating: Stack, kind: str,
+def test_greedy_chat_is_the_same_with_and_without_drafts(plain: Stack, speculating: Stack, kind: str,
                                                         stream: bool) -> None:
     before = accepted_tokens(speculating)
-    assert chat(speculating, PROMPTS[kind], stream) == chat(stack, PROMPTS[kind], stream)
+    assert chat(speculating, PROMPTS[kind], stream) == chat(plain, PROMPTS[kind], stream)
     if kind != "no repeats":
         assert accepted_tokens(speculating) > before, "drafts were taken"
 
 
-def test_logprobs_are_the_targets_own(stack: Stack, speculating: Stack) -> None:
+def test_logprobs_are_the_targets_own(plain: Stack, speculating: Stack) -> None:
     with_drafts = chat(speculating, QUOTE, logprobs=True, top_logprobs=3)
-    assert with_drafts == chat(stack, QUOTE, logprobs=True, top_logprobs=3)
+    assert with_drafts == chat(plain, QUOTE, logprobs=True, top_logprobs=3)
     assert len(with_drafts[1]) == 64
 
 
-def test_seeded_sampling_at_temperature_1_draws_the_same_tokens(stack: Stack, speculating: Stack) -> None:
+def test_seeded_sampling_at_temperature_1_draws_the_same_tokens(plain: Stack, speculating: Stack) -> None:
     """Each token is sampled from the model's distribution as without drafts, one draw of the
     request's own generator per token: the same seed gives the same tokens (so the same frequencies)."""
     def both(seed: int) -> tuple:  # the four seeds at once: up to 8 decode rows, each row's bits its own
         params = dict(temperature=1.0, top_p=0.95, seed=seed, max_tokens=32)
-        return chat(speculating, QUOTE, **params), chat(stack, QUOTE, **params)
+        return chat(speculating, QUOTE, **params), chat(plain, QUOTE, **params)
 
     with ThreadPoolExecutor(4) as pool:
-        for seed, (drafted, plain) in enumerate(pool.map(both, range(4))):
-            assert drafted == plain, seed
+        for seed, (drafted, undrafted) in enumerate(pool.map(both, range(4))):
+            assert drafted == undrafted, seed
 
 
-def test_a_stop_string_and_max_tokens_inside_a_draft_end_where_they_would(stack: Stack, speculating: Stack) -> None:
+def test_a_stop_string_and_max_tokens_inside_a_draft_end_where_they_would(plain: Stack, speculating: Stack) -> None:
     for params in (dict(stop=["spiral"]), dict(stop=["lamp,"]), dict(max_tokens=23), dict(max_tokens=1)):
-        with openai_client(speculating) as spec, openai_client(stack) as plain:
+        with openai_client(speculating) as spec, openai_client(plain) as without:
             args = dict(model=MODEL, messages=[{"role": "user", "content": QUOTE}], temperature=0, max_tokens=64)
             args.update(params)
-            got, want = spec.chat.completions.create(**args), plain.chat.completions.create(**args)
+            got, want = spec.chat.completions.create(**args), without.chat.completions.create(**args)
         assert (got.choices[0].message.content, got.choices[0].finish_reason, got.usage.completion_tokens) == \
                (want.choices[0].message.content, want.choices[0].finish_reason, want.usage.completion_tokens), params
 
 
-def test_a_json_schema_and_n_choices_keep_their_output(stack: Stack, speculating: Stack) -> None:
+def test_a_json_schema_and_n_choices_keep_their_output(plain: Stack, speculating: Stack) -> None:
     schema = {"type": "object", "properties": {"passage": {"type": "string"}}, "required": ["passage"],
               "additionalProperties": False}
     params = dict(response_format={"type": "json_schema", "json_schema": {"name": "quote", "schema": schema}})
-    assert chat(speculating, QUOTE, **params) == chat(stack, QUOTE, **params)
-    with openai_client(speculating) as spec, openai_client(stack) as plain:
+    assert chat(speculating, QUOTE, **params) == chat(plain, QUOTE, **params)
+    with openai_client(speculating) as spec, openai_client(plain) as without:
         args = dict(model=MODEL, messages=[{"role": "user", "content": CODE}], temperature=0, max_tokens=48, n=2)
         got = [c.message.content for c in spec.chat.completions.create(**args).choices]
-        assert got == [c.message.content for c in plain.chat.completions.create(**args).choices]
+        assert got == [c.message.content for c in without.chat.completions.create(**args).choices]
         assert got[0] == got[1]
 
 
-def test_responses_and_messages_say_the_same_with_drafts(stack: Stack, speculating: Stack) -> None:
+def test_responses_and_messages_say_the_same_with_drafts(plain: Stack, speculating: Stack) -> None:
     def responses(target: Stack) -> str:
         with openai_client(target) as client:
             return client.responses.create(model=MODEL, input=QUOTE, max_output_tokens=48, temperature=0).output_text
@@ -127,5 +132,5 @@ def test_responses_and_messages_say_the_same_with_drafts(stack: Stack, speculati
                                            messages=[{"role": "user", "content": CODE}])  # takes no temperature
             return "".join(block.text for block in reply.content if block.type == "text")
 
-    assert responses(speculating) == responses(stack)
-    assert messages(speculating) == messages(stack)
+    assert responses(speculating) == responses(plain)
+    assert messages(speculating) == messages(plain)

@@ -129,7 +129,9 @@ class EngineConfig:
     reasoning_parser: str = "auto"
     # A generation engine also answers Embed: each input a prefill-only sequence, pooled by its last token.
     enable_embeddings: bool = False
-    speculative: SpeculativeConfig | None = None  # n-gram speculative decoding (core/speculation.py); None: off
+    # n-gram speculative decoding (core/speculation.py), on by default: one stream faster, no workload measured slower
+    # (benchmarks/RESULTS.md, "Decisions behind the defaults"); None: off (--speculative-config off).
+    speculative: SpeculativeConfig | None = SpeculativeConfig()
     lora: LoraConfig | None = None  # LoRA adapters (core/adapters.py); None: off
     # Batch-priority work (GenerateRequest.priority) beside interactive work: "shared" (batch sequences fill the
     # room in a step), "apart" (a step with interactive work holds none: on the CPU a step's time grows with its
