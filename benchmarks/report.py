@@ -15,10 +15,10 @@ from dataclasses import dataclass, fields
 from benchmarks.prefix_cache import PrefixStats
 from benchmarks.stats import LevelStats, Spread, percentile, spread
 
-# Conduit through the shim against llama-server, output tokens/s, per concurrency (at least).
-THROUGHPUT_TARGETS: dict[int, float] = {1: 0.6, 8: 1.3, 32: 1.8}
+# Conduit through the shim against llama-server, output tokens/s, per concurrency (at least; issue 53's bar).
+THROUGHPUT_TARGETS: dict[int, float] = {1: 1.0, 8: 1.8, 32: 2.5}
 # Conduit's TTFT p50 through the shim over llama-server's, per concurrency (at most).
-TTFT_TARGETS: dict[int, float] = {1: 1.5, 8: 1.5, 32: 1.0}
+TTFT_TARGETS: dict[int, float] = {1: 1.2, 8: 1.5, 32: 1.0}
 # The shim may cost less than this fraction of gRPC's tokens/s at the highest concurrency.
 SHIM_COST_LIMIT = 0.05
 # A warm prefix cache must make Conduit's TTFT (1,000-token system prompt) this many times faster.
