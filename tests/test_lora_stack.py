@@ -124,7 +124,9 @@ def test_requests_over_the_base_and_both_adapters_get_alone_what_they_get_togeth
 
 
 def test_an_adapter_never_reads_the_base_models_cache(client: openai.OpenAI) -> None:
-    system, question = f"Conversation {uuid.uuid4().hex}: answer briefly.", "Describe the moon in one sentence."
+    # Past the first 64-token prompt segment: prefix-cache hits end on segment boundaries (model/step.py).
+    rules = " ".join(f"Rule {i}: keep answers short and plain." for i in range(8))
+    system, question = f"Conversation {uuid.uuid4().hex}: answer briefly. {rules}", "Describe the moon in one sentence."
     greedy(client, MODEL, question, system)
     assert greedy(client, MODEL, question, system)[1] > 0, "the base model's prompt is cached"
     assert greedy(client, "alpha", question, system)[1] == 0, "not for the adapter"

@@ -58,8 +58,14 @@ def test_create_with_string_and_list_input(openai_client: openai.OpenAI) -> None
     assert again.output_text == ANSWER and again.output[0].content[0].type == "output_text"
     assert again.usage.input_tokens == first.usage.input_tokens > 0
     assert again.usage.output_tokens == first.usage.output_tokens > 0
-    assert again.usage.input_tokens_details.cached_tokens > 0, "the prefix cache holds the first request's prompt"
     assert again.usage.output_tokens_details.reasoning_tokens == 0
+    # A prompt past the first 64-token segment (prefix-cache hits end on segment boundaries: model/step.py).
+    notes = " ".join(f"Note {i}: the harbour opens at dawn." for i in range(10))
+    long_input = f"{notes}\n\n{QUESTION[0]['content']}"
+    cold = openai_client.responses.create(**greedy(input=long_input))
+    warm = openai_client.responses.create(**greedy(input=[{"role": "user", "content": long_input}]))
+    assert cold.usage.input_tokens == warm.usage.input_tokens > 64
+    assert warm.usage.input_tokens_details.cached_tokens >= 64, "the prefix cache holds the first request's prompt"
 
 
 def test_stream_events_one_by_one(openai_client: openai.OpenAI) -> None:
