@@ -35,6 +35,7 @@ from benchmarks.cpu import CpuMeter
 from benchmarks.prefix_cache import PrefixStats
 from benchmarks.stats import LevelStats, summarize
 from benchmarks.targets import WORKLOADS, GrpcTarget, OpenAITarget
+from launcher.stack import DEFAULT_EMBEDDING_MODEL, Stack, embedding_model_or_none, free_port
 
 Target = OpenAITarget | GrpcTarget
 ALL_TARGETS = ("shim", "grpc", "peer")
@@ -153,10 +154,9 @@ def conduit_stack(
     if args.base_url or args.engine:
         yield args.base_url, args.engine, [], [], None
         return
-    from launcher.stack import Stack, free_port  # only needed when the bench starts the stack itself
-
-    log("starting the Conduit stack (engine + shim)...")
-    with Stack(model=args.model, engine_args=shlex.split(args.engine_args),
+    embedding_model = embedding_model_or_none(args.embedding_model)
+    log(f"starting the Conduit stack (engine + shim{' + embedding engine' if embedding_model else ''})...")
+    with Stack(model=args.model, engine_args=shlex.split(args.engine_args), embedding_model=embedding_model,
                log_dir=peer.LOG_DIR / "stack", metrics_port=free_port()) as stack:
         assert stack.engine is not None and stack.shim is not None
         engine_pid, shim_pid = stack.engine.pid, stack.shim.pid
@@ -241,7 +241,9 @@ def run_context(
         "command": " ".join(["python -m benchmarks.bench", *(sys.argv[1:] if argv is None else argv)]),
         "machine": host,
         "software": versions,
-        "conduit": f"{engine_info}; engine flags: {args.engine_args or 'defaults'}",
+        "conduit": f"{engine_info}; engine flags: {args.engine_args or 'defaults'}; beside it "
+                   + (f"an idle embedding engine ({args.embedding_model})"
+                      if embedding_model_or_none(args.embedding_model) else "no embedding engine"),
         "peer": peer.describe(args.peer_binary, max(args.concurrency)),
         "workload": args.workload,
         "prompts": len(WORKLOADS[args.workload].prompts),
@@ -290,6 +292,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", help="model for the stack the bench starts (default: the default)")
     p.add_argument("--engine-args", default="",
                    help='extra flags for the engine the bench starts, e.g. "--max-batch-size 32"')
+    p.add_argument("--embedding-model", default=DEFAULT_EMBEDDING_MODEL, metavar="PATH_OR_ID",
+                   help="the embedding engine the bench's stack starts beside the chat engine, idle, as `make "
+                        "run-stack` does (the two share the cores by demand); none: chat alone")
     p.add_argument("--peer-binary", type=Path, default=peer.DEFAULT_BINARY)
     p.add_argument("--json", type=Path, help="write the raw figures here")
     p.add_argument("--markdown", action="store_true", help="also print RESULTS.md-ready tables")

@@ -44,6 +44,15 @@ PROBE_CHANNEL_OPTIONS = tuple((f"grpc.{name}_reconnect_backoff_ms", int(POLL_S *
                               for name in ("initial", "min", "max"))
 
 
+# The embedding model `conduit-stack` serves beside the chat model unless told none.
+DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+
+
+def embedding_model_or_none(given: str) -> str | None:
+    """--embedding-model's value: "" or "none" is no embedding engine."""
+    return None if given in ("", "none") else given
+
+
 class StackError(RuntimeError):
     """A process of the stack died or did not become ready in time."""
 
@@ -474,7 +483,7 @@ def build_parser() -> EnvArgumentParser:
     parser.add_argument("--tls-client-cert", metavar="PEM", env="ENGINE_TLS_CLIENT_CERT",
                         help="mutual TLS: the shim's client certificate, signed by --tls-ca")
     parser.add_argument("--tls-client-key", metavar="PEM", env="ENGINE_TLS_CLIENT_KEY", help="its private key")
-    parser.add_argument("--embedding-model", default="all-MiniLM-L6-v2", metavar="PATH_OR_ID", env="EMBEDDING_MODEL",
+    parser.add_argument("--embedding-model", default=DEFAULT_EMBEDDING_MODEL, metavar="PATH_OR_ID", env="EMBEDDING_MODEL",
                         help="served beside the chat model by an engine of its own (/v1/embeddings); none: off")
     parser.add_argument("--embedding-port", type=int, default=0, metavar="PORT", env="EMBEDDING_PORT",
                         help="the embedding engine's gRPC port; default: the one after the chat engines'")
@@ -500,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stack = Stack(model=args.model, host=args.host, engine_port=args.engine_port,
                   shim_port=args.shim_port, engine_args=engine_args, log_dir=args.log_dir,
                   token=args.token, tls=tls, replicas=args.replicas, metrics_port=args.metrics_port,
-                  embedding_model=None if args.embedding_model in ("", "none") else args.embedding_model,
+                  embedding_model=embedding_model_or_none(args.embedding_model),
                   embedding_port=args.embedding_port or (args.engine_port + args.replicas if args.engine_port else 0))
     # Ctrl-C and `kill` stop the stack, even when started from a shell that ignores SIGINT.
     signal.signal(signal.SIGINT, signal.default_int_handler)
